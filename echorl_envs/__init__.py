@@ -1,0 +1,97 @@
+"""echorl_envs: text environments with one protocol, registered for ``gym.make`` on import.
+
+Gymnasium 1.x has no entry-point plugins, so importing this package registers every id in :data:`ENVS`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, NamedTuple
+
+import gymnasium as gym
+
+__version__ = "0.1.0"
+
+
+class EnvEntry(NamedTuple):
+    """One row of the registration table."""
+
+    id: str
+    entry_point: str
+    max_episode_steps: int
+    kwargs: dict[str, Any]
+    family: str
+    #: "choice" (admissible actions listed) or "free-text" (answers, grids, expressions)
+    action_type: str
+    #: where the tasks come from ("generated", "bundled", "file", "engine")
+    data: str
+
+
+
+# fmt: off
+#: The one registration table (id, entry point, max steps, kwargs, family, action type, data source).
+ENVS: list[EnvEntry] = [
+    # --- MiniGrid / BabyAI (echorl_envs.minigrid) ---
+    # --- math (echorl_envs.math) ---
+    # --- ALFWorld / TextWorld (echorl_envs.alfworld, echorl_envs.textworld) ---
+    # --- WebShop (echorl_envs.webshop) ---
+    # --- CRUXEval / ARC (echorl_envs.cruxeval, echorl_envs.arc) ---
+]
+# fmt: on
+
+
+def _register_all() -> None:
+    for e in ENVS:
+        if e.id not in gym.registry:
+            gym.register(
+                id=e.id,
+                entry_point=e.entry_point,
+                max_episode_steps=e.max_episode_steps,
+                kwargs=dict(e.kwargs),
+                disable_env_checker=True,
+            )
+
+
+def env_ids(family: str | None = None) -> list[str]:
+    """Registered echorl ids, optionally for one family."""
+    return [e.id for e in ENVS if family is None or e.family == family]
+
+
+def entry(env_id: str) -> EnvEntry:
+    """The table row of ``env_id``; unknown ids raise ``ValueError`` with the closest registered id."""
+    for e in ENVS:
+        if e.id == env_id:
+            return e
+    hint = difflib.get_close_matches(env_id, env_ids(), n=3, cutoff=0.4)
+    raise ValueError(
+        f"unknown environment id {env_id!r}"
+        + (f"; did you mean {' or '.join(map(repr, hint))}?" if hint else "")
+        + " (see echorl_envs.env_ids())"
+    )
+
+
+def make(env_id: str, **kwargs: Any) -> gym.Env:
+    """``gym.make`` for echorl ids, with a close-match suggestion on an unknown id or keyword."""
+    entry(env_id)
+    try:
+        return gym.make(env_id, **kwargs)
+    except TypeError as e:
+        spec = gym.spec(env_id)
+        import inspect
+
+        cls = spec.entry_point if callable(spec.entry_point) else gym.envs.registration.load_env_creator(spec.entry_point)
+        params = [p for p in inspect.signature(cls).parameters if p not in ("self", "kwargs")]
+        params += ["render_mode", "max_episode_steps", "disable_env_checker"]
+        bad = [k for k in kwargs if k not in params]
+        if not bad:
+            raise
+        hint = difflib.get_close_matches(bad[0], params, n=1)
+        raise ValueError(
+            f"unknown option {bad[0]!r} for {env_id}" + (f"; did you mean {hint[0]!r}?" if hint else "")
+            + f" (accepted: {sorted(params)})"
+        ) from e
+
+
+_register_all()
+
+__all__ = ["ENVS", "EnvEntry", "__version__", "entry", "env_ids", "make"]

@@ -1,0 +1,26 @@
+"""The text-environment protocol: base classes, spaces, action matching and info keys."""
+
+from echorl_envs.core.actions import ActionMatch, match_action, normalize_action, to_printable
+from echorl_envs.core.base import (
+    INFO_KEYS,
+    MAX_TEXT,
+    DatasetTextEnv,
+    InvalidAction,
+    TextEnv,
+    Transition,
+    text_space,
+)
+
+__all__ = [
+    "INFO_KEYS",
+    "MAX_TEXT",
+    "ActionMatch",
+    "DatasetTextEnv",
+    "InvalidAction",
+    "TextEnv",
+    "Transition",
+    "match_action",
+    "normalize_action",
+    "text_space",
+    "to_printable",
+]
