@@ -1,0 +1,199 @@
+"""Registry-driven suite: every registered id gets check_env, determinism, pickling, vectorisation and fuzzing.
+
+A new environment added to ``echorl_envs.ENVS`` is covered here automatically.
+"""
+
+from __future__ import annotations
+
+import pickle
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import echorl_envs
+from echorl_envs.core import INFO_KEYS, normalize_action
+from tests.conftest import REGISTRY_MAKE_KWARGS
+
+IDS = echorl_envs.env_ids()
+
+
+def make(env_id: str, **extra):
+    if env_id in REGISTRY_MAKE_KWARGS and REGISTRY_MAKE_KWARGS[env_id] is None:
+        pytest.skip(f"data for {env_id} is not available here")
+    kwargs = dict(REGISTRY_MAKE_KWARGS.get(env_id) or {})
+    kwargs.update(extra)
+    return gym.make(env_id, **kwargs)
+
+
+def choose(info: dict, rng: np.random.Generator) -> str:
+    """A deterministic mix of expert, admissible and free-text actions."""
+    adm = info["admissible_actions"]
+    if "expert_action" in info and rng.random() < 0.5:
+        return info["expert_action"]
+    if adm:
+        return adm[int(rng.integers(len(adm)))]
+    return ["42", "hello", "[[1, 2], [3, 4]]", "(1 + 2) * 3"][int(rng.integers(4))]
+
+
+def comparable(info: dict) -> dict:
+    keys = [*INFO_KEYS, "expert_action", "task_id"]
+    return {k: info.get(k) for k in keys}
+
+
+def rollout(env, seed: int, n: int = 8) -> list:
+    rng = np.random.default_rng(seed)
+    obs, info = env.reset(seed=seed)
+    traj = [(obs, comparable(info))]
+    for _ in range(n):
+        a = choose(info, rng)
+        obs, r, term, trunc, info = env.step(a)
+        traj.append((a, obs, r, term, trunc, comparable(info)))
+        if term or trunc:
+            break
+    return traj
+
+
+@pytest.fixture(params=IDS)
+def env_id(request):
+    return request.param
+
+
+def test_registry_not_empty():
+    assert IDS, "no environment is registered"
+    assert len(set(IDS)) == len(IDS)
+    for e in echorl_envs.ENVS:
+        assert e.id.startswith("EchoRL/") and e.id.endswith("-v0")
+        assert e.action_type in ("choice", "free-text")
+
+
+def test_check_env(env_id):
+    env = make(env_id)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            check_env(env.unwrapped, skip_render_check=True)
+        assert env.unwrapped.render_mode is None
+    finally:
+        env.close()
+
+
+def test_protocol_info_and_render(env_id):
+    env = make(env_id, render_mode="ansi")
+    try:
+        obs, info = env.reset(seed=3)
+        assert isinstance(obs, str) and obs and env.observation_space.contains(obs)
+        for k in INFO_KEYS:
+            assert k in info, f"info lacks {k!r}"
+        assert isinstance(info["task"], str) and info["task"]
+        assert isinstance(info["admissible_actions"], list)
+        assert info["step"] == 0 and info["invalid_action"] is False and info["won"] is False
+        assert env.render() == obs
+        if isinstance(env.unwrapped, echorl_envs.core.DatasetTextEnv):
+            assert env.unwrapped.num_tasks > 0
+            _, info0 = env.reset(options={"index": 0})
+            assert "task_id" in info0
+            _, info0b = env.reset(options={"index": 0})
+            assert info0b["task_id"] == info0["task_id"] and info0b["task"] == info0["task"]
+        opts = sorted(env.unwrapped.reset_options)
+        bad = opts[0] + "x" if opts else "zzz_not_an_option"
+        with pytest.raises(ValueError, match="unknown reset option"):
+            env.reset(options={bad: 1})
+    finally:
+        env.close()
+
+
+def test_same_seed_same_trajectory(env_id):
+    a, b = make(env_id), make(env_id)
+    try:
+        assert rollout(a, 7) == rollout(b, 7)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_pickle_roundtrip(env_id):
+    """A pickled env continues exactly like the original, mid-episode."""
+    env = make(env_id)
+    try:
+        rng = np.random.default_rng(0)
+        _, info = env.reset(seed=11)
+        _, _, term, trunc, info = env.step(choose(info, rng))
+        clone = pickle.loads(pickle.dumps(env))
+        try:
+            for _ in range(3):
+                if term or trunc:
+                    break
+                act = choose(info, rng)
+                out, out2 = env.step(act), clone.step(act)
+                assert out[:4] == out2[:4]
+                assert comparable(out[4]) == comparable(out2[4])
+                term, trunc, info = out[2], out[3], out[4]
+        finally:
+            clone.close()
+    finally:
+        env.close()
+
+
+def test_async_vector_env(env_id):
+    kwargs = REGISTRY_MAKE_KWARGS.get(env_id, {})
+    if kwargs is None:
+        pytest.skip(f"data for {env_id} is not available here")
+    venv = gym.vector.AsyncVectorEnv([lambda: gym.make(env_id, **kwargs)] * 2, shared_memory=False)
+    try:
+        obs, infos = venv.reset(seed=[0, 1])
+        assert len(obs) == 2 and all(isinstance(o, str) for o in obs)
+        actions = []
+        for i in range(2):
+            adm = infos["admissible_actions"][i]
+            actions.append(adm[0] if len(adm) else "42")
+        obs, rew, term, trunc, infos = venv.step(tuple(actions))
+        assert len(obs) == 2 and all(isinstance(o, str) for o in obs)
+        assert rew.shape == (2,) and infos["step"].tolist() == [1, 1]
+    finally:
+        venv.close()
+
+
+_weird = st.one_of(
+    st.just(""),
+    st.just("   \t\n "),
+    st.just("x" * 200_000),
+    st.text(max_size=200),
+    st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=31), max_size=20),
+    st.text(alphabet=st.characters(min_codepoint=0x2600, max_codepoint=0x27BF), min_size=1, max_size=20),
+)
+
+
+def test_fuzzed_actions_never_raise(env_id):
+    env = make(env_id)
+    state = {"info": env.reset(seed=5)[1]}
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(action=_weird)
+    def run(action):
+        info_before = state["info"]
+        obs, r, term, trunc, info = env.step(action)
+        assert isinstance(obs, str) and env.observation_space.contains(obs)
+        assert isinstance(r, float)
+        for k in INFO_KEYS:
+            assert k in info
+        key = normalize_action(action)
+        adm = info_before["admissible_actions"]
+        if adm and key not in {normalize_action(x) for x in adm}:
+            assert info["invalid_action"], f"{action!r} was accepted"
+            assert r == 0.0
+        if not key or len(action) > 150_000:
+            assert info["invalid_action"], f"{action[:30]!r} was accepted"
+            assert r == 0.0
+        state["info"] = info
+        if term or trunc:
+            state["info"] = env.reset(seed=5)[1]
+
+    try:
+        run()
+    finally:
+        env.close()
