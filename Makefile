@@ -25,7 +25,7 @@ $(STAMP): $(PY) setup.cfg pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m echorl_envs.demo
+	$(VENV)/bin/echorl bench --preset demo --out runs/demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -1,0 +1,165 @@
+"""The agent registry of the evaluation runner: one short name per baseline.
+
+Every agent follows the same small protocol (:class:`Agent`): ``reset`` at the start of an episode, ``act`` once per
+step, ``stats`` for counters the summary reports (LLM tokens, KV reuse...). Agents that need a part that is not
+installed or not built are listed as unavailable with the reason (:func:`availability`), never faked.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Agent", "AgentSpec", "AGENTS", "availability", "make_agent", "agent_names", "RandomAgent", "ExpertAgent"]
+
+
+class Agent:
+    """Base class: an agent acting in an echorl text env.
+
+    Attributes:
+        name: the registry name.
+    """
+
+    name = "agent"
+
+    def reset(self, env_id: str, obs: str, info: dict[str, Any], seed: int) -> None:
+        """Start an episode (``seed`` makes stochastic agents reproducible)."""
+
+    def act(self, obs: str, info: dict[str, Any]) -> str:  # pragma: no cover - every agent overrides
+        raise TypeError(f"{type(self).__name__} must implement act()")
+
+    def observe(self, action: str, obs: str, reward: float, done: bool, info: dict[str, Any]) -> None:
+        """See the result of the last action (agents that learn or keep history override this)."""
+
+    def stats(self) -> dict[str, float]:
+        """Counters for the summary (e.g. ``prompt_tokens``, ``cached_tokens``, ``generated_tokens``)."""
+        return {}
+
+    def close(self) -> None:
+        """Release resources (models, engines)."""
+
+
+class RandomAgent(Agent):
+    """Uniform over the admissible actions; on free-text envs, a uniform integer answer in [0, 100]."""
+
+    name = "random"
+
+    def __init__(self) -> None:
+        self.rng = np.random.default_rng(0)
+
+    def reset(self, env_id: str, obs: str, info: dict[str, Any], seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def act(self, obs: str, info: dict[str, Any]) -> str:
+        adm = info.get("admissible_actions") or []
+        if adm:
+            return adm[int(self.rng.integers(len(adm)))]
+        return str(int(self.rng.integers(0, 101)))
+
+
+class ExpertAgent(Agent):
+    """Follows ``info["expert_action"]`` (the env's expert, oracle or walkthrough): an upper bound."""
+
+    name = "expert"
+
+    def act(self, obs: str, info: dict[str, Any]) -> str:
+        action = info.get("expert_action")
+        if action is None:
+            # No expert at this step (e.g. the expert has no plan from here): do nothing the env accepts.
+            adm = info.get("admissible_actions") or []
+            return adm[0] if adm else ""
+        return action
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """A registry entry: how to build the agent and what it needs."""
+
+    name: str
+    description: str
+    #: factory(env_id, **options) -> Agent; a dotted "module:callable" string is imported lazily
+    factory: str | Callable[..., Agent]
+    #: modules that must import for the agent to be available
+    requires: tuple[str, ...] = ()
+    #: "none", "sb3" (trained for a budget) or "llm"
+    kind: str = "none"
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+AGENTS: dict[str, AgentSpec] = {
+    s.name: s
+    for s in [
+        AgentSpec("random", "uniform over admissible actions", RandomAgent),
+        AgentSpec("expert", "the env's expert/oracle (upper bound)", ExpertAgent),
+        AgentSpec("ppo", "SB3 PPO (MlpPolicy) on the encoded text env", "echorl_agent.eval.sb3_agents:make_ppo",
+                  ("stable_baselines3", "echorl_envs.wrappers"), "sb3"),
+        AgentSpec("maskable-ppo", "sb3-contrib MaskablePPO with admissible-action masks",
+                  "echorl_agent.eval.sb3_agents:make_maskable_ppo", ("sb3_contrib", "echorl_envs.wrappers"), "sb3"),
+        AgentSpec("dqn", "SB3 DQN on the encoded text env", "echorl_agent.eval.sb3_agents:make_dqn",
+                  ("stable_baselines3", "echorl_envs.wrappers"), "sb3"),
+        AgentSpec("echoppo", "EchoPPO with EchoPolicy (latent planning)", "echorl_agent.eval.sb3_agents:make_echoppo",
+                  ("echorl_agent.algorithms", "echorl_envs.wrappers"), "sb3"),
+        AgentSpec("react", "generative ReAct LLM agent (SmolLM2 by default)", "echorl_agent.eval.llm_agents:make_react",
+                  ("transformers", "echorl_agent.llm.agents"), "llm"),
+        AgentSpec("llm-score", "LLM scoring of admissible actions (shared-prefix KV)",
+                  "echorl_agent.eval.llm_agents:make_scoring", ("transformers", "echorl_agent.llm.agents"), "llm"),
+        AgentSpec("tot", "tree-of-thought BFS with the LLM (Game24/math)", "echorl_agent.eval.llm_agents:make_tot",
+                  ("transformers", "echorl_agent.llm.agents"), "llm"),
+        AgentSpec("echorl", "LLM + latent plan + KV-aware engine + experience", "echorl_agent.eval.llm_agents:make_echorl",
+                  ("transformers", "echorl_agent.llm.agents"), "llm"),
+    ]
+}
+
+
+def agent_names() -> list[str]:
+    return list(AGENTS)
+
+
+def spec(name: str) -> AgentSpec:
+    """The spec of ``name``; unknown names raise ``ValueError`` with a close match."""
+    if name not in AGENTS:
+        hint = difflib.get_close_matches(name, list(AGENTS), n=2, cutoff=0.4)
+        raise ValueError(
+            f"unknown agent {name!r}" + (f"; did you mean {' or '.join(map(repr, hint))}?" if hint else "")
+            + f" (available names: {', '.join(AGENTS)})"
+        )
+    return AGENTS[name]
+
+
+def _resolve(factory: str | Callable[..., Agent]) -> Callable[..., Agent]:
+    if callable(factory):
+        return factory
+    mod, _, attr = factory.partition(":")
+    return getattr(importlib.import_module(mod), attr)
+
+
+def availability(name: str) -> str | None:
+    """``None`` if the agent can run here, else the reason it cannot."""
+    s = spec(name)
+    for m in s.requires:
+        try:
+            importlib.import_module(m)
+        except Exception as e:  # noqa: BLE001 - any import failure makes the agent unavailable
+            return f"needs {m} ({type(e).__name__}: {e})"
+    try:
+        _resolve(s.factory)
+    except Exception as e:  # noqa: BLE001
+        return f"not built yet ({type(e).__name__}: {e})"
+    return None
+
+
+def make_agent(name: str, env_id: str, **options: Any) -> Agent:
+    """Build agent ``name`` for ``env_id``; raises ``ValueError`` if it is unavailable here."""
+    reason = availability(name)
+    if reason is not None:
+        raise ValueError(f"agent {name!r} is unavailable: {reason}")
+    s = spec(name)
+    fn = _resolve(s.factory)
+    if s.factory in (RandomAgent, ExpertAgent):
+        return fn()
+    return fn(env_id, **{**s.options, **options})
