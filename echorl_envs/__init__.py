@@ -32,6 +32,14 @@ class EnvEntry(NamedTuple):
 #: The one registration table (id, entry point, max steps, kwargs, family, action type, data source).
 ENVS: list[EnvEntry] = [
     # --- MiniGrid / BabyAI (echorl_envs.minigrid) ---
+    EnvEntry("EchoRL/MiniGrid-Empty-5x5-v0", "echorl_envs.minigrid:MiniGridTextEnv", 100, {"env_id": "MiniGrid-Empty-5x5-v0"}, "minigrid", "choice", "engine"),
+    EnvEntry("EchoRL/MiniGrid-DoorKey-5x5-v0", "echorl_envs.minigrid:MiniGridTextEnv", 250, {"env_id": "MiniGrid-DoorKey-5x5-v0"}, "minigrid", "choice", "engine"),
+    EnvEntry("EchoRL/MiniGrid-FourRooms-v0", "echorl_envs.minigrid:MiniGridTextEnv", 100, {"env_id": "MiniGrid-FourRooms-v0"}, "minigrid", "choice", "engine"),
+    EnvEntry("EchoRL/MiniGrid-MultiRoom-N2-S4-v0", "echorl_envs.minigrid:MiniGridTextEnv", 40, {"env_id": "MiniGrid-MultiRoom-N2-S4-v0"}, "minigrid", "choice", "engine"),
+    EnvEntry("EchoRL/BabyAI-GoToLocal-v0", "echorl_envs.minigrid:MiniGridTextEnv", 64, {"env_id": "BabyAI-GoToLocal-v0"}, "minigrid", "choice", "engine"),
+    EnvEntry("EchoRL/BabyAI-PickupLoc-v0", "echorl_envs.minigrid:MiniGridTextEnv", 64, {"env_id": "BabyAI-PickupLoc-v0"}, "minigrid", "choice", "engine"),
+    EnvEntry("EchoRL/BabyAI-OpenDoor-v0", "echorl_envs.minigrid:MiniGridTextEnv", 576, {"env_id": "BabyAI-OpenDoor-v0"}, "minigrid", "choice", "engine"),
+    EnvEntry("EchoRL/BabyAI-BossLevel-v0", "echorl_envs.minigrid:MiniGridTextEnv", 2880, {"env_id": "BabyAI-BossLevel-v0"}, "minigrid", "choice", "engine"),
     # --- math (echorl_envs.math) ---
     # --- ALFWorld / TextWorld (echorl_envs.alfworld, echorl_envs.textworld) ---
     # --- WebShop (echorl_envs.webshop) ---

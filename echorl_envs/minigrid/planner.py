@@ -1,0 +1,152 @@
+"""Experts for MiniGrid/BabyAI text envs: minigrid's BabyAI bot, and a BFS planner for goal-square tasks.
+
+The BFS planner searches the true (fully observed) grid for the shortest action sequence that reaches a
+goal square, over states ``(x, y, direction, carried key colour, picked-up key, opened doors)``, with
+minigrid's own action semantics (``MiniGridEnv.step``): ``left``/``right`` rotate, ``forward`` moves onto a
+cell whose object ``can_overlap`` (empty, floor, goal, open door, lava -- lava is avoided), ``pickup`` takes
+a key in front when the hands are empty, ``toggle`` opens a closed door or unlocks a locked one when the
+carried key has the door's colour (``Door.toggle``). That covers Empty, DoorKey, FourRooms and MultiRoom.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Any
+
+from minigrid.core.actions import Actions
+
+__all__ = ["GoalPlanner", "BabyAIExpert", "bfs_plan"]
+
+logger = logging.getLogger(__name__)
+
+_VEC = ((1, 0), (0, 1), (-1, 0), (0, -1))  # minigrid DIR_TO_VEC
+_OPEN, _CLOSED, _LOCKED, _KEY, _GOAL, _BLOCK = range(6)
+
+
+def _static_cells(env: Any) -> dict[tuple[int, int], tuple[int, str]]:
+    """Non-empty cells of ``env.grid`` as ``pos -> (kind, colour)``; absent positions are empty."""
+    cells: dict[tuple[int, int], tuple[int, str]] = {}
+    grid = env.grid
+    for idx, obj in enumerate(grid.grid):
+        if obj is None:
+            continue
+        pos = (idx % grid.width, idx // grid.width)
+        t = obj.type
+        if t == "door":
+            kind = _OPEN if obj.is_open else (_LOCKED if obj.is_locked else _CLOSED)
+        elif t == "key":
+            kind = _KEY
+        elif t == "goal":
+            kind = _GOAL
+        elif t == "floor":
+            continue
+        else:  # wall, lava, ball, box
+            kind = _BLOCK
+        cells[pos] = (kind, obj.color)
+    return cells
+
+
+def bfs_plan(env: Any, max_states: int = 200_000) -> list[int] | None:
+    """Shortest list of minigrid action indices taking the agent onto a goal square, or ``None``.
+
+    Args:
+        env: an unwrapped, reset ``MiniGridEnv``.
+        max_states: search budget (the registered grids need at most a few thousand states).
+    """
+    cells = _static_cells(env)
+    held = env.carrying
+    carry = held.color if held is not None and held.type == "key" else ("<other>" if held is not None else None)
+    start = (int(env.agent_pos[0]), int(env.agent_pos[1]), int(env.agent_dir), carry, None, frozenset())
+    parent: dict[tuple, tuple[tuple, int] | None] = {start: None}
+    queue = deque([start])
+    while queue:
+        state = queue.popleft()
+        x, y, d, carry, picked, opened = state
+        fx, fy = x + _VEC[d][0], y + _VEC[d][1]
+        kind, color = cells.get((fx, fy), (-1, ""))
+        if (kind == _KEY and (fx, fy) == picked) or ((fx, fy) in opened):
+            kind = -1
+        succ: list[tuple[int, tuple]] = [
+            (Actions.left, (x, y, (d - 1) % 4, carry, picked, opened)),
+            (Actions.right, (x, y, (d + 1) % 4, carry, picked, opened)),
+        ]
+        if kind in (-1, _OPEN, _GOAL):
+            nxt = (fx, fy, d, carry, picked, opened)
+            if kind == _GOAL:
+                return _unwind(parent, state, Actions.forward)
+            succ.append((Actions.forward, nxt))
+        elif kind == _KEY and carry is None and picked is None:
+            succ.append((Actions.pickup, (x, y, d, color, (fx, fy), opened)))
+        elif kind == _CLOSED or (kind == _LOCKED and carry == color):
+            succ.append((Actions.toggle, (x, y, d, carry, picked, opened | {(fx, fy)})))
+        for action, nxt in succ:
+            if nxt not in parent:
+                parent[nxt] = (state, int(action))
+                if len(parent) > max_states:
+                    return None
+                queue.append(nxt)
+    return None
+
+
+def _unwind(parent: dict, state: tuple, last: int) -> list[int]:
+    actions = [int(last)]
+    link = parent[state]
+    while link is not None:
+        state, action = link
+        actions.append(action)
+        link = parent[state]
+    actions.reverse()
+    return actions
+
+
+class GoalPlanner:
+    """Cached BFS plan: replanned only when the agent leaves it (a deviating action or a stale plan)."""
+
+    def __init__(self, env: Any) -> None:
+        self.env = env
+        self.plan: list[int] | None = bfs_plan(env)
+
+    def next_action(self) -> int | None:
+        """The expert's next action index (``None`` when no goal is reachable)."""
+        return self.plan[0] if self.plan else None
+
+    def observe(self, action_taken: int) -> None:
+        """Advance after ``action_taken`` was applied to the env (minigrid is deterministic here)."""
+        if self.plan and action_taken == self.plan[0]:
+            self.plan.pop(0)
+            if self.plan:
+                return
+        self.plan = bfs_plan(self.env)
+
+
+class BabyAIExpert:
+    """minigrid's own ``BabyAIBot`` in advising mode (``replan(action_taken)`` after every step).
+
+    The bot raises on the few situations it cannot handle (e.g. ``DisappearedBoxError`` after the agent
+    opened a box holding the target); the expert then goes silent for the rest of the episode.
+    """
+
+    def __init__(self, env: Any) -> None:
+        from minigrid.utils.baby_ai_bot import BabyAIBot
+
+        self.env = env
+        self.action: int | None = None
+        try:
+            self.bot: Any = BabyAIBot(env)
+            self.action = int(self.bot.replan())
+        except Exception as e:  # the bot's own failure modes are asserts and custom errors
+            logger.debug("BabyAIBot failed at reset: %r", e)
+            self.bot = None
+
+    def next_action(self) -> int | None:
+        return self.action
+
+    def observe(self, action_taken: int) -> None:
+        if self.bot is None:
+            return
+        try:
+            self.action = int(self.bot.replan(action_taken))
+        except Exception as e:
+            logger.debug("BabyAIBot failed after action %d: %r", action_taken, e)
+            self.bot, self.action = None, None
