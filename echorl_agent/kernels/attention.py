@@ -1,0 +1,259 @@
+"""Paged attention of new tokens over the cached prefix KV plus the rolling KV (EchoRL Eq. 4).
+
+EchoRL splits a context's KV into a frozen prefix and a rolling part, KV(s_{1:t}) = KV_frozen(s_{1:t'}) U
+KV_rolling(s_{t'+1:t}). In the engine both live in one block pool (vLLM/nano-vllm "paged" layout): a sequence's KV
+is the list of pool blocks in its block table, the shared prefix blocks first, its own blocks after. The new tokens
+of a step (a prefill chunk, or one decode token) have already been written into the pool; this kernel computes, for
+each new token at absolute position ``p``, causal attention over keys ``0..p`` of its own sequence, reading them
+block by block through the block table. Several sequences with different lengths go in one call (varlen batch:
+``cu_q_lens`` delimits each sequence's new tokens), which is what lets decode batch across actors.
+
+Shapes (one layer)::
+
+    q            [N, H, D]            new tokens of all sequences, concatenated
+    k_pool       [num_blocks, block_size, H_kv, D]
+    v_pool       [num_blocks, block_size, H_kv, D]
+    block_tables [B, max_blocks] int  pool block ids per sequence (entries past a sequence's length are unused)
+    ctx_lens     [B] int              KV length of each sequence, new tokens included
+    cu_q_lens    [B + 1] int          cumulative count of new tokens (sequence b owns q[cu[b]:cu[b+1]])
+    out          [N, H, D]
+
+Grouped-query attention: query head ``h`` reads KV head ``h // (H / H_kv)`` (Llama/Mistral/Qwen convention).
+
+The torch reference is the documented meaning; the Triton kernel (one program per new token and head, online
+softmax over key blocks, as in FlashAttention/vLLM's paged attention) is defined only when triton imports; the
+dispatcher :func:`paged_attention` picks between them (see :mod:`echorl_agent.kernels._dispatch`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from echorl_agent.kernels._dispatch import HAS_TRITON, next_power_of_2, tl, triton, use_kernel
+
+__all__ = ["paged_attention", "paged_attention_reference", "positions_of_new_tokens"]
+
+
+def _check(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    block_tables: torch.Tensor,
+    ctx_lens: torch.Tensor,
+    cu_q_lens: torch.Tensor,
+) -> None:
+    if q.dim() != 3:
+        raise ValueError(f"q must be [N, H, D], got shape {tuple(q.shape)}")
+    if k_pool.dim() != 4 or k_pool.shape != v_pool.shape:
+        raise ValueError(
+            f"k_pool and v_pool must both be [num_blocks, block_size, H_kv, D], got {tuple(k_pool.shape)} "
+            f"and {tuple(v_pool.shape)}"
+        )
+    if k_pool.shape[-1] != q.shape[-1]:
+        raise ValueError(f"head dim differs: q has D={q.shape[-1]}, the pool has D={k_pool.shape[-1]}")
+    if q.shape[1] % k_pool.shape[2] != 0:
+        raise ValueError(f"H={q.shape[1]} query heads must be a multiple of H_kv={k_pool.shape[2]} KV heads")
+    b = ctx_lens.shape[0]
+    if block_tables.dim() != 2 or block_tables.shape[0] != b or cu_q_lens.shape[0] != b + 1:
+        raise ValueError(
+            f"block_tables must be [B, max_blocks] and cu_q_lens [B + 1] with B={b} (len(ctx_lens)), got "
+            f"{tuple(block_tables.shape)} and {tuple(cu_q_lens.shape)}"
+        )
+
+
+def positions_of_new_tokens(ctx_lens: torch.Tensor, cu_q_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequence index and absolute position of every new token.
+
+    The new tokens of sequence ``b`` are its last ``q_len_b`` tokens, so token ``j`` of them sits at
+    ``ctx_len_b - q_len_b + j``.
+
+    Returns:
+        ``(seq_idx [N], pos [N])`` int64 tensors.
+    """
+    q_lens = (cu_q_lens[1:] - cu_q_lens[:-1]).long()
+    seq_idx = torch.repeat_interleave(torch.arange(q_lens.shape[0], device=q_lens.device), q_lens)
+    start = (ctx_lens.long() - q_lens)[seq_idx]
+    offset = torch.arange(seq_idx.shape[0], device=q_lens.device) - cu_q_lens[:-1].long()[seq_idx]
+    return seq_idx, start + offset
+
+
+# ----------------------------------------------------------------------------------------------- reference
+def paged_attention_reference(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    block_tables: torch.Tensor,
+    ctx_lens: torch.Tensor,
+    cu_q_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Torch reference: per sequence, gather its KV blocks and run causal softmax attention.
+
+    ``out[i] = softmax(scale * q[i] K_{0..p_i}^T) V_{0..p_i}`` with ``p_i`` the absolute position of new token
+    ``i`` (bottom-right aligned causal mask), computed in float32.
+
+    Returns:
+        ``[N, H, D]`` tensor in ``q``'s dtype.
+    """
+    _check(q, k_pool, v_pool, block_tables, ctx_lens, cu_q_lens)
+    n, h, d = q.shape
+    block_size, h_kv = k_pool.shape[1], k_pool.shape[2]
+    group = h // h_kv
+    out = torch.empty_like(q)
+    cu = cu_q_lens.tolist()
+    lens = ctx_lens.tolist()
+    for b, ctx in enumerate(lens):
+        lo, hi = cu[b], cu[b + 1]
+        if hi == lo:
+            continue
+        n_blocks = (ctx + block_size - 1) // block_size
+        ids = block_tables[b, :n_blocks]
+        k = k_pool[ids].reshape(n_blocks * block_size, h_kv, d)[:ctx]  # [S, H_kv, D]
+        v = v_pool[ids].reshape(n_blocks * block_size, h_kv, d)[:ctx]
+        qb = q[lo:hi].transpose(0, 1).float()  # [H, T, D]
+        kb = k.transpose(0, 1).float().repeat_interleave(group, dim=0)  # [H, S, D]
+        vb = v.transpose(0, 1).float().repeat_interleave(group, dim=0)
+        scores = torch.matmul(qb, kb.transpose(1, 2)) * scale  # [H, T, S]
+        t = hi - lo
+        if t > 1:
+            pos = torch.arange(ctx - t, ctx, device=q.device)[:, None]
+            keys = torch.arange(ctx, device=q.device)[None, :]
+            scores = scores.masked_fill(keys > pos, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out[lo:hi] = torch.matmul(probs, vb).transpose(0, 1).to(q.dtype)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- triton
+if HAS_TRITON:
+
+    @triton.jit
+    def _paged_attention_kernel(
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        out_ptr,
+        block_tables_ptr,
+        seq_idx_ptr,
+        pos_ptr,
+        scale,
+        stride_qn,
+        stride_qh,
+        stride_kb,
+        stride_ks,
+        stride_kh,
+        stride_bt,
+        GROUP: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr,
+    ):
+        # One program per (new token i, query head h): online softmax over the key blocks 0..pos_i.
+        i = tl.program_id(0)
+        h = tl.program_id(1)
+        kv_h = h // GROUP
+        seq = tl.load(seq_idx_ptr + i)
+        pos = tl.load(pos_ptr + i)
+        offs_d = tl.arange(0, BLOCK_D)
+        d_mask = offs_d < HEAD_DIM
+        q = tl.load(q_ptr + i * stride_qn + h * stride_qh + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+        offs_s = tl.arange(0, BLOCK_SIZE)
+        m_i = -float("inf")
+        l_i = 0.0
+        acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+        n_blocks = pos // BLOCK_SIZE + 1
+        for j in range(0, n_blocks):
+            blk = tl.load(block_tables_ptr + seq * stride_bt + j)
+            tok = j * BLOCK_SIZE + offs_s
+            valid = tok <= pos
+            base = blk * stride_kb + kv_h * stride_kh
+            kv_off = base + offs_s[:, None] * stride_ks + offs_d[None, :]
+            kv_mask = valid[:, None] & d_mask[None, :]
+            k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)
+            s = tl.sum(k * q[None, :], axis=1) * scale
+            s = tl.where(valid, s, -float("inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=0))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new)
+            v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)
+            acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+            l_i = l_i * alpha + tl.sum(p, axis=0)
+            m_i = m_new
+        out = acc / l_i
+        tl.store(out_ptr + i * stride_qn + h * stride_qh + offs_d, out, mask=d_mask)
+
+
+def _paged_attention_triton(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    block_tables: torch.Tensor,
+    ctx_lens: torch.Tensor,
+    cu_q_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    _check(q, k_pool, v_pool, block_tables, ctx_lens, cu_q_lens)
+    n, h, d = q.shape
+    block_size, h_kv = k_pool.shape[1], k_pool.shape[2]
+    if block_size != next_power_of_2(block_size):
+        raise ValueError(f"the Triton kernel needs a power-of-two block_size, got block_size={block_size}")
+    q_c = q.contiguous()
+    k_c = k_pool.contiguous()
+    v_c = v_pool.contiguous()
+    bt = block_tables.to(torch.int32).contiguous()
+    seq_idx, pos = positions_of_new_tokens(ctx_lens, cu_q_lens)
+    out = torch.empty(q_c.shape, dtype=torch.float32, device=q.device)
+    if n == 0:
+        return out.to(q.dtype)
+    _paged_attention_kernel[(n, h)](
+        q_c,
+        k_c,
+        v_c,
+        out,
+        bt,
+        seq_idx.to(torch.int32),
+        pos.to(torch.int32),
+        float(scale),
+        q_c.stride(0),
+        q_c.stride(1),
+        k_c.stride(0),
+        k_c.stride(1),
+        k_c.stride(2),
+        bt.stride(0),
+        GROUP=h // h_kv,
+        HEAD_DIM=d,
+        BLOCK_D=next_power_of_2(d),
+        BLOCK_SIZE=block_size,
+    )
+    return out.to(q.dtype)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    block_tables: torch.Tensor,
+    ctx_lens: torch.Tensor,
+    cu_q_lens: torch.Tensor,
+    scale: float,
+    use_triton: bool | None = None,
+) -> torch.Tensor:
+    """Attention of new tokens over their sequences' paged KV (prefix + rolling); see the module docstring.
+
+    Args:
+        q: ``[N, H, D]`` queries of the new tokens (RoPE applied).
+        k_pool: ``[num_blocks, block_size, H_kv, D]`` keys of one layer (new tokens already written).
+        v_pool: same shape, values.
+        block_tables: ``[B, max_blocks]`` pool block ids per sequence.
+        ctx_lens: ``[B]`` KV length per sequence, new tokens included.
+        cu_q_lens: ``[B + 1]`` cumulative new-token counts.
+        scale: softmax scale, usually ``D ** -0.5``.
+        use_triton: True = Triton kernel, False = torch reference, None = kernel on CUDA (or when
+            ``TRITON_INTERPRET=1`` / ``ECHORL_USE_TRITON=1``), reference otherwise.
+
+    Returns:
+        ``[N, H, D]`` attention outputs.
+    """
+    if use_kernel(use_triton, q, k_pool):
+        return _paged_attention_triton(q, k_pool, v_pool, block_tables, ctx_lens, cu_q_lens, scale)
+    return paged_attention_reference(q, k_pool, v_pool, block_tables, ctx_lens, cu_q_lens, scale)

@@ -1,0 +1,90 @@
+"""Paged attention kernel: reference vs dense causal attention, and Triton (interpreter) vs reference."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from echorl_agent.kernels.attention import paged_attention, paged_attention_reference, positions_of_new_tokens
+
+torch.set_num_threads(1)
+
+
+def _random_paged(seed: int, ctx_lens: list[int], q_lens: list[int], block_size: int = 4, h: int = 6, h_kv: int = 2,
+                  d: int = 8):
+    """Dense per-sequence K/V scattered into shuffled pool blocks, plus the matching block tables."""
+    g = torch.Generator().manual_seed(seed)
+    n_blocks = [(c + block_size - 1) // block_size for c in ctx_lens]
+    total = sum(n_blocks) + 3
+    perm = torch.randperm(total, generator=g)
+    k_pool = torch.randn(total, block_size, h_kv, d, generator=g)
+    v_pool = torch.randn(total, block_size, h_kv, d, generator=g)
+    dense_k, dense_v, tables = [], [], torch.zeros(len(ctx_lens), max(n_blocks), dtype=torch.long)
+    used = 0
+    for b, (c, nb) in enumerate(zip(ctx_lens, n_blocks)):
+        ids = perm[used : used + nb]
+        used += nb
+        tables[b, :nb] = ids
+        dense_k.append(k_pool[ids].reshape(-1, h_kv, d)[:c])
+        dense_v.append(v_pool[ids].reshape(-1, h_kv, d)[:c])
+    q = torch.randn(sum(q_lens), h, d, generator=g)
+    cu = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0).tolist()))
+    return q, k_pool, v_pool, tables, torch.tensor(ctx_lens), cu, dense_k, dense_v
+
+
+def test_positions_of_new_tokens():
+    seq, pos = positions_of_new_tokens(torch.tensor([5, 3]), torch.tensor([0, 2, 5]))
+    assert seq.tolist() == [0, 0, 1, 1, 1]
+    assert pos.tolist() == [3, 4, 0, 1, 2]
+
+
+def test_reference_matches_dense_causal_sdpa():
+    ctx, ql = [7, 13, 1, 9], [3, 1, 1, 9]
+    q, kp, vp, bt, cl, cu, dk, dv = _random_paged(0, ctx, ql)
+    out = paged_attention_reference(q, kp, vp, bt, cl, cu, scale=8**-0.5)
+    for b in range(len(ctx)):
+        qb = q[cu[b] : cu[b + 1]].transpose(0, 1)  # [H, T, D]
+        k = dk[b].transpose(0, 1).repeat_interleave(3, 0)
+        v = dv[b].transpose(0, 1).repeat_interleave(3, 0)
+        t, s = qb.shape[1], k.shape[1]
+        mask = torch.ones(t, s, dtype=torch.bool).tril(diagonal=s - t)  # bottom-right causal
+        ref = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask).transpose(0, 1)
+        torch.testing.assert_close(out[cu[b] : cu[b + 1]], ref, atol=1e-5, rtol=1e-5)
+
+
+def test_dispatcher_uses_reference_on_cpu_and_rejects_bad_shapes():
+    q, kp, vp, bt, cl, cu, _, _ = _random_paged(1, [5], [2])
+    a = paged_attention(q, kp, vp, bt, cl, cu, scale=0.3, use_triton=False)
+    assert torch.equal(a, paged_attention_reference(q, kp, vp, bt, cl, cu, scale=0.3))
+    with pytest.raises(ValueError, match="multiple of H_kv"):
+        paged_attention_reference(q[:, :5], kp, vp, bt, cl, cu, scale=0.3)
+
+
+def test_triton_kernel_matches_reference_under_interpreter():
+    pytest.importorskip("triton")
+    code = textwrap.dedent(
+        """
+        import os, torch, sys
+        assert os.environ["TRITON_INTERPRET"] == "1"
+        sys.path.insert(0, os.environ["TESTS_DIR"])
+        from test_llm_attention_kernel import _random_paged
+        from echorl_agent.kernels.attention import paged_attention, paged_attention_reference
+        torch.set_num_threads(1)
+        q, kp, vp, bt, cl, cu, _, _ = _random_paged(3, [7, 13, 1, 9], [3, 1, 1, 9])
+        ref = paged_attention_reference(q, kp, vp, bt, cl, cu, scale=8 ** -0.5)
+        out = paged_attention(q, kp, vp, bt, cl, cu, scale=8 ** -0.5)  # dispatcher picks the kernel
+        err = (out - ref).abs().max().item()
+        assert err < 1e-5, err
+        print("max_err", err)
+        """
+    )
+    env = dict(os.environ, TRITON_INTERPRET="1", TESTS_DIR=os.path.dirname(__file__), OMP_NUM_THREADS="1")
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "max_err" in res.stdout
