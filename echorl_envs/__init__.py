@@ -41,6 +41,10 @@ ENVS: list[EnvEntry] = [
     EnvEntry("EchoRL/BabyAI-OpenDoor-v0", "echorl_envs.minigrid:MiniGridTextEnv", 576, {"env_id": "BabyAI-OpenDoor-v0"}, "minigrid", "choice", "engine"),
     EnvEntry("EchoRL/BabyAI-BossLevel-v0", "echorl_envs.minigrid:MiniGridTextEnv", 2880, {"env_id": "BabyAI-BossLevel-v0"}, "minigrid", "choice", "engine"),
     # --- math (echorl_envs.math) ---
+    EnvEntry("EchoRL/GSM8K-v0", "echorl_envs.math.gsm8k:GSM8KEnv", 10, {}, "math", "free-text", "file"),
+    EnvEntry("EchoRL/GSMSymbolic-v0", "echorl_envs.math.generated:GSMSymbolicEnv", 10, {}, "math", "free-text", "generated"),
+    EnvEntry("EchoRL/Arithmetic-v0", "echorl_envs.math.generated:ArithmeticEnv", 10, {}, "math", "free-text", "generated"),
+    EnvEntry("EchoRL/Game24-v0", "echorl_envs.math.game24:Game24Env", 10, {}, "math", "free-text", "generated"),
     # --- ALFWorld / TextWorld (echorl_envs.alfworld, echorl_envs.textworld) ---
     # --- WebShop (echorl_envs.webshop) ---
     # --- CRUXEval / ARC (echorl_envs.cruxeval, echorl_envs.arc) ---
