@@ -28,8 +28,9 @@ class PlanningConfig:
     or ``policy_kwargs={"window": 4, "latent_dim": 16}``.
     """
 
-    window: int = 4
-    """k: the plan sees the k + 1 most recent observations (the env needs ``make_sb3_env(..., history=k)``)."""
+    window: int | None = None
+    """k: the plan sees the k + 1 most recent observations; None takes k from the env's history window
+    (``make_sb3_env(..., history=k)``), which must match when k is given."""
     latent_dim: int = 16
     """d: size of the plan vector tau."""
     encoder: str = "mlp"
@@ -49,7 +50,7 @@ class PlanningConfig:
 
     def __post_init__(self) -> None:
         _positive_int("latent_dim", self.latent_dim, "16")
-        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 0:
+        if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 0):
             raise ValueError(f"window must be an int >= 0, got window={self.window!r}; e.g. window=4")
         if self.encoder not in TRAJECTORY_ENCODERS:
             hint = difflib.get_close_matches(str(self.encoder), TRAJECTORY_ENCODERS, n=1)

@@ -1,0 +1,7 @@
+"""SB3 algorithms of the EchoRL plugin."""
+
+from __future__ import annotations
+
+from echorl_agent.algorithms.echo_ppo import EchoPPO
+
+__all__ = ["EchoPPO"]
