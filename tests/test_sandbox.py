@@ -1,0 +1,175 @@
+"""The sandbox contains hostile snippets with a clear status and leaves the host unharmed."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from echorl_envs.sandbox import SandboxConfig, SandboxPool, SandboxResult, run_code, shared_pool
+
+torch.set_num_threads(1)
+
+FAST = SandboxConfig(wall_seconds=2.0, cpu_seconds=1)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with SandboxPool(FAST) as p:
+        yield p
+
+
+@pytest.fixture(params=["pool", "process"])
+def run(request, pool):
+    """Every containment case runs through both entry points."""
+    if request.param == "pool":
+        return pool.run
+    return lambda code: run_code(code, FAST)
+
+
+def test_passes_and_fails_like_cruxeval_harness(run):
+    ok = run("def f(x):\n    return x * 2\nassert f(3) == 6\nprint('done')")
+    assert ok.status == "passed" and ok.passed and ok.stdout == "done\n"
+    bad = run("def f(x):\n    return x * 2\nassert f(3) == 7")
+    assert bad.status == "failed" and bad.message.startswith("AssertionError")
+    err = run("raise KeyError('k')")
+    assert err.status == "error" and err.message == "KeyError: 'k'"
+    syn = run("def (:")
+    assert syn.status == "error" and "SyntaxError" in syn.message
+
+
+def test_infinite_loop_hits_cpu_limit(run):
+    r = run("while True:\n    pass")
+    assert r.status == "timeout"
+    assert "CPU time limit" in r.message
+
+
+def test_sleep_hits_wall_clock_limit(run):
+    r = run("import time\ntime.sleep(60)")
+    assert r.status == "timeout" and "wall-clock" in r.message
+    assert r.duration < 10
+
+
+def test_fork_bomb_is_refused(run):
+    r = run("import os\nwhile True:\n    os.fork()")
+    assert r.status == "error" and "os.fork is not allowed" in r.message
+
+
+def test_fork_refused_even_if_code_swallows_exceptions(run):
+    r = run("import os\ntry:\n    os.fork()\nexcept Exception:\n    pass")
+    assert r.status == "error" and "os.fork" in r.message
+
+
+def test_os_system_and_subprocess_are_refused(run, tmp_path):
+    marker = tmp_path / "pwned"
+    r = run(f"import os\nos.system('touch {marker}')")
+    assert r.status == "error" and "os.system is not allowed" in r.message
+    r = run(f"import subprocess\nsubprocess.run(['touch', '{marker}'])")
+    assert r.status == "error" and "subprocess" in r.message
+    assert not marker.exists()
+
+
+def test_memory_bomb_is_contained(run):
+    r = run("x = bytearray(10 ** 11)")
+    assert r.status == "error" and r.message == "MemoryError"
+    r = run("x = []\nwhile True:\n    x.append(' ' * 10 ** 6)")
+    assert r.status == "error" and r.message == "MemoryError"
+
+
+def test_writing_outside_temp_dir_is_refused(run, tmp_path):
+    target = tmp_path / "outside.txt"
+    r = run(f"open({str(target)!r}, 'w').write('x')")
+    assert r.status == "error" and "outside the sandbox directory" in r.message
+    r = run(f"import os\nos.symlink({str(target)!r}, 'link')\nopen('link', 'w').write('x')")
+    assert r.status == "error" and "outside the sandbox directory" in r.message
+    r = run(f"import os\nos.remove({str(tmp_path)!r})")
+    assert r.status == "error"
+    assert not target.exists() and tmp_path.exists()
+
+
+def test_writing_inside_temp_dir_works_and_dir_is_removed(run):
+    r = run("import os\nopen('a.txt', 'w').write('hello')\nassert open('a.txt').read() == 'hello'\nprint(os.getcwd())")
+    assert r.status == "passed"
+    workdir = Path(r.stdout.strip())
+    assert workdir.name.startswith("echorl-sandbox-")
+    assert not workdir.exists()
+
+
+def test_file_size_limit(run):
+    r = run("open('big', 'wb').write(b'x' * (64 << 20))")
+    assert r.status == "error" and "File too large" in r.message
+
+
+def test_socket_is_refused(run):
+    r = run("import socket\nsocket.create_connection(('127.0.0.1', 9))")
+    assert r.status == "error" and "socket" in r.message
+    r = run("import urllib.request\nurllib.request.urlopen('http://127.0.0.1:9')")
+    assert r.status == "error" and "not allowed" in r.message
+
+
+def test_deep_recursion_is_contained(run):
+    r = run("def f(n):\n    return f(n + 1)\nf(0)")
+    assert r.status == "error" and r.message.startswith("RecursionError")
+
+
+def test_huge_output_is_truncated(run):
+    r = run("print('x' * 10 ** 7)\nimport os\nos.write(1, b'y' * 10 ** 6)")
+    assert r.status == "passed"
+    assert r.output_truncated and len(r.stdout) == FAST.output_chars and set(r.stdout) == {"x"}
+
+
+def test_exit_without_result_is_not_a_pass(run):
+    r = run("import os\nos._exit(0)")
+    assert r.status == "error"
+    r = run("raise SystemExit(3)")
+    assert r.status == "error" and "SystemExit" in r.message
+
+
+def test_signals_to_other_processes_are_refused(run):
+    r = run(f"import os\nos.kill({os.getpid()}, 9)")
+    assert r.status == "error" and "os.kill" in r.message
+    assert os.getpid() > 0  # still alive
+
+
+def test_kernel_layer_blocks_fork_and_socket_without_audit_hook():
+    """With the audit hook off, seccomp alone must still refuse fork/exec/socket (root ignores RLIMIT_NPROC)."""
+    cfg = SandboxConfig(wall_seconds=3.0, cpu_seconds=2, audit_hook=False)
+    probe = run_code("pass", cfg)
+    if not probe.seccomp:
+        pytest.skip("pyseccomp/libseccomp not available: the kernel filter layer is off")
+    fork = run_code("import os\nwhile True:\n    os.fork()", cfg)
+    assert fork.status == "error" and "Operation not permitted" in fork.message
+    sock = run_code("import socket\nsocket.socket()", cfg)
+    assert sock.status == "error" and "Operation not permitted" in sock.message
+    spawn = run_code("import subprocess\nsubprocess.run(['true'])", cfg)
+    assert spawn.status == "error" and "Operation not permitted" in spawn.message
+    thread = run_code("import threading\nt = threading.Thread(target=print, args=('t',))\nt.start()\nt.join()", cfg)
+    assert thread.status == "passed"
+
+
+def test_pool_batch_matches_order_and_survives_worker_crash():
+    with SandboxPool(FAST, num_workers=2) as p:
+        codes = [f"assert {i} % 3 != 0" for i in range(12)]
+        statuses = [r.status for r in p.run_many(codes)]
+        assert statuses == ["failed" if i % 3 == 0 else "passed" for i in range(12)]
+        for w in list(p._all):
+            w.proc.kill()
+            w.proc.wait()
+        assert p.run("assert True").passed
+
+
+def test_config_validation_and_pickle():
+    with pytest.raises(ValueError, match="cpu_seconds"):
+        SandboxConfig(cpu_seconds=0)
+    with pytest.raises(ValueError, match="memory_mb"):
+        SandboxConfig(memory_mb=8)
+    with pytest.raises(ValueError, match="num_workers"):
+        SandboxPool(num_workers=0)
+    p = pickle.loads(pickle.dumps(SandboxPool(FAST)))
+    assert p.run("assert 2 + 2 == 4").passed
+    p.close()
+    assert shared_pool(FAST) is shared_pool(FAST)
+    assert SandboxResult.from_dict({"status": "weird"}).status == "error"
