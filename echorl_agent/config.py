@@ -6,7 +6,7 @@ import difflib
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["PlanningConfig", "TRAJECTORY_ENCODERS"]
+__all__ = ["PlanningConfig", "TRAJECTORY_ENCODERS", "ReplayConfig", "PLAN_SOURCES"]
 
 #: Trajectory-encoder types accepted by :class:`PlanningConfig`.
 TRAJECTORY_ENCODERS = ("mlp", "gru", "transformer")
@@ -94,5 +94,102 @@ class PlanningConfig:
                 raise ValueError(
                     f"unknown planning option {key!r}" + (f"; did you mean {hint[0]!r}?" if hint else "")
                     + f" (PlanningConfig fields: {names})"
+                )
+        return cls(**base)
+
+
+#: Where :class:`ReplayConfig` takes the plan tau_t of a transition from.
+PLAN_SOURCES = ("auto", "info", "policy", "observation", "td_error")
+
+
+@dataclass
+class ReplayConfig:
+    """Hot/cold prioritized replay of ``HotColdReplayBuffer`` (EchoRL Eq. 6-7, Algorithm 3).
+
+    Sampling is ``P(t) = softmax(beta * score(t))`` over hot and cold transitions with
+    ``score(t) = ||tau_t - tau_bar||^2 + alpha * |r_t| + td_weight * |delta_t|`` (tau_bar: EMA of plans).
+    Pass it as ``replay_buffer_kwargs={"config": ReplayConfig(...)}`` or pass its fields directly.
+    """
+
+    cold_size: int = 0
+    """Capacity of the cold tier in transitions, stored in numpy memmaps (the paper: 10**7); 0 disables it."""
+    cold_dir: str | None = None
+    """Folder for the cold memmaps; None uses a private temporary folder deleted at ``close()``."""
+    age_threshold: int | None = None
+    """Transitions older than this many ``add()`` calls move hot -> cold; None: the hot capacity minus one."""
+    beta: float = 1.0
+    """Inverse temperature of the sampling softmax (0: uniform)."""
+    alpha: float = 0.1
+    """Weight of the reward magnitude |r_t| in the score."""
+    td_weight: float = 0.0
+    """Weight of the last |TD error| in the score (PER-style term; updated by ``update_priorities``)."""
+    plan_source: str = "auto"
+    """tau_t: "info" (``infos[i][plan_key]``), "policy" (``buffer.plan_fn(obs)``), "observation" (a fixed random
+    projection of the flattened observation), "td_error" (|TD error|, d = 1) or "auto" (info, then policy, then
+    td_error, decided at the first ``add``)."""
+    plan_key: str = "plan"
+    """Info key holding the plan for ``plan_source="info"``."""
+    plan_dim: int = 16
+    """d for the "observation" projection (observations with fewer features are used as they are)."""
+    ema_decay: float = 0.01
+    """Rate of the EMA of plans tau_bar (one step per ``add``)."""
+    beta_is: float = 0.4
+    """Initial importance-sampling exponent (Schaul et al. 2016)."""
+    beta_is_final: float = 1.0
+    """Importance-sampling exponent reached after ``beta_is_anneal_samples`` calls to ``sample``."""
+    beta_is_anneal_samples: int = 100_000
+    """Number of ``sample`` calls over which beta_is is annealed linearly to ``beta_is_final``."""
+    hot_fraction: float | None = None
+    """Optional mixing ratio: the share of each batch drawn from the hot tier (None: one softmax over both)."""
+    min_acceptance: float = 0.5
+    """Exact sampling re-anchors the sum tree when the guaranteed rejection-sampling acceptance would drop below
+    this (see ``HotColdReplayBuffer``); lower values refresh less often and reject more."""
+    seed: int | None = None
+    """Seed of the sampling generator (None: fresh entropy)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.cold_size, bool) or not isinstance(self.cold_size, int) or self.cold_size < 0:
+            raise ValueError(f"cold_size must be an int >= 0, got cold_size={self.cold_size!r}; e.g. cold_size=10**7")
+        if self.age_threshold is not None and (not isinstance(self.age_threshold, int) or self.age_threshold < 0):
+            raise ValueError(f"age_threshold must be None or an int >= 0, got age_threshold={self.age_threshold!r}")
+        for name in ("beta", "alpha", "td_weight"):
+            if float(getattr(self, name)) < 0:
+                raise ValueError(f"{name} must be >= 0, got {name}={getattr(self, name)!r}")
+        if self.plan_source not in PLAN_SOURCES:
+            hint = difflib.get_close_matches(str(self.plan_source), PLAN_SOURCES, n=1)
+            raise ValueError(
+                f"plan_source must be one of {list(PLAN_SOURCES)}, got plan_source={self.plan_source!r}"
+                + (f"; did you mean {hint[0]!r}?" if hint else "")
+            )
+        _positive_int("plan_dim", self.plan_dim, "16")
+        if not 0.0 < float(self.ema_decay) <= 1.0:
+            raise ValueError(f"ema_decay must be in (0, 1], got ema_decay={self.ema_decay!r}; e.g. ema_decay=0.01")
+        for name in ("beta_is", "beta_is_final"):
+            if not 0.0 <= float(getattr(self, name)) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {name}={getattr(self, name)!r}")
+        _positive_int("beta_is_anneal_samples", self.beta_is_anneal_samples, "100_000")
+        if self.hot_fraction is not None and not 0.0 <= float(self.hot_fraction) <= 1.0:
+            raise ValueError(f"hot_fraction must be None or in [0, 1], got hot_fraction={self.hot_fraction!r}")
+        if not 0.0 < float(self.min_acceptance) < 1.0:
+            raise ValueError(f"min_acceptance must be in (0, 1), got min_acceptance={self.min_acceptance!r}; e.g. 0.5")
+
+    @classmethod
+    def from_kwargs(cls, config: ReplayConfig | dict[str, Any] | None = None, **overrides: Any) -> ReplayConfig:
+        """Merge a config (or dict) with field overrides; an unknown field raises ``ValueError`` with a hint."""
+        base: dict[str, Any] = {}
+        if isinstance(config, ReplayConfig):
+            base = {f.name: getattr(config, f.name) for f in fields(cls)}
+        elif isinstance(config, dict):
+            base = dict(config)
+        elif config is not None:
+            raise ValueError(f"config must be a ReplayConfig or a dict, got config={config!r}")
+        base.update(overrides)
+        names = [f.name for f in fields(cls)]
+        for key in base:
+            if key not in names:
+                hint = difflib.get_close_matches(key, names, n=1)
+                raise ValueError(
+                    f"unknown replay option {key!r}" + (f"; did you mean {hint[0]!r}?" if hint else "")
+                    + f" (ReplayConfig fields: {names})"
                 )
         return cls(**base)
