@@ -46,6 +46,13 @@ ENVS: list[EnvEntry] = [
     EnvEntry("EchoRL/Arithmetic-v0", "echorl_envs.math.generated:ArithmeticEnv", 10, {}, "math", "free-text", "generated"),
     EnvEntry("EchoRL/Game24-v0", "echorl_envs.math.game24:Game24Env", 10, {}, "math", "free-text", "generated"),
     # --- ALFWorld / TextWorld (echorl_envs.alfworld, echorl_envs.textworld) ---
+    EnvEntry("EchoRL/ALFWorld-v0", "echorl_envs.alfworld:ALFWorldEnv", 50, {"task_types": "all"}, "alfworld", "choice", "generated"),
+    EnvEntry("EchoRL/ALFWorld-PickAndPlace-v0", "echorl_envs.alfworld:ALFWorldEnv", 50, {"task_types": "PickAndPlace"}, "alfworld", "choice", "generated"),
+    EnvEntry("EchoRL/ALFWorld-PickTwoAndPlace-v0", "echorl_envs.alfworld:ALFWorldEnv", 50, {"task_types": "PickTwoAndPlace"}, "alfworld", "choice", "generated"),
+    EnvEntry("EchoRL/ALFWorld-LookAtInLight-v0", "echorl_envs.alfworld:ALFWorldEnv", 50, {"task_types": "LookAtInLight"}, "alfworld", "choice", "generated"),
+    EnvEntry("EchoRL/ALFWorld-PickCleanAndPlace-v0", "echorl_envs.alfworld:ALFWorldEnv", 50, {"task_types": "PickCleanAndPlace"}, "alfworld", "choice", "generated"),
+    EnvEntry("EchoRL/ALFWorld-PickHeatAndPlace-v0", "echorl_envs.alfworld:ALFWorldEnv", 50, {"task_types": "PickHeatAndPlace"}, "alfworld", "choice", "generated"),
+    EnvEntry("EchoRL/ALFWorld-PickCoolAndPlace-v0", "echorl_envs.alfworld:ALFWorldEnv", 50, {"task_types": "PickCoolAndPlace"}, "alfworld", "choice", "generated"),
     # --- WebShop (echorl_envs.webshop) ---
     # --- CRUXEval / ARC (echorl_envs.cruxeval, echorl_envs.arc) ---
 ]

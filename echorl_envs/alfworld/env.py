@@ -1,0 +1,246 @@
+"""The ALFWorld text environment on alfworld's real TextWorld/PDDL engine."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from echorl_envs.alfworld.engine import AlfredEngine
+from echorl_envs.alfworld.games import GeneratedPool, find_games, normalize_split
+from echorl_envs.alfworld.generator import DIFFICULTIES, GeneratorConfig
+from echorl_envs.alfworld.scenes import TASK_TYPES
+from echorl_envs.core import DatasetTextEnv, Transition
+
+__all__ = ["ALFWorldEnv", "resolve_task_types"]
+
+_TASK_RE = re.compile(r"Your task is to: (.*)$", re.MULTILINE)
+
+
+def resolve_task_types(task_types: str | Sequence[str]) -> list[str]:
+    """``"all"``, one name or a list of names (our ``PickAndPlace`` or alfworld's ``pick_and_place_simple``)."""
+    if isinstance(task_types, str):
+        task_types = list(TASK_TYPES.values()) if task_types == "all" else [task_types]
+    out = []
+    for t in task_types:
+        if t in TASK_TYPES:
+            out.append(TASK_TYPES[t])
+        elif t in TASK_TYPES.values():
+            out.append(t)
+        else:
+            names = [*TASK_TYPES, *TASK_TYPES.values()]
+            hint = difflib.get_close_matches(t, names, n=1)
+            raise ValueError(
+                f"unknown ALFWorld task type {t!r}" + (f"; did you mean {hint[0]!r}?" if hint else "")
+                + f" (accepted: 'all' or any of {sorted(TASK_TYPES)})"
+            )
+    if not out:
+        raise ValueError("task_types must name at least one task type, got task_types=[]")
+    return out
+
+
+class ALFWorldEnv(DatasetTextEnv):
+    """ALFWorld (Shridhar et al., 2021) household tasks, played by alfworld's own TextWorld/PDDL engine.
+
+    Description:
+        The agent is in a room with receptacles (cabinets, drawers, fridge, microwave, sinkbasin, desk...) and
+        objects, and must complete one of six ALFRED task types: pick_and_place_simple, pick_two_obj_and_place,
+        look_at_obj_in_light, pick_clean_then_place_in_recep, pick_heat_then_place_in_recep,
+        pick_cool_then_place_in_recep. Games come from alfworld's downloaded data (``data_path=``, json_2.1.1
+        layout, e.g. ``"$ALFWORLD_DATA"``) or, by default, from our offline generator
+        (:mod:`echorl_envs.alfworld.generator`), deterministic by seed and cached on disk
+        (``cache_dir=`` / ``$ECHORL_CACHE_DIR`` / the user cache dir).
+
+    Observation:
+        alfworld's text: on reset the intro (``-= Welcome to TextWorld, ALFRED! =-``, the room, and
+        ``Your task is to: ...``), then the engine's feedback to each command.
+
+    Actions:
+        One of ``info["admissible_actions"]`` (from the engine: ``go to X``, ``open X``, ``take O from R``,
+        ``move O to R``, ``heat/cool/clean O with R``, ``use L``, ``examine X``, ``look``, ``inventory``...).
+        Case, spacing and trailing punctuation are forgiven, and the older spellings ``put O in/on R``,
+        ``put O in R``, ``put O on R`` (ALFWorld issue #78) select ``move O to R``; an action that matches no
+        admissible command, or several, is invalid (feedback lists the admissible ones, reward 0). Because
+        only admissible commands reach the engine, ``go to`` never produces ALFWorld's silent
+        ``Nothing happens.`` (issue #97).
+
+    Rewards:
+        1.0 on the step that completes the task (alfworld's ``won``), else 0.
+
+    Termination:
+        ``terminated`` when the task is completed; the registered ids truncate after 50 steps
+        (ALFWorld's evaluation budget).
+
+    Info:
+        ``task``, ``admissible_actions``, ``won``, ``invalid_action``, ``step``, ``task_id`` (game dir),
+        ``task_type``, ``gamefile`` and, unless ``expert=False``, ``expert_action`` (alfworld's handcoded
+        expert, as ``AlfredExpert`` computes it).
+
+    Registered ids:
+        ``EchoRL/ALFWorld-v0`` (all six types) and ``EchoRL/ALFWorld-<Type>-v0`` for ``PickAndPlace``,
+        ``PickTwoAndPlace``, ``LookAtInLight``, ``PickCleanAndPlace``, ``PickHeatAndPlace``,
+        ``PickCoolAndPlace``.
+
+    Args:
+        task_types: ``"all"``, a type name, or a list of them.
+        split: ``"train"``, ``"valid_seen"`` (alias ``"eval"``) or ``"valid_unseen"``; generated splits use
+            disjoint seeds.
+        num_games: size of the generated pool (games are generated on first use); ignored with ``data_path``.
+        difficulty: ``"easy"``, ``"medium"`` or ``"hard"`` (see :data:`DIFFICULTIES`), overridden by
+            ``generator_config``.
+        generator_config: explicit :class:`GeneratorConfig` (or a dict of its fields).
+        data_path: downloaded ALFWorld data root; when set, games are discovered there instead of generated.
+        cache_dir: where generated games are cached.
+        expert: compute ``info["expert_action"]`` (about doubles the cost of a step).
+    """
+
+    def __init__(
+        self,
+        task_types: str | Sequence[str] = "all",
+        split: str = "train",
+        num_games: int = 48,
+        difficulty: str = "medium",
+        generator_config: GeneratorConfig | dict[str, Any] | None = None,
+        data_path: str | os.PathLike | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        expert: bool = True,
+        render_mode: str | None = None,
+    ) -> None:
+        super().__init__(render_mode=render_mode)
+        self._ctor = dict(
+            task_types=task_types, split=split, num_games=num_games, difficulty=difficulty,
+            generator_config=generator_config, data_path=data_path, cache_dir=cache_dir, expert=expert,
+            render_mode=render_mode,
+        )
+        self.task_types = resolve_task_types(task_types)
+        self.split = normalize_split(split)
+        if generator_config is None:
+            if difficulty not in DIFFICULTIES:
+                hint = difflib.get_close_matches(difficulty, DIFFICULTIES, n=1)
+                raise ValueError(
+                    f"difficulty must be one of {sorted(DIFFICULTIES)}, got difficulty={difficulty!r}"
+                    + (f"; did you mean {hint[0]!r}?" if hint else "")
+                )
+            cfg = DIFFICULTIES[difficulty]
+        elif isinstance(generator_config, dict):
+            cfg = GeneratorConfig(**generator_config)
+        else:
+            cfg = generator_config
+        self.generator_config = cfg
+        self._pool: GeneratedPool | None = None
+        self._files: list[Path] = []
+        if data_path is not None:
+            self._files = find_games(data_path, self.split, self.task_types)
+            if not self._files:
+                raise ValueError(
+                    f"no solvable ALFWorld games of types {self.task_types} in split {self.split!r} under "
+                    f"data_path={str(data_path)!r}; run `alfworld-download` or omit data_path to use the generator"
+                )
+        else:
+            self._pool = GeneratedPool(self.task_types, self.split, num_games, cfg, cache_dir)
+        self.expert = expert
+        self._engine: AlfredEngine | None = None
+        self._loaded: Path | None = None
+        self._state: dict[str, Any] = {}
+        self._task_text = ""
+        self._game: Path | None = None
+        self._index: int | None = None
+        self._history: list[Any] = []
+
+    # ------------------------------------------------------------------ dataset
+    @property
+    def num_tasks(self) -> int:
+        return len(self._pool) if self._pool is not None else len(self._files)
+
+    def game_path(self, index: int) -> Path:
+        """The ``game.tw-pddl`` of game ``index`` (generating it on first use)."""
+        return self._pool.path(index) if self._pool is not None else self._files[index]
+
+    # ------------------------------------------------------------------ hooks
+    def _reset_episode(self, options: dict[str, Any]) -> Transition:
+        index = self._select_index(options)
+        game = self.game_path(index)
+        if self._engine is None:
+            self._engine = AlfredEngine(expert=self.expert)
+        if self._loaded != game:
+            self._engine.load(game)
+            self._loaded = game
+        self._state = self._engine.reset()
+        self._index, self._game, self._history = index, game, []
+        m = _TASK_RE.search(self._state["feedback"])
+        self._task_text = m.group(1).strip() if m else ""
+        return Transition(self._state["feedback"], won=self._state["won"])
+
+    def _apply(self, action: str) -> Transition:
+        assert self._engine is not None
+        self._state = self._engine.step(action)
+        won = self._state["won"]
+        return Transition(self._state["feedback"], reward=1.0 if won else 0.0, terminated=won, won=won)
+
+    def _admissible(self) -> list[str]:
+        return list(self._state.get("admissible_commands", ()))
+
+    def _task(self) -> str:
+        return self._task_text
+
+    def _expert(self) -> str | None:
+        return self._state.get("expert_action")
+
+    def _aliases(self, normalized_action: str) -> Sequence[str]:
+        """Older/alternative spellings of an admissible command (ALFWorld issue #78)."""
+        words = normalized_action.split(" ", 1)
+        if words[0] == "move" and " to " in normalized_action:
+            obj, rec = normalized_action[5:].split(" to ", 1)
+            return (f"put {obj} in/on {rec}", f"put {obj} in {rec}", f"put {obj} on {rec}",
+                    f"put {obj} into {rec}", f"place {obj} in/on {rec}")
+        if words[0] == "take" and " from " in normalized_action:
+            obj, rec = normalized_action[5:].split(" from ", 1)
+            return (f"pick up {obj} from {rec}", f"take {obj}", f"pick up {obj}")
+        if normalized_action.startswith("go to "):
+            return (f"goto {normalized_action[6:]}", f"walk to {normalized_action[6:]}")
+        if words[0] == "use":
+            return (f"turn on {words[1]}", f"toggle {words[1]}") if len(words) > 1 else ()
+        return ()
+
+    def _info(self, invalid: bool, extra: dict[str, Any]) -> dict[str, Any]:
+        game = self._game
+        return super()._info(invalid, {**extra, **{
+            "task_id": game.parent.parent.name + "/" + game.parent.name if game else "",
+            "task_type": game.parent.parent.name.split("-", 1)[0] if game else "",
+            "gamefile": str(game) if game else "",
+        }})
+
+    # ------------------------------------------------------------------ lifecycle
+    def step(self, action: str):
+        out = super().step(action)
+        self._history.append(action)
+        return out
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+        self._engine = None
+        self._loaded = None
+        super().close()
+
+    # Engines hold Fast Downward handles that cannot be pickled: rebuild from the constructor arguments and
+    # replay the episode (the engine is deterministic, and so is the expert, see engine.py).
+    def __getstate__(self) -> dict[str, Any]:
+        rng = self._np_random.bit_generator.state if self._np_random is not None else None
+        return {"ctor": self._ctor, "index": self._index if self._started else None,
+                "history": list(self._history), "rng": rng}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state["ctor"])  # type: ignore[misc]
+        if state["index"] is not None:
+            self.reset(options={"index": state["index"]})
+            for a in state["history"]:
+                self.step(a)
+        if state["rng"] is not None:
+            import numpy as np
+
+            self._np_random = np.random.Generator(np.random.PCG64())
+            self._np_random.bit_generator.state = state["rng"]
