@@ -54,6 +54,7 @@ ENVS: list[EnvEntry] = [
     EnvEntry("EchoRL/ALFWorld-PickHeatAndPlace-v0", "echorl_envs.alfworld:ALFWorldEnv", 50, {"task_types": "PickHeatAndPlace"}, "alfworld", "choice", "generated"),
     EnvEntry("EchoRL/ALFWorld-PickCoolAndPlace-v0", "echorl_envs.alfworld:ALFWorldEnv", 50, {"task_types": "PickCoolAndPlace"}, "alfworld", "choice", "generated"),
     # --- WebShop (echorl_envs.webshop) ---
+    EnvEntry("EchoRL/WebShop-v0", "echorl_envs.webshop:WebShopEnv", 15, {}, "webshop", "choice", "generated"),
     # --- CRUXEval / ARC (echorl_envs.cruxeval, echorl_envs.arc) ---
 ]
 # fmt: on
