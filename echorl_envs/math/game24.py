@@ -178,23 +178,37 @@ def pool(size: int, seed: int, num_numbers: int = 4, max_number: int = 13, targe
 
 
 # ----------------------------------------------------------------------------- checker
-def _normalise(text: str, target: int) -> str:
-    t = text.strip().strip("`$").strip()
+def _unwrap(t: str) -> str:
+    t = t.strip().strip("`$").strip().rstrip(".").strip()
     if t.startswith("\\boxed{") and t.endswith("}"):
-        t = t[len("\\boxed{") : -1]
-    t = t.replace("\u00d7", "*").replace("\u00f7", "/").replace("\u2212", "-").replace("\\times", "*")
-    t = t.replace("\\div", "/").replace("\\cdot", "*")
-    t = t.rstrip(".").strip()
+        t = t[len("\\boxed{") : -1].strip()
+    return t
+
+
+def _normalise(text: str, target: int) -> str:
+    """Tolerated wrapping -> bare expression: backticks/dollars, a trailing period, ``\\boxed{}``,
+    the multiplication/division/minus signs, and one ``= target`` on either side."""
+    t = _unwrap(text)
+    for sign, op in (
+        ("\u00d7", "*"),
+        ("\u00f7", "/"),
+        ("\u2212", "-"),
+        ("\\times", "*"),
+        ("\\div", "/"),
+        ("\\cdot", "*"),
+    ):
+        t = t.replace(sign, op)
     if "=" in t:
         sides = [s.strip() for s in t.split("=")]
-        if len(sides) == 2 and sides[1] == str(target):
+        if len(sides) == 2 and _unwrap(sides[1]) == str(target):
             t = sides[0]
-        elif len(sides) == 2 and sides[0] == str(target):
+        elif len(sides) == 2 and _unwrap(sides[0]) == str(target):
             t = sides[1]
         else:
             raise ExpressionError(
                 f"write one expression (optionally followed by '= {target}'), not an equation chain"
             )
+        t = _unwrap(t)
     return t
 
 
