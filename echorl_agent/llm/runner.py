@@ -1,0 +1,178 @@
+"""Model runner: a varlen, paged-KV forward pass of Llama-family models built from the HF modules.
+
+transformers' own forward keeps one contiguous cache per batch row, which makes continuous batching of sequences of
+different lengths (and sharing prefix blocks between them) awkward. The runner reuses the HF model's modules
+(embeddings, RMSNorms, projections, rotary embedding, MLPs, LM head) so the arithmetic is the model's own, and
+replaces only the attention bookkeeping: all new tokens of a step (prefill chunks and decode tokens of many
+sequences) are flattened into one ``[N, hidden]`` batch, their K/V written into a block pool, and attention reads
+each sequence's prefix + rolling blocks through :func:`echorl_agent.kernels.attention.paged_attention`.
+
+Supported: decoder-only models with Llama's layout (``model.layers[i].self_attn.{q,k,v,o}_proj``, pre-norm RMSNorm,
+RoPE, grouped-query attention): Llama, SmolLM2, Mistral (no sliding window), Qwen2.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import torch
+
+from echorl_agent.kernels.attention import paged_attention
+
+__all__ = ["ModelRunner", "SeqChunk", "SUPPORTED_MODEL_TYPES"]
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+
+@dataclass
+class SeqChunk:
+    """New tokens of one sequence for one forward step."""
+
+    token_ids: list[int]
+    """The tokens to run (prefill chunk or the one decode token)."""
+    start_pos: int
+    """Absolute position of ``token_ids[0]`` (= tokens already in the KV)."""
+    block_table: list[int]
+    """Pool blocks of the whole sequence (must cover ``start_pos + len(token_ids)`` tokens)."""
+    all_logits: bool = False
+    """Return logits for every new token (scoring) instead of only the last one."""
+
+
+class ModelRunner:
+    """Runs paged-KV forward steps for a Llama-family HF model.
+
+    Args:
+        model: a ``transformers`` causal LM of a type in :data:`SUPPORTED_MODEL_TYPES`.
+        num_blocks: KV pool size in blocks.
+        block_size: tokens per block.
+        attention_backend: ``"auto"`` (Triton on CUDA, torch reference otherwise), ``"torch"`` or ``"triton"``.
+    """
+
+    def __init__(self, model: torch.nn.Module, num_blocks: int, block_size: int, attention_backend: str = "auto"):
+        cfg = model.config
+        if cfg.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"the paged-KV engine supports model types {SUPPORTED_MODEL_TYPES}, got model_type="
+                f"{cfg.model_type!r}; serve other models with vLLM/SGLang and use OpenAICompatibleBackend"
+            )
+        if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True) and cfg.model_type == "mistral":
+            raise ValueError(f"sliding-window attention is not supported (sliding_window={cfg.sliding_window})")
+        if attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"attention_backend must be 'auto', 'torch' or 'triton', got {attention_backend!r}")
+        self.model = model
+        self.inner = model.model
+        self.layers = list(self.inner.layers)
+        self.num_layers = len(self.layers)
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.scale = self.head_dim**-0.5
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.attention_backend = attention_backend
+        modeling = importlib.import_module(type(self.layers[0].self_attn).__module__)
+        self._apply_rope = modeling.apply_rotary_pos_emb
+        p = next(model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        # [L, num_blocks, block_size, H_kv, D]
+        shape = (self.num_layers, num_blocks, block_size, self.num_kv_heads, self.head_dim)
+        self.k_pool = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.v_pool = torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+    @staticmethod
+    def kv_bytes_per_token(model: torch.nn.Module) -> int:
+        """Bytes of K+V one token occupies across all layers."""
+        cfg = model.config
+        h_kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        elt = next(model.parameters()).element_size()
+        return 2 * cfg.num_hidden_layers * h_kv * d * elt
+
+    def _use_triton(self) -> bool:
+        if self.attention_backend == "triton":
+            return True
+        if self.attention_backend == "torch":
+            return False
+        return self.device.type == "cuda"
+
+    def copy_block(self, src: int, dst: int) -> None:
+        """Copy one block's KV in every layer (copy-on-write of a shared partial block)."""
+        self.k_pool[:, dst] = self.k_pool[:, src]
+        self.v_pool[:, dst] = self.v_pool[:, src]
+
+    @torch.inference_mode()
+    def forward(self, chunks: list[SeqChunk]) -> list[torch.Tensor]:
+        """Run one step over the new tokens of several sequences; writes their KV into the pool.
+
+        Returns:
+            Per chunk, float32 logits ``[vocab]`` of its last token, or ``[T, vocab]`` when ``all_logits``.
+        """
+        bs = self.block_size
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        cu = [0]
+        ctx_lens = []
+        max_blocks = 1
+        for c in chunks:
+            if not c.token_ids:
+                raise ValueError("a SeqChunk needs at least one token")
+            end = c.start_pos + len(c.token_ids)
+            if len(c.block_table) * bs < end:
+                raise ValueError(f"block_table covers {len(c.block_table) * bs} tokens, the chunk ends at {end}")
+            ids.extend(c.token_ids)
+            for p in range(c.start_pos, end):
+                pos.append(p)
+                slots.append(c.block_table[p // bs] * bs + p % bs)
+            cu.append(len(ids))
+            ctx_lens.append(end)
+            max_blocks = max(max_blocks, len(c.block_table))
+        dev = self.device
+        tables = torch.zeros(len(chunks), max_blocks, dtype=torch.long)
+        for i, c in enumerate(chunks):
+            tables[i, : len(c.block_table)] = torch.tensor(c.block_table, dtype=torch.long)
+        tables = tables.to(dev)
+        ids_t = torch.tensor(ids, dtype=torch.long, device=dev)
+        pos_t = torch.tensor(pos, dtype=torch.long, device=dev)
+        slots_t = torch.tensor(slots, dtype=torch.long, device=dev)
+        cu_t = torch.tensor(cu, dtype=torch.long, device=dev)
+        ctx_t = torch.tensor(ctx_lens, dtype=torch.long, device=dev)
+        n = len(ids)
+        use_triton = self._use_triton()
+
+        x = self.inner.embed_tokens(ids_t)  # [N, hidden]
+        cos, sin = self.inner.rotary_emb(x, pos_t[None, :])  # [1, N, D]
+        cos, sin = cos[0], sin[0]
+        flat = (self.num_layers, self.num_blocks * bs, self.num_kv_heads, self.head_dim)
+        k_flat, v_flat = self.k_pool.view(flat), self.v_pool.view(flat)
+        for li, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = attn.q_proj(h).view(n, self.num_heads, self.head_dim)
+            k = attn.k_proj(h).view(n, self.num_kv_heads, self.head_dim)
+            v = attn.v_proj(h).view(n, self.num_kv_heads, self.head_dim)
+            q, k = self._apply_rope(q, k, cos, sin, unsqueeze_dim=1)
+            k_flat[li, slots_t] = k
+            v_flat[li, slots_t] = v
+            o = paged_attention(
+                q, self.k_pool[li], self.v_pool[li], tables, ctx_t, cu_t, self.scale, use_triton=use_triton
+            )
+            x = x + attn.o_proj(o.reshape(n, self.num_heads * self.head_dim))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        # logits only where needed: last token of each chunk, or all tokens for scoring chunks
+        rows: list[int] = []
+        spans: list[tuple[int, int]] = []
+        for i, c in enumerate(chunks):
+            lo = len(rows)
+            if c.all_logits:
+                rows.extend(range(cu[i], cu[i + 1]))
+            else:
+                rows.append(cu[i + 1] - 1)
+            spans.append((lo, len(rows)))
+        hidden = self.inner.norm(x[torch.tensor(rows, device=dev)])
+        logits = self.model.lm_head(hidden).float()
+        out = []
+        for c, (lo, hi) in zip(chunks, spans):
+            out.append(logits[lo:hi] if c.all_logits else logits[lo])
+        return out

@@ -1,0 +1,113 @@
+"""Scoring candidate continuations with a shared prompt KV (the scoring agent's inner loop).
+
+For a prompt ``P`` (length p) and candidates ``a_1..a_N`` (lengths s_i), the log-likelihood is
+``log pi(a_i | P) = sum_j log softmax(logits(P, a_i[:j]))[a_i[j]]``. Computing the N sequences independently costs
+``N (p + s)`` token forwards; sharing the prompt's KV costs ``p + N s`` (EchoRL's KV_frozen reused N times): the
+prompt is prefilled once (its leading blocks may already sit in the prefix cache), every candidate gets a block
+table that shares the prompt's full blocks (ref counts) plus a copy of the partial last block (copy-on-write),
+and all candidates run in one batched forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from echorl_agent.llm.prefix_cache import PrefixCache
+from echorl_agent.llm.runner import ModelRunner, SeqChunk
+
+__all__ = ["score_candidates"]
+
+
+def _register_full(cache: PrefixCache, table: list[int], tokens: Sequence[int], hashes: list[int]) -> None:
+    bs = cache.block_size
+    for i in range(len(hashes), len(tokens) // bs):
+        prev = hashes[-1] if hashes else None
+        hashes.append(cache.register(table[i], prev, tokens[i * bs : (i + 1) * bs]))
+
+
+def _candidate_logprob(first: torch.Tensor, rest: torch.Tensor | None, cand: Sequence[int]) -> float:
+    """``first``: logits predicting cand[0]; ``rest``: logits after each candidate token (last row unused)."""
+    total = float(torch.log_softmax(first, -1)[cand[0]])
+    if len(cand) > 1 and rest is not None:
+        lp = torch.log_softmax(rest[: len(cand) - 1], -1)
+        total += float(lp.gather(1, torch.tensor(cand[1:])[:, None]).sum())
+    return total
+
+
+def score_candidates(
+    runner: ModelRunner,
+    cache: PrefixCache,
+    prompt: list[int],
+    candidates: list[list[int]],
+    share_prefix: bool = True,
+):
+    """Log-likelihoods of ``candidates`` after ``prompt`` (see the module docstring).
+
+    Returns:
+        :class:`echorl_agent.llm.engine.ScoreResult`.
+    """
+    from echorl_agent.llm.engine import ScoreResult
+
+    if not prompt:
+        raise ValueError("the prompt is empty; scoring needs at least one prompt token")
+    if not candidates or any(len(c) == 0 for c in candidates):
+        raise ValueError("candidates must be a non-empty list of non-empty token lists")
+    bs = cache.block_size
+    p = len(prompt)
+    out: list[float] = []
+    if not share_prefix:
+        computed = 0
+        for c in candidates:
+            tokens = prompt + c
+            alloc = cache.allocate(tokens, record_stats=False, use_cache=False)
+            try:
+                (lg,) = runner.forward([SeqChunk(tokens, 0, alloc.block_table, all_logits=True)])
+            finally:
+                cache.release(alloc.block_table)
+            computed += len(tokens)
+            out.append(_candidate_logprob(lg[p - 1], lg[p:], c))
+        return ScoreResult(out, [len(c) for c in candidates], 0, computed)
+
+    alloc = cache.allocate(prompt)
+    table, hashes = alloc.block_table, list(alloc.block_hashes)
+    try:
+        (first,) = runner.forward([SeqChunk(prompt[alloc.num_cached_tokens :], alloc.num_cached_tokens, table)])
+        _register_full(cache, table, prompt, hashes)
+        full, partial = p // bs, p % bs
+        # candidates in groups that fit the free blocks
+        i = 0
+        while i < len(candidates):
+            group: list[tuple[list[int], list[int]]] = []
+            free = cache.num_free_blocks
+            while i < len(candidates):
+                need = cache.num_blocks_needed(p + len(candidates[i])) - full
+                if need > free:
+                    break
+                free -= need
+                cache.share(table[:full])
+                own = [cache.append_block() for _ in range(need)]
+                if partial:
+                    runner.copy_block(table[full], own[0])
+                group.append((candidates[i], table[:full] + own))
+                i += 1
+            if not group:
+                raise MemoryError("prefix cache full while scoring; raise PrefixCacheConfig.max_tokens")
+            try:
+                logits = runner.forward([SeqChunk(c, p, t, all_logits=True) for c, t in group])
+            finally:
+                for _, t in group:
+                    cache.release(t)
+            for (c, _), lg in zip(group, logits):
+                out.append(_candidate_logprob(first, lg, c))
+    finally:
+        cache.release(table)
+    # candidates reuse the whole prompt's KV (KV_frozen) and compute only their own tokens
+    n_cand = sum(len(c) for c in candidates)
+    cache.stats.num_cached_tokens += p * len(candidates)
+    cache.stats.num_computed_tokens += n_cand
+    return ScoreResult(
+        out, [len(c) for c in candidates], alloc.num_cached_tokens + p * len(candidates),
+        p - alloc.num_cached_tokens + n_cand,
+    )
