@@ -109,6 +109,11 @@ class EncodedTextObservation(gym.Wrapper):
         obs, reward, terminated, truncated, info = self.env.step(action)
         return self._encode(obs, info), reward, terminated, truncated, info
 
+    def action_masks(self) -> np.ndarray:
+        """The action mask of the ``AdmissibleActionWrapper`` underneath (gymnasium 1.x wrappers do not forward
+        attributes, so outer wrappers re-expose it for ``env.action_masks()`` calls)."""
+        return self.env.get_wrapper_attr("action_masks")()
+
 
 class HistoryWindow(gym.Wrapper):
     """Keep the last ``k + 2`` encoded observations: the window ``s_{t-k:t}`` and the one before it.
@@ -183,3 +188,8 @@ class HistoryWindow(gym.Wrapper):
         obs, reward, terminated, truncated, info = self.env.step(action)
         self._frames.append(obs if self._key is None else obs[self._key])
         return self._out(obs), reward, terminated, truncated, info
+
+    def action_masks(self) -> np.ndarray:
+        """The action mask of the ``AdmissibleActionWrapper`` underneath (gymnasium 1.x wrappers do not forward
+        attributes, so outer wrappers re-expose it for ``env.action_masks()`` calls)."""
+        return self.env.get_wrapper_attr("action_masks")()

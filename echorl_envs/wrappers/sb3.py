@@ -59,7 +59,7 @@ def wrap_text_env(
         >>> env = wrap_text_env(echorl_envs.make("EchoRL/MiniGrid-Empty-5x5-v0"), history=2)
         >>> env.observation_space.shape, env.action_space
         ((4, 256), Discrete(7))
-        >>> check_env(env)  # SB3's own checker: silent when the env is compatible
+        >>> check_env(env)  # SB3's checker passes (it only warns that a 2-D window needs a custom policy)
     """
     if max_actions is None and vocabulary is None:
         max_actions = probe_max_actions(env)
