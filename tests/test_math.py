@@ -25,6 +25,7 @@ from echorl_envs.math import (
     format_number,
     load_gsm8k,
     reaches,
+    same_number,
     solvable_puzzles,
     solve,
 )
@@ -68,7 +69,9 @@ def answer(env, text):
         ("62.50", Fraction(125, 2)),
         ("50%", 50),
         ("1e3", 1000),
-        ("The answer is 1, 2, 3", 3),
+        ("The answer is 18. Check: 9 * 2 = 18 and 4 - 1 = 3", 18),
+        ("so the answer is therefore 42 dollars, since 6 * 7", 42),
+        ("1, 2, 3", 3),
         ("\u20ac57 per hour", 57),
     ],
 )
@@ -90,6 +93,7 @@ def test_exact_comparison_is_rational():
     assert extract_answer("0.1") + extract_answer("0.2") == extract_answer("0.3")  # no float fuzz
     assert extract_answer("1000") == extract_answer("$1,000.00") == extract_answer("1e3")
     assert extract_answer("0.3333") != Fraction(1, 3)
+    assert same_number("$1,000", "The answer is 1000.") and not same_number("999", 1000)
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,10 @@ the text; MATH-style answers put it in ``\\boxed{}``):
 3. the text after the last "answer is" / "answer:" / "answer =" phrase;
 4. the whole text.
 
-Within the chosen span the *last* number wins (so "The answer is 42 apples." gives 42 and "12 x 2 = 24,
-so 24 + 46 = 70" gives 70). Numbers may carry a currency sign, thousands separators, a decimal part, a
-percent sign or be a fraction ``a/b``; values are :class:`fractions.Fraction`, so "1,000.00", "1000" and
+After ``####`` or an answer phrase the *first* number is taken ("The answer is 18. Check: 9 * 2" gives
+18); inside ``\\boxed{}`` and in the whole text the *last* ("12 x 2 = 24, so 24 + 46 = 70" gives 70).
+Numbers may carry a currency sign, thousands separators, a decimal part, an exponent, a percent sign or
+be a fraction ``a/b``; values are :class:`fractions.Fraction`, so "1,000.00", "1000" and
 "$1,000" compare equal exactly and 0.1 + 0.2 style float fuzz never enters.
 """
 
@@ -113,21 +114,19 @@ def _delatex(text: str) -> str:
     return _LATEX_DROP.sub("", text).replace("(", "").replace(")", "")
 
 
-def _answer_span(text: str) -> str:
+def _answer_span(text: str) -> tuple[str, str]:
+    """The part of ``text`` holding the answer and which of its numbers to take ("first" or "last")."""
     if "####" in text:
-        return text[text.rfind("####") + 4 :]
+        return text[text.rfind("####") + 4 :], "first"
     boxed = _last_boxed(text)
     if boxed is not None:
-        return _delatex(boxed)
+        return _delatex(boxed), "last"
     phrases = list(_ANSWER_PHRASE.finditer(text))
     if phrases:
         tail = text[phrases[-1].end() :]
-        if _NUMBER_FINDER.search(tail):
-            return tail
-    return text
-
-
-_NUMBER_FINDER = re.compile(r"\d")
+        if any(c.isdigit() for c in tail):
+            return tail, "first"
+    return text, "last"
 
 
 def _to_fraction(m: re.Match[str]) -> Fraction | None:
@@ -149,19 +148,23 @@ def _to_fraction(m: re.Match[str]) -> Fraction | None:
     return value
 
 
-def parse_number(text: str) -> Fraction | None:
-    """The last number in ``text`` as a Fraction, or None.
+def parse_number(text: str, which: str = "last") -> Fraction | None:
+    """The last (or first) number in ``text`` as a Fraction, or None.
 
     Raises:
         ValueError: when a number is absurdly long (more than :data:`MAX_DIGITS` digits).
     """
+    if which not in ("first", "last"):
+        raise ValueError(f"which must be 'first' or 'last', got which={which!r}")
     text = ascii_text(text).replace("$", "")
-    last: Fraction | None = None
+    found: Fraction | None = None
     for m in _NUMBER.finditer(text):
         value = _to_fraction(m)
         if value is not None:
-            last = value
-    return last
+            found = value
+            if which == "first":
+                break
+    return found
 
 
 def extract_answer(text: str) -> Fraction | None:
@@ -174,7 +177,7 @@ def extract_answer(text: str) -> Fraction | None:
         ValueError: when the number is absurdly long (more than :data:`MAX_DIGITS` digits).
     """
     text = ascii_text(text)
-    value = parse_number(_answer_span(text))
+    value = parse_number(*_answer_span(text))
     if value is None and "####" in text:  # "#### " with nothing after: fall back to the whole reply
         value = parse_number(text)
     return value

@@ -15,7 +15,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import Any, ClassVar
 
 from echorl_envs.core import MAX_TEXT, DatasetTextEnv, InvalidAction, Transition
 from echorl_envs.core.actions import describe_text
@@ -73,7 +73,7 @@ class MathAnswerEnv(DatasetTextEnv):
     """
 
     #: one sentence telling the agent what form the answer takes
-    answer_hint: str = "Answer with the final number."
+    answer_hint: ClassVar[str] = "Answer with the final number."
 
     def __init__(
         self, max_attempts: int = 3, render_mode: str | None = None, max_text_length: int = MAX_TEXT

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import reasoning_gym
 from reasoning_gym.factory import DATASETS
 
-from echorl_envs.core import MAX_TEXT
+from echorl_envs.core import MAX_TEXT, Transition
 from echorl_envs.math.answers import ascii_text, format_number
 from echorl_envs.math.base import MathAnswerEnv, MathItem, Verdict, read_number
 
@@ -111,7 +111,7 @@ class ReasoningGymMathEnv(MathAnswerEnv):
         value = read_number(answer)
         return Verdict(value == Fraction(item.answer), format_number(value))
 
-    def _apply(self, action: str):
+    def _apply(self, action: str) -> Transition:
         tr = super()._apply(action)
         assert self._current is not None
         try:
