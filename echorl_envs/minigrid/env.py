@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import io
+import logging
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -15,6 +18,8 @@ from echorl_envs.minigrid.describe import DIRECTION_NAMES, describe_view, with_a
 from echorl_envs.minigrid.planner import BabyAIExpert, GoalPlanner
 
 __all__ = ["MiniGridTextEnv", "ACTION_WORDS"]
+
+logger = logging.getLogger(__name__)
 
 #: Admissible actions, index = minigrid ``Actions`` value (left, right, forward, pickup, drop, toggle, done).
 ACTION_WORDS = ("turn left", "turn right", "go forward", "pick up", "drop", "toggle", "done")
@@ -130,7 +135,11 @@ class MiniGridTextEnv(TextEnv):
         seed = self._pending_seed
         if seed is None and not self._raw_seeded:
             seed = int(self.np_random.integers(2**31 - 1))
-        obs, _ = self.raw.reset(seed=seed)
+        # BabyAI level generation print()s its rejected samples; keep them out of the agent's stdout.
+        with contextlib.redirect_stdout(io.StringIO()) as chatter:
+            obs, _ = self.raw.reset(seed=seed)
+        if chatter.getvalue():
+            logger.debug("minigrid reset output: %s", chatter.getvalue().strip())
         self._raw_seeded = True
         self._image = obs["image"]
         self._expert_impl = None
