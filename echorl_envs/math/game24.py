@@ -362,6 +362,7 @@ class Game24Env(MathAnswerEnv):
         self.size, self.seed, self.target = size, seed, target
         self.num_numbers, self.max_number = num_numbers, max_number
         self._hands = pool(size, seed, num_numbers, max_number, target)
+        self._solutions: dict[int, str] = {}
         if not self._hands:
             raise ValueError(
                 f"no hand of {num_numbers} numbers in 1..{max_number} reaches target={target}; "
@@ -374,8 +375,11 @@ class Game24Env(MathAnswerEnv):
 
     def _item(self, index: int) -> MathItem:
         hand = self._hands[index]
-        expr = solve(hand, self.target)
-        assert expr is not None, f"pool hand {hand} was judged solvable"
+        expr = self._solutions.get(index)
+        if expr is None:  # the search takes milliseconds; replays of a puzzle reuse its solution
+            expr = solve(hand, self.target)
+            assert expr is not None, f"pool hand {hand} was judged solvable"
+            self._solutions[index] = expr
         nums = " ".join(map(str, hand))
         question = (
             f"Use the numbers {nums} to make {self.target}. Use each number exactly once, combined with "
