@@ -132,7 +132,7 @@ def test_generated_catalogue_is_large_varied_and_deterministic():
     for g in cat.goals[:200]:
         p = cat.by_asin[g.asin]
         assert set(g.attributes) <= set(p.attributes)
-        assert all(v in p.options[n] for n, v in zip(g.option_names, g.goal_options))
+        assert all(v in p.options[n] for n, v in zip(g.option_names, g.goal_options, strict=True))
         assert cat.prices[g.asin] <= g.price_upper
         assert f"price lower than {g.price_upper:.2f} dollars" in g.instruction_text
 
@@ -316,3 +316,16 @@ def test_env_plays_real_format_files(tmp_path):
     assert res.reward == 1.0 and res.success
     clone = pickle.loads(pickle.dumps(env))
     assert clone.catalogue is env.catalogue  # rebuilt from the per-process cache, not serialised
+
+
+def test_search_index_disk_cache_round_trip(tmp_path):
+    products = generate_catalogue().products[:300]
+    built = ProductSearch(products, cache_dir=tmp_path)
+    loaded = ProductSearch(products, cache_dir=tmp_path)
+    assert not built.loaded_from_cache and loaded.loaded_from_cache
+    assert len(list(tmp_path.iterdir())) == 1
+    for p in products[:10]:
+        assert loaded.search(p.title) == built.search(p.title)
+    assert loaded.search("wireless earbuds noise cancelling") == built.search("wireless earbuds noise cancelling")
+    changed = ProductSearch(products[:299], cache_dir=tmp_path)  # different documents: a new index
+    assert not changed.loaded_from_cache and len(list(tmp_path.iterdir())) == 2

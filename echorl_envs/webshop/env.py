@@ -220,7 +220,7 @@ class WebShopEnv(DatasetTextEnv):
         by_raw = {(n, v): c for c, (n, v) in clicks.items()}
         out: list[tuple[str, str]] = []
         if goal.option_names:
-            for name, value in zip(goal.option_names, goal.goal_options):
+            for name, value in zip(goal.option_names, goal.goal_options, strict=True):
                 if (name, value) in by_raw:
                     out.append((name, by_raw[(name, value)]))
             return out

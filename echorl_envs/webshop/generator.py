@@ -108,7 +108,7 @@ def _make_goal(rng: random.Random, product: Product, price: float) -> Goal:
     values = [rng.choice(product.options[n]) for n in names]
     text = rng.choice(V.INSTRUCTIONS).format(attrs=_join_attrs(attrs), noun=product.query)
     if names:
-        text += " with " + ", and ".join(f"{n}: {v}" for n, v in zip(names, values))
+        text += " with " + ", and ".join(f"{n}: {v}" for n, v in zip(names, values, strict=True))
     upper = price_upper_bound(price, rng)
     if upper < 1_000_000:
         text += f", and price lower than {upper:.2f} dollars"

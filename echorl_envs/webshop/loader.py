@@ -177,7 +177,7 @@ def _synthetic_goals(products: list[Product], prices: dict[str, float], ins: dic
         upper = price_upper_bound(prices[product.asin], rng)
         names = tuple(sorted(product.options))
         for combo in itertools.product(*(product.options[n] for n in names)):
-            opt_text = ", and ".join(f"{n}: {v}" for n, v in zip(names, combo))
+            opt_text = ", and ".join(f"{n}: {v}" for n, v in zip(names, combo, strict=True))
             full = f"{text}{' with ' + opt_text if opt_text else ''}{_price_text(upper)}"
             goals.append(_goal_from(product, full, attrs, list(combo), names, upper))
         for a in attrs:
