@@ -56,6 +56,8 @@ ENVS: list[EnvEntry] = [
     # --- WebShop (echorl_envs.webshop) ---
     EnvEntry("EchoRL/WebShop-v0", "echorl_envs.webshop:WebShopEnv", 15, {}, "webshop", "choice", "generated"),
     # --- CRUXEval / ARC (echorl_envs.cruxeval, echorl_envs.arc) ---
+    EnvEntry("EchoRL/CRUXEval-O-v0", "echorl_envs.cruxeval:CRUXEvalEnv", 8, {"mode": "output"}, "cruxeval", "free-text", "generated"),
+    EnvEntry("EchoRL/CRUXEval-I-v0", "echorl_envs.cruxeval:CRUXEvalEnv", 8, {"mode": "input"}, "cruxeval", "free-text", "generated"),
 ]
 # fmt: on
 
