@@ -329,3 +329,23 @@ def test_search_index_disk_cache_round_trip(tmp_path):
     assert loaded.search("wireless earbuds noise cancelling") == built.search("wireless earbuds noise cancelling")
     changed = ProductSearch(products[:299], cache_dir=tmp_path)  # different documents: a new index
     assert not changed.loaded_from_cache and len(list(tmp_path.iterdir())) == 2
+
+
+def test_show_attrs_page_and_search_hint():
+    env = WebShopEnv(show_attrs=True)
+    _, info = env.reset(options={"index": 7})
+    while info["page"] != "item" or env._session.asin != env.goal.asin:
+        _, _, _, _, info = env.step(info["expert_action"])
+    assert "click[attributes]" in info["admissible_actions"]
+    obs, *_, info = env.step("click[attributes]")
+    assert obs.endswith(" [SEP] ".join(env.catalogue.by_asin[env.goal.asin].attributes))
+    obs, r, term, trunc, info = env.step("search[anything]")
+    assert info["invalid_action"] and obs.startswith("Search is only available on the search page")
+    assert "click[attributes]" not in clickables_of(WebShopEnv(), 7)
+
+
+def clickables_of(env: WebShopEnv, index: int) -> list[str]:
+    _, info = env.reset(options={"index": index})
+    while info["page"] != "item":
+        _, _, _, _, info = env.step(info["expert_action"])
+    return info["admissible_actions"]

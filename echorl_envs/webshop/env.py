@@ -157,6 +157,12 @@ class WebShopEnv(DatasetTextEnv):
         title = normalize_action(to_printable(p.title))
         return (f"click[{title}]", f"click[item - {title}]")
 
+    def _invalid_message(self, reason: str, admissible) -> str:
+        msg = super()._invalid_message(reason, admissible)
+        if reason.lower().startswith(("'search", '"search')):
+            msg = "Search is only available on the search page; use click[back to search] first. " + msg
+        return msg
+
     # ----------------------------------------------------------------- transitions
     def _apply(self, action: str) -> Transition:
         s = self._session
