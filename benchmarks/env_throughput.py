@@ -22,6 +22,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import gymnasium as gym
 import numpy as np
@@ -75,7 +76,9 @@ def timed_replay(env: gym.Env, actions: Sequence, seed: int) -> tuple[float, flo
     return len(actions) / busy, total
 
 
-def best_of(repeats: int, runs: dict[str, Callable[[], tuple[float, float]]]) -> dict[str, tuple[float, float]]:
+def best_of(
+    repeats: int, runs: dict[str, Callable[[], tuple[float, float]]]
+) -> dict[str, tuple[float, float]]:
     """Alternate the runs ``repeats`` times; keep each one's best steps/s (and its reward total)."""
     best: dict[str, tuple[float, float]] = {}
     for _ in range(repeats):
@@ -128,17 +131,23 @@ def bench_minigrid(args: argparse.Namespace) -> list[Row]:
             best = best_of(
                 args.repeats,
                 {
-                    "raw": lambda: timed_replay(raw, idx, args.seed),
-                    "text": lambda: timed_replay(plain, words, args.seed),
-                    "text+expert": lambda: timed_replay(with_expert, words, args.seed),
+                    "raw": partial(timed_replay, raw, idx, args.seed),
+                    "text": partial(timed_replay, plain, words, args.seed),
+                    "text+expert": partial(timed_replay, with_expert, words, args.seed),
                 },
             )
             base_sps, base_total = best["raw"]
             for variant in ("text", "text+expert"):
                 sps, total = best[variant]
                 rows.append(
-                    Row("minigrid", raw_id, f"{variant}, {stream} actions", sps, base_sps,
-                        math.isclose(total, base_total, rel_tol=1e-9, abs_tol=1e-9))
+                    Row(
+                        "minigrid",
+                        raw_id,
+                        f"{variant}, {stream} actions",
+                        sps,
+                        base_sps,
+                        math.isclose(total, base_total, rel_tol=1e-9, abs_tol=1e-9),
+                    )
                 )
     return rows
 
@@ -164,8 +173,15 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     for name in args.only or list(BENCHMARKS):
         rows += BENCHMARKS[name](args)
     table = [
-        [r.benchmark, r.env, r.variant, f"{r.ours_steps_per_s:,.0f}", f"{r.baseline_steps_per_s:,.0f}",
-         f"{r.ratio:.2f}", "yes" if r.same_rewards else "NO"]
+        [
+            r.benchmark,
+            r.env,
+            r.variant,
+            f"{r.ours_steps_per_s:,.0f}",
+            f"{r.baseline_steps_per_s:,.0f}",
+            f"{r.ratio:.2f}",
+            "yes" if r.same_rewards else "NO",
+        ]
         for r in rows
     ]
     headers = ["benchmark", "env", "variant", "ours steps/s", "raw steps/s", "ours / raw", "same rewards"]

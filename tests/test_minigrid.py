@@ -10,7 +10,14 @@ import pytest
 from minigrid.core.world_object import Ball, Box, Door, Key, Wall
 
 import echorl_envs
-from echorl_envs.minigrid import ACTION_WORDS, MiniGridTextEnv, bfs_plan, describe_view, position_phrase
+from echorl_envs.minigrid import (
+    ACTION_WORDS,
+    MiniGridTextEnv,
+    bfs_plan,
+    describe_view,
+    nav_distances,
+    position_phrase,
+)
 
 IDS = echorl_envs.env_ids("minigrid")
 RAW = {i: i.removeprefix("EchoRL/") for i in IDS}
@@ -28,8 +35,12 @@ def placed(agent_pos, agent_dir, objects=(), carrying=None):
     for pos, obj in objects:
         raw.grid.set(*pos, obj)
     raw.carrying = carrying
-    return describe_view(raw.gen_obs()["image"], raw.agent_dir, None if carrying is None else
-                         f"a {carrying.color} {carrying.type}", "test the description")
+    return describe_view(
+        raw.gen_obs()["image"],
+        raw.agent_dir,
+        None if carrying is None else f"a {carrying.color} {carrying.type}",
+        "test the description",
+    )
 
 
 # ----------------------------------------------------------------------------- descriptions
@@ -56,8 +67,13 @@ def test_key_two_ahead_one_left_facing_east():
 
 def test_door_states_walls_and_carrying():
     text = placed(
-        (4, 3), 1,  # facing south: ahead +y, left +x, right -x
-        [((4, 4), Door("yellow", is_locked=True)), ((5, 3), Door("blue", is_open=True)), ((3, 3), Ball("green"))],
+        (4, 3),
+        1,  # facing south: ahead +y, left +x, right -x
+        [
+            ((4, 4), Door("yellow", is_locked=True)),
+            ((5, 3), Door("blue", is_open=True)),
+            ((3, 3), Ball("green")),
+        ],
         carrying=Key("purple"),
     )
     assert "You are carrying a purple key." in text
@@ -155,7 +171,11 @@ def play(env_id: str, seed: int, policy: str, rng: np.random.Generator | None = 
     term = trunc = False
     ret = 0.0
     while not (term or trunc):
-        a = info["expert_action"] if policy == "expert" else ACTION_WORDS[int(rng.integers(len(ACTION_WORDS)))]
+        a = (
+            info["expert_action"]
+            if policy == "expert"
+            else ACTION_WORDS[int(rng.integers(len(ACTION_WORDS)))]
+        )
         obs, r, term, trunc, info = env.step(a)
         ret += r
     return bool(info["won"]), ret
@@ -168,8 +188,15 @@ def test_expert_wins(env_id):
     assert wins >= 0.95 * len(seeds), f"{env_id}: expert won {wins}/{len(seeds)}"
 
 
-@pytest.mark.parametrize("env_id", ["EchoRL/MiniGrid-DoorKey-5x5-v0", "EchoRL/MiniGrid-FourRooms-v0",
-                                    "EchoRL/MiniGrid-MultiRoom-N2-S4-v0", "EchoRL/BabyAI-GoToLocal-v0"])
+@pytest.mark.parametrize(
+    "env_id",
+    [
+        "EchoRL/MiniGrid-DoorKey-5x5-v0",
+        "EchoRL/MiniGrid-FourRooms-v0",
+        "EchoRL/MiniGrid-MultiRoom-N2-S4-v0",
+        "EchoRL/BabyAI-GoToLocal-v0",
+    ],
+)
 def test_random_agent_wins_less(env_id):
     rng = np.random.default_rng(0)
     rand = [play(env_id, s, "random", rng) for s in range(20)]
@@ -183,6 +210,46 @@ def test_bfs_plan_is_shortest_on_empty():
     env.reset(seed=0)  # agent (1,1) facing east, goal (3,3): 4 moves + 1 turn
     plan = bfs_plan(env.raw)
     assert len(plan) == 5 and plan.count(2) == 4
+
+
+def test_nav_table_matches_bfs_plan_lengths():
+    """The O(1) navigation table and the BFS planner agree on the shortest distance from every state."""
+    env = MiniGridTextEnv("MiniGrid-FourRooms-v0", expert=False)
+    env.reset(seed=3)
+    raw = env.raw
+    nav = nav_distances(raw)
+    assert nav is not None
+    checked = 0
+    for x in range(1, raw.width - 1, 3):
+        for y in range(1, raw.height - 1, 2):
+            if raw.grid.get(x, y) is not None:
+                continue
+            for d in range(4):
+                raw.agent_pos, raw.agent_dir = np.array((x, y)), d
+                assert len(bfs_plan(raw)) == nav[(x, y, d)]
+                checked += 1
+    assert checked > 50
+    # a closed door disables the table (toggling may shorten paths): the BFS planner takes over
+    doorkey = MiniGridTextEnv("MiniGrid-DoorKey-5x5-v0", expert=False)
+    doorkey.reset(seed=0)
+    assert nav_distances(doorkey.raw) is None
+
+
+def test_expert_recovers_after_deviations():
+    for env_id in ("EchoRL/MiniGrid-DoorKey-5x5-v0", "EchoRL/MiniGrid-FourRooms-v0"):
+        env = gym.make(env_id)
+        rng = np.random.default_rng(0)
+        wins = 0
+        for seed in range(10):
+            _, info = env.reset(seed=seed)
+            for _ in range(12):  # a random prefix (pickups, drops, toggles included), then the expert
+                _, _, term, trunc, info = env.step(ACTION_WORDS[int(rng.integers(7))])
+                if term or trunc:
+                    break
+            while not (term or trunc):
+                _, _, term, trunc, info = env.step(info["expert_action"])
+            wins += info["won"]
+        assert wins >= 9, f"{env_id}: {wins}/10"
 
 
 def test_babyai_bot_state_survives_pickle():

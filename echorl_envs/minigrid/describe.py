@@ -137,7 +137,7 @@ def describe_view(image: np.ndarray, direction: int, carrying: str | None, missi
     cells_view = image.tolist()  # plain ints: far cheaper to index than numpy scalars
     ii, jj = np.nonzero(image[:, :, 0] >= _LISTED_MIN)
     found: list[tuple[int, int, int, str]] = []
-    for i, j in zip(ii.tolist(), jj.tolist()):
+    for i, j in zip(ii.tolist(), jj.tolist(), strict=True):
         if i == c and j == back:  # the agent's own cell shows the carried object
             continue
         ahead, right = back - j, i - c

@@ -14,7 +14,7 @@ from minigrid.core.actions import Actions
 from minigrid.envs.babyai.core.roomgrid_level import RoomGridLevel
 
 from echorl_envs.core import MAX_TEXT, TextEnv, Transition
-from echorl_envs.minigrid.describe import DIRECTION_NAMES, describe_view, with_article
+from echorl_envs.minigrid.describe import describe_view, with_article
 from echorl_envs.minigrid.planner import BabyAIExpert, GoalPlanner
 
 __all__ = ["MiniGridTextEnv", "ACTION_WORDS"]
@@ -157,7 +157,10 @@ class MiniGridTextEnv(TextEnv):
         obs, reward, terminated, truncated, _ = raw.step(act)
         self._image = obs["image"]
         if self._expert_impl is not None and not (terminated or truncated):
-            self._expert_impl.observe(act)
+            changed = act in (Actions.pickup, Actions.drop, Actions.toggle) and (
+                raw.carrying is not held_before or _noun(raw.grid.get(*raw.front_pos)) != front_noun
+            )
+            self._expert_impl.observe(act, grid_changed=changed)
         won = bool(terminated and reward > 0)
         lines = [self._feedback(act, pos_before, held_before, front_before, front_noun)]
         if won:
@@ -167,7 +170,9 @@ class MiniGridTextEnv(TextEnv):
         elif truncated:
             lines.append(f"Time is up: the step limit of {raw.max_steps} is reached.")
         lines.append(self._describe())
-        return Transition("\n".join(lines), float(reward), bool(terminated), bool(truncated), won, self._extra())
+        return Transition(
+            "\n".join(lines), float(reward), bool(terminated), bool(truncated), won, self._extra()
+        )
 
     def _admissible(self) -> list[str]:
         return list(ACTION_WORDS)
@@ -186,7 +191,9 @@ class MiniGridTextEnv(TextEnv):
 
     # ----------------------------------------------------------------- helpers
     def _describe(self) -> str:
-        return describe_view(self._image, int(self.raw.agent_dir), _noun(self.raw.carrying), str(self.raw.mission))
+        return describe_view(
+            self._image, int(self.raw.agent_dir), _noun(self.raw.carrying), str(self.raw.mission)
+        )
 
     def _extra(self) -> dict[str, Any]:
         raw = self.raw
@@ -197,7 +204,9 @@ class MiniGridTextEnv(TextEnv):
             "carrying": _noun(raw.carrying),
         }
 
-    def _feedback(self, act: int, pos_before: tuple, held_before: Any, front_before: Any, front_noun: str | None) -> str:
+    def _feedback(
+        self, act: int, pos_before: tuple, held_before: Any, front_before: Any, front_noun: str | None
+    ) -> str:
         """One sentence on what ``act`` did, from the engine state before and after (minigrid semantics)."""
         raw = self.raw
         if act == Actions.left:
@@ -226,12 +235,16 @@ class MiniGridTextEnv(TextEnv):
             front_after = raw.grid.get(*raw.front_pos)
             if front_before is not None and front_before.type == "door":
                 if front_noun != _noun(front_after):
-                    verb = "closed" if not front_after.is_open else ("unlocked and opened" if "locked" in front_noun else "opened")
+                    verb = (
+                        "closed"
+                        if not front_after.is_open
+                        else ("unlocked and opened" if "locked" in front_noun else "opened")
+                    )
                     return f"You {verb} the {front_before.color} door."
                 if front_before.is_locked:
                     return f"The {front_before.color} door is locked: you need a {front_before.color} key to open it."
             if front_before is not None and front_before.type == "box" and front_after is not front_before:
                 inside = _noun(front_after)
-                return f"You opened the box" + (f": it held {inside}." if inside else "; it was empty.")
+                return "You opened the box" + (f": it held {inside}." if inside else "; it was empty.")
             return "Nothing happened."
         return "You declared the mission done."

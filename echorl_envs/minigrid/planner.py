@@ -16,7 +16,7 @@ from typing import Any
 
 from minigrid.core.actions import Actions
 
-__all__ = ["GoalPlanner", "BabyAIExpert", "bfs_plan"]
+__all__ = ["GoalPlanner", "BabyAIExpert", "bfs_plan", "nav_distances"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,9 @@ def bfs_plan(env: Any, max_states: int = 200_000) -> list[int] | None:
     """
     cells = _static_cells(env)
     held = env.carrying
-    carry = held.color if held is not None and held.type == "key" else ("<other>" if held is not None else None)
+    carry = (
+        held.color if held is not None and held.type == "key" else ("<other>" if held is not None else None)
+    )
     start = (int(env.agent_pos[0]), int(env.agent_pos[1]), int(env.agent_dir), carry, None, frozenset())
     parent: dict[tuple, tuple[tuple, int] | None] = {start: None}
     queue = deque([start])
@@ -100,24 +102,97 @@ def _unwind(parent: dict, state: tuple, last: int) -> list[int]:
     return actions
 
 
+def nav_distances(env: Any) -> dict[tuple[int, int, int], int] | None:
+    """Actions-to-goal of every ``(x, y, direction)`` when the level is pure navigation, else ``None``.
+
+    A multi-source reverse BFS from the goal squares over left/right/forward moves. Valid only while no
+    door is closed or locked (then toggling or picking up a key can never shorten a path, so these
+    distances equal :func:`bfs_plan`'s plan lengths); with a closed door it returns ``None``.
+    """
+    cells = _static_cells(env)
+    if any(kind in (_CLOSED, _LOCKED) for kind, _ in cells.values()):
+        return None
+
+    def walkable(pos: tuple[int, int]) -> bool:
+        return cells.get(pos, (-1, ""))[0] in (-1, _OPEN)
+
+    dist: dict[tuple[int, int, int], int] = {}
+    queue: deque[tuple[int, int, int]] = deque()
+    for (gx, gy), (kind, _) in cells.items():
+        if kind != _GOAL:
+            continue
+        for d, (dx, dy) in enumerate(_VEC):
+            s = (gx - dx, gy - dy, d)
+            if walkable(s[:2]) and s not in dist:
+                dist[s] = 1
+                queue.append(s)
+    while queue:
+        x, y, d = s = queue.popleft()
+        dx, dy = _VEC[d]
+        # predecessors: turning left from d+1 or right from d-1 lands on d; forward from one cell behind
+        for p in ((x, y, (d + 1) % 4), (x, y, (d - 1) % 4), (x - dx, y - dy, d)):
+            if p not in dist and walkable(p[:2]):
+                dist[p] = dist[s] + 1
+                queue.append(p)
+    return dist
+
+
 class GoalPlanner:
-    """Cached BFS plan: replanned only when the agent leaves it (a deviating action or a stale plan)."""
+    """Expert for goal-square levels: BFS plans, with an O(1)-per-step distance table for navigation.
+
+    While a door is closed or locked, the cached :func:`bfs_plan` is followed and recomputed only when the
+    agent deviates from it. Once the level is pure navigation (no closed doors), a
+    :func:`nav_distances` table answers every step, whatever the agent did, until the grid changes.
+    """
 
     def __init__(self, env: Any) -> None:
         self.env = env
-        self.plan: list[int] | None = bfs_plan(env)
+        self.nav: dict[tuple[int, int, int], int] | None = None
+        self.plan: list[int] | None = None
+        self._replan()
+
+    def _replan(self) -> None:
+        self.nav = nav_distances(self.env)
+        self.plan = None if self.nav is not None else bfs_plan(self.env)
 
     def next_action(self) -> int | None:
         """The expert's next action index (``None`` when no goal is reachable)."""
-        return self.plan[0] if self.plan else None
+        if self.nav is None:
+            return self.plan[0] if self.plan else None
+        env, nav = self.env, self.nav
+        x, y, d = int(env.agent_pos[0]), int(env.agent_pos[1]), int(env.agent_dir)
+        fx, fy = x + _VEC[d][0], y + _VEC[d][1]
+        front = env.grid.get(fx, fy)
+        if front is not None and front.type == "goal":
+            return int(Actions.forward)
+        best: tuple[int, int] | None = None
+        for action, s in (
+            (Actions.forward, (fx, fy, d)),
+            (Actions.left, (x, y, (d - 1) % 4)),
+            (Actions.right, (x, y, (d + 1) % 4)),
+        ):
+            if s in nav and (best is None or nav[s] < best[0]):
+                best = (nav[s], int(action))
+        return None if best is None else best[1]
 
-    def observe(self, action_taken: int) -> None:
-        """Advance after ``action_taken`` was applied to the env (minigrid is deterministic here)."""
+    def observe(self, action_taken: int, grid_changed: bool = True) -> None:
+        """Advance after ``action_taken`` was applied to the env (minigrid is deterministic here).
+
+        Args:
+            action_taken: the minigrid action index just applied.
+            grid_changed: whether the action changed a cell or the carried object (pickup, drop, toggle
+                that did something); ``True`` is always safe.
+        """
+        if grid_changed and action_taken in (Actions.pickup, Actions.drop, Actions.toggle):
+            self._replan()
+            return
+        if self.nav is not None:
+            return
         if self.plan and action_taken == self.plan[0]:
             self.plan.pop(0)
             if self.plan:
                 return
-        self.plan = bfs_plan(self.env)
+        self._replan()
 
 
 class BabyAIExpert:
@@ -142,7 +217,7 @@ class BabyAIExpert:
     def next_action(self) -> int | None:
         return self.action
 
-    def observe(self, action_taken: int) -> None:
+    def observe(self, action_taken: int, grid_changed: bool = True) -> None:
         if self.bot is None:
             return
         try:
