@@ -191,6 +191,23 @@ def test_gsm8k_data_lookup_and_multi_turn(tmp_path, monkeypatch):
     assert info["invalid_action"] and r == 0.0  # the episode is over
 
 
+def test_download_gsm8k_offline_via_file_url(tmp_path, monkeypatch):
+    """The real download path (urllib + validation + atomic rename), fed from a local file:// URL."""
+    import echorl_envs.math.gsm8k as gsm8k_module
+
+    _write_rows(tmp_path / "src" / "test.jsonl", ROWS)
+    monkeypatch.setattr(gsm8k_module, "GSM8K_URL", (tmp_path / "src").as_uri() + "/{split}.jsonl")
+    path = gsm8k_module.download_gsm8k(tmp_path / "dest")
+    assert path == tmp_path / "dest" / "gsm8k" / "test.jsonl"
+    assert [g for _, _, g in load_gsm8k(path)] == ["7", "2250", "2.5"]
+    assert GSM8KEnv(data_path=tmp_path / "dest").num_tasks == 3
+    (tmp_path / "src" / "test.jsonl").write_text("not json\n", encoding="utf-8")
+    assert gsm8k_module.download_gsm8k(tmp_path / "dest") == path  # an existing file is kept
+    with pytest.raises(ValueError, match="not a GSM8K row"):
+        gsm8k_module.download_gsm8k(tmp_path / "other")
+    assert not any((tmp_path / "other" / "gsm8k").iterdir())  # neither the file nor a .part left behind
+
+
 def test_gsm8k_bad_rows_name_the_line(tmp_path):
     bad = tmp_path / "bad.jsonl"
     _write_rows(bad, [ROWS[0], ("q", "no final marker")])

@@ -43,6 +43,7 @@ _NUMBER = re.compile(
     r"(?P<exp>[eE][-+]?\d{1,3}(?!\w))?"
     r"(?:/(?P<den>\d+(?:\.\d+)?))?"
 )
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _ANSWER_PHRASE = re.compile(r"answer\s*(?:is|:|=)\s*", re.IGNORECASE)
 _LATEX_FRAC = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
 _LATEX_TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}")
@@ -88,20 +89,24 @@ def ascii_text(text: str) -> str:
 
 
 def _last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` / ``\\fbox{...}`` with balanced braces (linear scan)."""
-    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    while start >= 0:
-        brace = text.find("{", start)
-        if brace >= 0 and not text[start + 1 : brace].strip("boxedf "):
-            depth = 0
-            for i in range(brace, len(text)):
-                if text[i] == "{":
-                    depth += 1
-                elif text[i] == "}":
-                    depth -= 1
-                    if depth == 0:
-                        return text[brace + 1 : i]
-        start = max(text.rfind("\\boxed", 0, start), text.rfind("\\fbox", 0, start))
+    """Content of the last ``\\boxed{...}`` / ``\\fbox{...}`` whose braces balance.
+
+    One pass pairs every brace (a stack), so even adversarial replies ("\\boxed{" repeated 20,000 times,
+    never closed) cost linear time.
+    """
+    starts = [m.end() - 1 for m in _BOXED.finditer(text)]  # index of each candidate's "{"
+    if not starts:
+        return None
+    closing: dict[int, int] = {}
+    stack: list[int] = []
+    for i, c in enumerate(text):
+        if c == "{":
+            stack.append(i)
+        elif c == "}" and stack:
+            closing[stack.pop()] = i
+    for brace in reversed(starts):
+        if brace in closing:
+            return text[brace + 1 : closing[brace]]
     return None
 
 
@@ -152,19 +157,17 @@ def parse_number(text: str, which: str = "last") -> Fraction | None:
     """The last (or first) number in ``text`` as a Fraction, or None.
 
     Raises:
-        ValueError: when a number is absurdly long (more than :data:`MAX_DIGITS` digits).
+        ValueError: when that number is absurdly long (more than :data:`MAX_DIGITS` digits).
     """
     if which not in ("first", "last"):
         raise ValueError(f"which must be 'first' or 'last', got which={which!r}")
     text = ascii_text(text).replace("$", "")
-    found: Fraction | None = None
-    for m in _NUMBER.finditer(text):
+    matches = _NUMBER.finditer(text) if which == "first" else reversed(list(_NUMBER.finditer(text)))
+    for m in matches:  # only the chosen number is converted (replies may hold 60k numbers)
         value = _to_fraction(m)
         if value is not None:
-            found = value
-            if which == "first":
-                break
-    return found
+            return value
+    return None
 
 
 def extract_answer(text: str) -> Fraction | None:

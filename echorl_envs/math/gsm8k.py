@@ -79,21 +79,24 @@ def find_gsm8k_file(data_path: str | os.PathLike[str] | None = None, split: str 
 def download_gsm8k(dest: str | os.PathLike[str], split: str = "test", timeout: float = 60.0) -> Path:
     """Download the official GSM8K ``split`` file into ``dest/gsm8k/<split>.jsonl`` and return its path.
 
-    Uses plain HTTPS from :data:`GSM8K_URL` (GitHub raw); an existing file is kept. Not used by tests.
+    Uses plain HTTPS from :data:`GSM8K_URL` (GitHub raw, read at call time); an existing file is kept and
+    a download that does not parse as GSM8K is discarded. The test suite exercises it with a file:// URL.
     """
     _check_split(split)
     target = Path(dest).expanduser() / "gsm8k" / f"{split}.jsonl"
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    url = GSM8K_URL.format(split=split)
     tmp = target.with_suffix(".jsonl.part")
-    with urllib.request.urlopen(GSM8K_URL.format(split=split), timeout=timeout) as resp:  # fixed https URL
-        tmp.write_bytes(resp.read())
-    rows = load_gsm8k(tmp)  # validate before publishing the file
-    if not rows:
-        tmp.unlink()
-        raise ValueError(f"downloaded GSM8K {split} file from {GSM8K_URL.format(split=split)} holds no items")
-    tmp.replace(target)
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:  # a fixed https URL
+            tmp.write_bytes(resp.read())
+        if not load_gsm8k(tmp):  # validate before publishing the file
+            raise ValueError(f"downloaded GSM8K {split} file from {url} holds no items")
+        tmp.replace(target)
+    finally:
+        tmp.unlink(missing_ok=True)
     return target
 
 
