@@ -118,6 +118,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
                           episodes=args.episodes, workers=args.workers, backend=args.backend,
                           train_steps=args.train_steps, max_steps=args.max_steps,
                           price_per_mtok=args.price_per_mtok, agent_options=opts)
+    from echorl_agent.eval.runner import skipped_pairs
+
+    for (t, a), why in skipped_pairs(cfg).items():
+        print(f"[bench] skipping {a} on {t}: {why}", file=sys.stderr)
     try:
         rows = run_bench(cfg, progress=not args.quiet)
     except ValueError as e:

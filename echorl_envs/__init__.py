@@ -106,7 +106,7 @@ def make(env_id: str, **kwargs: Any) -> gym.Env:
 
         cls = spec.entry_point if callable(spec.entry_point) else gym.envs.registration.load_env_creator(spec.entry_point)
         params = [p for p in inspect.signature(cls).parameters if p not in ("self", "kwargs")]
-        params += ["render_mode", "max_episode_steps", "disable_env_checker"]
+        params = sorted(set(params) | {"render_mode", "max_episode_steps", "disable_env_checker"})
         bad = [k for k in kwargs if k not in params]
         if not bad:
             raise

@@ -125,3 +125,23 @@ def test_cli_list_and_bench(tmp_path, capsys):
     assert cli_main(["bench", "--tasks", tasks[0], "--agents", "random", "expert", "--seeds", "1",
                      "--episodes", "2", "--workers", "1", "--out", str(tmp_path), "--quiet"]) == 0
     assert (tmp_path / "summary.csv").exists() and (tmp_path / "success.png").stat().st_size > 1000
+
+
+def test_sb3_agent_trains_and_acts_through_the_same_wrappers(tmp_path):
+    pytest.importorskip("echorl_envs.wrappers")
+    if "EchoRL/MiniGrid-Empty-5x5-v0" not in echorl_envs.env_ids():
+        pytest.skip("text MiniGrid not registered")
+    from echorl_agent.eval.runner import skipped_pairs
+
+    cfg = BenchConfig(tasks=["EchoRL/MiniGrid-Empty-5x5-v0"], agents=["ppo", "echoppo"], seeds=1, episodes=2,
+                      workers=1, train_steps=256, out=str(tmp_path))
+    rows = run_bench(cfg, progress=False)
+    assert sorted((r["agent"], r["episode"]) for r in rows) == [("echoppo", 0), ("echoppo", 1), ("ppo", 0), ("ppo", 1)]
+    for r in rows:
+        assert r["steps"] >= 1 and r["invalid_actions"] == 0  # masked or positional slots map to real actions
+    curve = tmp_path / "training" / "ppo" / "EchoRL_MiniGrid-Empty-5x5-v0" / "seed0" / "curve.csv"
+    assert curve.exists() and curve.read_text().startswith("timesteps,success_rate")
+    assert (curve.parent / "model.zip").exists()
+    if "EchoRL/Game24-v0" in echorl_envs.env_ids():
+        skip = skipped_pairs(BenchConfig(tasks=["EchoRL/Game24-v0"], agents=["ppo", "random"], out=str(tmp_path)))
+        assert list(skip) == [("EchoRL/Game24-v0", "ppo")]

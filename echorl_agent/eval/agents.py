@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Agent", "AgentSpec", "AGENTS", "availability", "make_agent", "agent_names", "RandomAgent", "ExpertAgent"]
+__all__ = ["Agent", "AgentSpec", "AGENTS", "availability", "incompatibility", "make_agent", "agent_names", "RandomAgent", "ExpertAgent"]
 
 
 class Agent:
@@ -150,6 +150,18 @@ def availability(name: str) -> str | None:
         _resolve(s.factory)
     except Exception as e:  # noqa: BLE001
         return f"not built yet ({type(e).__name__}: {e})"
+    return None
+
+
+def incompatibility(name: str, env_id: str) -> str | None:
+    """Why agent ``name`` cannot play ``env_id`` at all (e.g. SB3 agents need admissible actions), or None."""
+    import echorl_envs
+
+    s, e = spec(name), echorl_envs.entry(env_id)
+    if s.kind == "sb3" and e.action_type != "choice":
+        return f"{name} picks among admissible actions; {env_id} takes free text"
+    if name == "tot" and e.family != "math":
+        return "tot searches over math answers (Game24/GSM8K-style tasks)"
     return None
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from echorl_agent.eval import agents as agent_registry
 
-__all__ = ["BenchConfig", "run_bench", "run_job", "episode_seed", "load_rows", "versions"]
+__all__ = ["BenchConfig", "run_bench", "skipped_pairs", "run_job", "episode_seed", "load_rows", "versions"]
 
 BACKENDS = ("local", "ray")
 
@@ -158,9 +158,23 @@ def load_rows(out: str | os.PathLike) -> list[dict]:
     return rows
 
 
-def _jobs(cfg: BenchConfig, done: set[tuple]) -> Iterator[tuple[str, str, int, list[int]]]:
+def skipped_pairs(cfg: BenchConfig) -> dict[tuple[str, str], str]:
+    """(task, agent) pairs that cannot be played, with the reason (they are reported, not run)."""
+    out = {}
     for task in cfg.tasks:
         for agent in cfg.agents:
+            why = agent_registry.incompatibility(agent, task)
+            if why:
+                out[(task, agent)] = why
+    return out
+
+
+def _jobs(cfg: BenchConfig, done: set[tuple]) -> Iterator[tuple[str, str, int, list[int]]]:
+    skip = skipped_pairs(cfg)
+    for task in cfg.tasks:
+        for agent in cfg.agents:
+            if (task, agent) in skip:
+                continue
             for seed in range(cfg.seeds):
                 todo = [e for e in range(cfg.episodes) if (task, agent, seed, e) not in done]
                 if todo:
@@ -176,7 +190,8 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> list[dict]:
     unavailable = {a: r for a, r in unavailable.items() if r}
     if unavailable:
         raise ValueError("unavailable agents: " + "; ".join(f"{a}: {r}" for a, r in unavailable.items()))
-    (out / "run.json").write_text(json.dumps({"config": asdict(cfg), "versions": versions(),
+    skipped = [{"task": t, "agent": a, "reason": r} for (t, a), r in skipped_pairs(cfg).items()]
+    (out / "run.json").write_text(json.dumps({"config": asdict(cfg), "versions": versions(), "skipped": skipped,
                                               "started": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=2))
     existing = load_rows(out)
     done = {(r["task"], r["agent"], r["seed"], r["episode"]) for r in existing}

@@ -100,6 +100,10 @@ class TextEnv(gym.Env[str, str], abc.ABC):
     def _expert(self) -> str | None:
         return None
 
+    def _extra_info(self) -> dict[str, Any]:
+        """Family keys present in every ``info`` of the episode, invalid steps included (e.g. ``task_id``)."""
+        return {}
+
     def _aliases(self, normalized_action: str) -> Sequence[str]:
         """Extra normalised spellings that select ``normalized_action`` (default: none)."""
         return ()
@@ -177,7 +181,8 @@ class TextEnv(gym.Env[str, str], abc.ABC):
         return text
 
     def _info(self, invalid: bool, extra: dict[str, Any]) -> dict[str, Any]:
-        info: dict[str, Any] = dict(extra)
+        info: dict[str, Any] = self._extra_info() if self._started else {}
+        info.update(extra)
         info["task"] = self._task()
         info["admissible_actions"] = [] if self._done else list(self._admissible())
         info["won"] = self._won
