@@ -1,0 +1,132 @@
+"""Learning efficiency: env steps to reach a target success rate, EchoPPO ÷ PPO, on text MiniGrid/BabyAI.
+
+For every (env, seed) both algorithms train with the same wrappers, PPO hyperparameters, network widths and
+seed; ``steps`` is the number of env steps at which the success rate over the last ``--window`` episodes
+first reaches the env's target (runs that never reach it are censored at the budget and counted as the
+budget, which favours the slower algorithm -- the table says how many were censored). The ratio is
+mean(EchoPPO steps) / mean(PPO steps) with a 95% percentile-bootstrap confidence interval over seeds
+(resampling seeds jointly, 10 000 resamples), plus the mean of per-seed ratios.
+
+Usage:
+    .venv/bin/python benchmarks/learning_efficiency.py                # 5 seeds, 2 envs, 2 processes
+    .venv/bin/python benchmarks/learning_efficiency.py --seeds 3 --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tabulate import tabulate
+
+
+@dataclass(frozen=True)
+class Task:
+    env_id: str
+    max_episode_steps: int
+    target: float
+    budget: int
+
+
+TASKS = {
+    # Success = reach the goal within 20 steps (TimeLimit); a uniformly random policy succeeds ~15% of the time.
+    "empty": Task("EchoRL/MiniGrid-Empty-5x5-v0", 20, 0.9, 16_384),
+    # BabyAI GoToLocal (language-conditioned: "go to the green ball" among 8 distractors), its own 64-step limit.
+    "gotolocal": Task("EchoRL/BabyAI-GoToLocal-v0", 64, 0.6, 32_768),
+}
+
+
+def run_one(job: tuple[str, str, int, bool]) -> dict:
+    """Train one algorithm on one env with one seed; returns steps-to-target and curve summary."""
+    name, algo, seed, quick = job
+    import torch
+
+    torch.set_num_threads(1)
+    from stable_baselines3 import PPO
+
+    from echorl_agent import EchoPPO
+    from echorl_agent.callbacks import LearningCurveCallback
+    from echorl_envs.wrappers import make_sb3_env
+
+    task = TASKS[name]
+    budget = task.budget // 4 if quick else task.budget
+    vec = make_sb3_env(task.env_id, n_envs=8, seed=1000 * seed, history=3, encoder_kwargs={"dim": 128},
+                       env_kwargs={"max_episode_steps": task.max_episode_steps})
+    common = dict(n_steps=128, batch_size=256, n_epochs=4, learning_rate=1e-3, ent_coef=0.01, seed=seed, verbose=0)
+    if algo == "PPO":
+        # PPO sees the same stacked window (flattened by MlpPolicy), so the only difference is the plan.
+        model = PPO("MlpPolicy", vec, policy_kwargs={"net_arch": [64, 64]}, **common)
+    else:
+        model = EchoPPO("EchoPolicy", vec, policy_kwargs={"net_arch": [64, 64], "encoder_arch": [128],
+                                                          "latent_dim": 16, "kl_coef": 0.01}, **common)
+    cb = LearningCurveCallback(target_success=task.target, window=50, stop_at_target=True)
+    t0 = time.perf_counter()
+    model.learn(budget, callback=cb)
+    secs = time.perf_counter() - t0
+    reached = cb.steps_to_target is not None
+    return {
+        "env": name, "algo": algo, "seed": seed, "steps": cb.steps_to_target if reached else budget,
+        "reached": reached, "budget": budget, "episodes": len(cb.episodes), "final_success": cb.success_rate(),
+        "seconds": secs,
+    }
+
+
+def bootstrap_ratio(echo: np.ndarray, ppo: np.ndarray, n: int = 10_000, seed: int = 0) -> tuple[float, float]:
+    """95% percentile-bootstrap CI of mean(echo) / mean(ppo), resampling seeds jointly."""
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(echo), size=(n, len(echo)))
+    ratios = echo[idx].mean(1) / ppo[idx].mean(1)
+    lo, hi = np.percentile(ratios, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--envs", nargs="+", default=list(TASKS), choices=list(TASKS))
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="quarter budgets (smoke run)")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "learning_efficiency.csv"))
+    args = ap.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    jobs = [(e, a, s, args.quick) for e in args.envs for s in range(args.seeds) for a in ("PPO", "EchoPPO")]
+    t0 = time.perf_counter()
+    from tqdm import tqdm
+
+    with ProcessPoolExecutor(args.workers) as pool:
+        rows = list(tqdm(pool.map(run_one, jobs), total=len(jobs), desc="runs"))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+    table = []
+    for e in args.envs:
+        task = TASKS[e]
+        get = lambda a, k: np.array([r[k] for r in rows if r["env"] == e and r["algo"] == a], dtype=float)  # noqa: E731
+        ppo, echo = get("PPO", "steps"), get("EchoPPO", "steps")
+        lo, hi = bootstrap_ratio(echo, ppo)
+        table.append([
+            f"{task.env_id} (success>={task.target:.0%} over 50 ep)",
+            f"{ppo.mean():,.0f} ± {ppo.std(ddof=1):,.0f} ({int(get('PPO', 'reached').sum())}/{len(ppo)})",
+            f"{echo.mean():,.0f} ± {echo.std(ddof=1):,.0f} ({int(get('EchoPPO', 'reached').sum())}/{len(echo)})",
+            f"{echo.mean() / ppo.mean():.2f} [{lo:.2f}, {hi:.2f}]",
+            f"{np.mean(echo / ppo):.2f}",
+            f"{get('PPO', 'seconds').mean():.0f} / {get('EchoPPO', 'seconds').mean():.0f}",
+        ])
+    headers = ["env (target)", "PPO steps (reached)", "EchoPPO steps (reached)", "EchoPPO ÷ PPO [95% CI]",
+               "mean per-seed ratio", "s/run PPO / Echo"]
+    print(tabulate(table, headers=headers, tablefmt="github"))
+    print(f"\n{len(jobs)} runs, {args.seeds} seeds, wall {time.perf_counter() - t0:.0f} s; per-run rows in {out}")
+
+
+if __name__ == "__main__":
+    main()
