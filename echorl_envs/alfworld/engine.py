@@ -14,6 +14,7 @@ backed PDDL simulator) -> ``AlfredDemangler`` (ALFRED ids such as ``Sink_bar_...
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import re
@@ -33,6 +34,58 @@ def legacy_put(command: str) -> str:
     return f"put {m.group(1)} in/on {m.group(2)}" if m else command
 
 
+_TASK_RHS = re.compile(r'"rhs": "Your task is to: (.*?)"')
+_LOGIC_CACHE: dict[str, Any] = {}
+
+
+def _game_logic(domain: str, grammar: str) -> Any:
+    """textworld's ``GameLogic`` for a game, parsing the shared grammar only once per process.
+
+    alfworld games differ only in the ``task`` rule of the grammar (``alfworld-generate`` substitutes the goal
+    text for ``UNKNOWN GOAL``), and TatSu parsing of the whole grammar costs ~0.5 s per ``load``. We parse the
+    grammar once with the placeholder and give each game a copy whose ``task`` rule is parsed from its own
+    text, which yields the same production rules as ``GameLogic(domain, grammar)``.
+    """
+    from textworld.envs.pddl.logic import GameLogic
+    from textworld.envs.pddl.textgen import ContextSensitiveGrammar
+
+    m = _TASK_RHS.search(grammar)
+    if m is None:
+        return GameLogic(domain=domain, grammar=grammar)
+    template = grammar[: m.start(1)] + "UNKNOWN GOAL." + grammar[m.end(1) :]
+    key = domain + "\0" + template
+    base = _LOGIC_CACHE.get(key)
+    if base is None:
+        base = _LOGIC_CACHE[key] = GameLogic(domain=domain, grammar=template)
+    task = ContextSensitiveGrammar.parse(json.dumps({"task": [{"rhs": "Your task is to: " + m.group(1)}]}))
+    logic = object.__new__(GameLogic)
+    logic.__dict__.update(base.__dict__)
+    logic.grammar = ContextSensitiveGrammar()
+    logic.grammar._rules.update({k: list(v) for k, v in base.grammar._rules.items()})
+    logic.grammar._rules["task"] = list(task._rules["task"])
+    return logic
+
+
+def _pddl_env_class() -> type:
+    from textworld.envs import PddlEnv
+    from textworld.envs.pddl import logic as pddl_logic
+
+    class CachedLogicPddlEnv(PddlEnv):
+        """``PddlEnv`` whose ``load`` reuses the parsed grammar (see :func:`_game_logic`); otherwise identical."""
+
+        def load(self, filename_or_data: Any) -> None:
+            with open(filename_or_data) as f:
+                data = json.load(f)
+            self._game_file = filename_or_data
+            self._game_data = data
+            self.walkthrough = data.get("walkthrough", None)
+            self._logic = _game_logic(data["pddl_domain"], data["grammar"])
+            self._pddl_state = pddl_logic.PddlState(self.downward_lib, data["pddl_problem"], self._logic)
+            self._entity_infos = self._get_entity_infos()
+
+    return CachedLogicPddlEnv
+
+
 class EngineState(dict):
     """A plain-dict copy of the fields we read from textworld's ``GameState``."""
 
@@ -47,7 +100,7 @@ class AlfredEngine:
     def __init__(self, expert: bool = True) -> None:
         import textworld
         from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
-        from textworld.envs import PddlEnv
+        PddlEnv = _pddl_env_class()
 
         self.expert_enabled = expert
         infos = textworld.EnvInfos(admissible_commands=True, won=True, facts=expert, extras=["gamefile"])
