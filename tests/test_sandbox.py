@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from echorl_envs.sandbox import SandboxConfig, SandboxPool, SandboxResult, run_c
 
 torch.set_num_threads(1)
 
-FAST = SandboxConfig(wall_seconds=2.0, cpu_seconds=1)
+FAST = SandboxConfig(wall_seconds=5.0, cpu_seconds=2)
 
 
 @pytest.fixture(scope="module")
@@ -41,15 +42,30 @@ def test_passes_and_fails_like_cruxeval_harness(run):
     assert syn.status == "error" and "SyntaxError" in syn.message
 
 
-def test_infinite_loop_hits_cpu_limit(run):
-    r = run("while True:\n    pass")
+@pytest.mark.parametrize("mode", ["pool", "process"])
+def test_infinite_loop_hits_cpu_limit(mode):
+    # A generous wall-clock limit so that the CPU limit (1 s) fires first even on a loaded machine.
+    cfg = SandboxConfig(wall_seconds=30.0, cpu_seconds=1)
+    code = "while True:\n    pass"
+    if mode == "pool":
+        with SandboxPool(cfg) as p:
+            r = p.run(code)
+    else:
+        r = run_code(code, cfg)
     assert r.status == "timeout"
     assert "CPU time limit" in r.message
 
 
-def test_sleep_hits_wall_clock_limit(run):
-    r = run("import time\ntime.sleep(60)")
-    assert r.status == "timeout" and "wall-clock" in r.message
+@pytest.mark.parametrize("mode", ["pool", "process"])
+def test_sleep_hits_wall_clock_limit(mode):
+    cfg = SandboxConfig(wall_seconds=1.5, cpu_seconds=1)
+    code = "import time\ntime.sleep(60)"
+    if mode == "pool":
+        with SandboxPool(cfg) as p:
+            r = p.run(code)
+    else:
+        r = run_code(code, cfg)
+    assert r.status == "timeout" and "wall-clock limit of 1.5 s" in r.message
     assert r.duration < 10
 
 
@@ -173,3 +189,36 @@ def test_config_validation_and_pickle():
     p.close()
     assert shared_pool(FAST) is shared_pool(FAST)
     assert SandboxResult.from_dict({"status": "weird"}).status == "error"
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
+@pytest.mark.parametrize("mode", ["pool", "process"])
+def test_timeout_kills_the_whole_process_group(tmp_path, mode):
+    """With the fork guards deliberately off, a grandchild left sleeping is killed with its process group."""
+    if os.geteuid() != 0:
+        pytest.skip("RLIMIT_NPROC=0 already stops the fork for non-root users")
+    cfg = SandboxConfig(wall_seconds=1.5, cpu_seconds=2, audit_hook=False, seccomp=False)
+    pid_file = tmp_path / "grandchild.pid"
+    code = (
+        "import os, time\npid = os.fork()\nif pid == 0:\n    time.sleep(60)\n    os._exit(0)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(pid))\ntime.sleep(60)"
+    )
+    if mode == "pool":
+        with SandboxPool(cfg) as p:
+            r = p.run(code)
+    else:
+        r = run_code(code, cfg)
+    assert r.status == "timeout"
+    grandchild = int(pid_file.read_text())
+    for _ in range(50):
+        if _gone(grandchild):
+            break
+        time.sleep(0.1)
+    assert _gone(grandchild)
