@@ -42,7 +42,7 @@ import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -365,7 +365,3 @@ def _close_shared() -> None:
     for (pid, _), pool in list(_SHARED.items()):
         if pid == os.getpid():
             pool.close()
-
-
-def _result_dict(result: SandboxResult) -> dict[str, Any]:
-    return asdict(result)
