@@ -154,6 +154,7 @@ def test_invalid_action_does_not_step_engine():
     obs, r, term, trunc, info = env.step("fly away")
     assert info["invalid_action"] and r == 0.0 and not term and not trunc
     assert raw.step_count == 0 and info["step"] == 1
+    assert info["direction"] == raw.agent_dir and info["mission"] == raw.mission and info["carrying"] is None
     assert "turn left" in obs
     _, _, _, _, info = env.step("  PICKUP! ")
     assert not info["invalid_action"] and raw.step_count == 1

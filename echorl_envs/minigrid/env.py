@@ -145,7 +145,7 @@ class MiniGridTextEnv(TextEnv):
         self._expert_impl = None
         if self.expert:
             self._expert_impl = BabyAIExpert(self.raw) if self._is_babyai else GoalPlanner(self.raw)
-        return Transition(self._describe(), info=self._extra())
+        return Transition(self._describe())
 
     def _apply(self, action: str) -> Transition:
         raw = self.raw
@@ -170,9 +170,7 @@ class MiniGridTextEnv(TextEnv):
         elif truncated:
             lines.append(f"Time is up: the step limit of {raw.max_steps} is reached.")
         lines.append(self._describe())
-        return Transition(
-            "\n".join(lines), float(reward), bool(terminated), bool(truncated), won, self._extra()
-        )
+        return Transition("\n".join(lines), float(reward), bool(terminated), bool(truncated), won)
 
     def _admissible(self) -> list[str]:
         return list(ACTION_WORDS)
@@ -195,7 +193,8 @@ class MiniGridTextEnv(TextEnv):
             self._image, int(self.raw.agent_dir), _noun(self.raw.carrying), str(self.raw.mission)
         )
 
-    def _extra(self) -> dict[str, Any]:
+    def _extra_info(self) -> dict[str, Any]:
+        """Family info keys, on every step (invalid ones included)."""
         raw = self.raw
         return {
             "mission": str(raw.mission),
