@@ -111,7 +111,10 @@ def main() -> None:
     table = []
     for e in args.envs:
         task = TASKS[e]
-        get = lambda a, k: np.array([r[k] for r in rows if r["env"] == e and r["algo"] == a], dtype=float)  # noqa: E731
+
+        def get(algo: str, key: str, env: str = e) -> np.ndarray:
+            return np.array([r[key] for r in rows if r["env"] == env and r["algo"] == algo], dtype=float)
+
         ppo, echo = get("PPO", "steps"), get("EchoPPO", "steps")
         lo, hi = bootstrap_ratio(echo, ppo)
         table.append([

@@ -66,7 +66,7 @@ class LearningCurveCallback(BaseCallback):
         assert self._ret is not None and self._len is not None
         self._ret += np.asarray(self.locals["rewards"], dtype=float)
         self._len += 1
-        for i, (done, info) in enumerate(zip(self.locals["dones"], self.locals["infos"])):
+        for i, (done, info) in enumerate(zip(self.locals["dones"], self.locals["infos"], strict=True)):
             if done:
                 self.episodes.append(EpisodeRecord(self.num_timesteps, float(self._ret[i]), int(self._len[i]),
                                                    bool(info.get("won", False))))

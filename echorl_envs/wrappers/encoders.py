@@ -190,7 +190,7 @@ class MiniLMEncoder(TextEncoder):
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
-        fresh = dict(zip(missing, self._embed(missing))) if missing else {}
+        fresh = dict(zip(missing, self._embed(missing), strict=True)) if missing else {}
         rows = []
         for t in texts:
             if t in fresh:

@@ -108,8 +108,9 @@ def make_sb3_env(
         >>> [m.tolist() for m in vec.env_method("action_masks")][0] == [True] * 7
         True
     """
-    import echorl_envs
     from stable_baselines3.common.env_util import make_vec_env
+
+    import echorl_envs
 
     if isinstance(n_envs, bool) or not isinstance(n_envs, int) or n_envs < 1:
         raise ValueError(f"n_envs must be a positive int, got n_envs={n_envs!r}")
