@@ -6,8 +6,11 @@ Public names are re-exported here as their modules land (EchoPolicy, EchoPPO, Ho
 from __future__ import annotations
 
 from echorl_agent.algorithms.echo_ppo import EchoPPO
-from echorl_agent.config import PlanningConfig
+from echorl_agent.algorithms.echo_dqn import EchoDQN
+from echorl_agent.config import PlanningConfig, ReplayConfig
 from echorl_agent.policies import EchoPolicy
+from echorl_agent.replay import EMAPlanTracker, HotColdReplayBuffer
 
 __all__: list[str] = []
 __all__ += ["EchoPPO", "EchoPolicy", "PlanningConfig"]
+__all__ += ["HotColdReplayBuffer", "EMAPlanTracker", "EchoDQN", "ReplayConfig"]

@@ -1,0 +1,509 @@
+"""Hot/cold prioritized replay as an SB3 ``ReplayBuffer`` (EchoRL Eq. 6-7, Algorithm 3).
+
+Sampling distribution (EchoRL Eq. 7) over every stored transition t, hot and cold alike::
+
+    P(t) = softmax_t(beta * score(t)),   score(t) = ||tau_t - tau_bar||^2 + alpha |r_t| + td_weight |delta_t|
+
+with tau_bar the EMA of plans (:class:`EMAPlanTracker`).
+
+Exact sampling while tau_bar moves (the design)
+-----------------------------------------------
+Expanding the square, ``beta * score(t) = c_t - 2 beta tau_t . tau_bar + beta ||tau_bar||^2`` with
+``c_t = beta (||tau_t||^2 + alpha |r_t| + td_weight |delta_t|)``. The last term is the same for every t and cancels in
+the softmax, so the logit is ``l_t(tau_bar) = c_t - 2 beta tau_t . tau_bar``: affine in tau_bar.
+
+A sum tree holds ``q_t = exp(l_t(tau_ref) - M)`` for an *anchor* tau_ref (M: a shift for float range). To sample
+from the current ``P`` it draws candidates from ``q`` (O(log N) each) and accepts candidate t with probability
+``exp(D_t - D_max)``, where ``D_t = l_t(tau_bar) - l_t(tau_ref) = -2 beta tau_t . (tau_bar - tau_ref)`` and
+``D_max = 2 beta R ||tau_bar - tau_ref||`` with ``R >= max_t ||tau_t||`` (Cauchy-Schwarz gives ``|D_t| <= D_max``).
+Accepted candidates are distributed *exactly* as ``P`` (rejection sampling: ``P / q`` is proportional to
+``exp(D_t)``); there is no approximation error. The cost per candidate is O(log N + d), and the acceptance rate is
+at least ``exp(-2 D_max)``. When that guarantee falls below ``min_acceptance`` the tree is re-anchored at the current
+tau_bar (one O(N d) pass, chunked over the cold memmap) -- amortised, because tau_bar is an EMA and moves by at most
+``ema_decay * ||tau_new - tau_bar||`` per add.
+
+Importance weights ``(N P(t))^(-beta_is)`` are normalised by the batch maximum, which only needs ratios
+``P(t)/P(t') = exp(l_t - l_t')``: the normaliser Z cancels and the weights are exact too. With the optional
+``hot_fraction`` mixing, ``P(t) = rho_tier * p_tier(t)`` needs each tier's normaliser ``Z_tier(tau_bar)``; it is
+estimated as ``Z_tier(tau_ref) * mean_candidates exp(D)`` (unbiased), whose relative error lies within
+``exp(+-D_max)`` (<= 1/sqrt(min_acceptance), e.g. 1.41 at the default 0.5) and is 0 right after a re-anchor.
+
+Tiers
+-----
+SB3's arrays (``buffer_size`` transitions, RAM) are the hot tier; a row older than ``age_threshold`` adds is moved
+to the cold tier (:class:`ColdStore`, numpy memmaps, ``cold_size`` transitions), whose oldest row is evicted first.
+The tree's slots are ``[0, hot_slots)`` for hot and ``[hot_slots, hot_slots + cold_slots)`` for cold transitions.
+Leaf updates from ``add`` are deferred and applied in one vectorised pass at the next ``sample`` (``add`` stays
+O(1)). All public methods take one re-entrant lock, so ``add`` and ``sample`` may run in different threads.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from stable_baselines3.common.buffers import ReplayBuffer
+from stable_baselines3.common.vec_env import VecNormalize
+
+from echorl_agent.config import ReplayConfig
+from echorl_agent.replay.cold import ColdStore
+from echorl_agent.replay.persistence import PersistenceMixin
+from echorl_agent.replay.samples import HotColdReplayBufferSamples
+from echorl_agent.replay.sumtree import SumTree
+from echorl_agent.replay.tracker import EMAPlanTracker
+
+__all__ = ["HotColdReplayBuffer"]
+
+_SHIFT_HEADROOM = 50.0  # re-shift when a new logit exceeds M + 50 (exp stays far from float64 overflow)
+_MASS_FLOOR = 1e-200  # ... or when the total mass nears float64 underflow (the largest logit fell ~460 below M)
+_REFRESH_CHUNK = 1 << 16
+
+
+class HotColdReplayBuffer(PersistenceMixin, ReplayBuffer):
+    """SB3 replay buffer with a RAM hot tier, a memmap cold tier and exact plan-surprise prioritized sampling.
+
+    Use it unchanged with SB3: ``DQN(..., replay_buffer_class=HotColdReplayBuffer,
+    replay_buffer_kwargs={"config": ReplayConfig(cold_size=10**6)})`` (fields of :class:`ReplayConfig` may also be
+    passed directly in ``replay_buffer_kwargs``). ``sample`` returns :class:`HotColdReplayBufferSamples` (SB3's
+    samples plus ``weights`` and ``indices``); :class:`echorl_agent.EchoDQN` uses the weights and feeds TD errors back
+    through :meth:`update_priorities`. See the module docstring for the sampling design and its error bound.
+
+    Args:
+        buffer_size: hot-tier capacity in transitions (SB3's meaning; divided by ``n_envs`` into rows).
+        observation_space: SB3 observation space (Dict spaces are not supported).
+        action_space: SB3 action space.
+        device: torch device of the sampled tensors.
+        n_envs: number of parallel envs (transitions per ``add``).
+        optimize_memory_usage: must be False (the cold tier stores next observations explicitly).
+        handle_timeout_termination: as in SB3.
+        config: a :class:`ReplayConfig` (or dict); ``**overrides`` replace its fields.
+    """
+
+    def __init__(
+        self,
+        buffer_size: int,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        device: torch.device | str = "auto",
+        n_envs: int = 1,
+        optimize_memory_usage: bool = False,
+        handle_timeout_termination: bool = True,
+        config: ReplayConfig | dict[str, Any] | None = None,
+        **overrides: Any,
+    ) -> None:
+        cfg = ReplayConfig.from_kwargs(config, **overrides)
+        if optimize_memory_usage:
+            raise ValueError(
+                "HotColdReplayBuffer does not support optimize_memory_usage=True (its cold tier stores next "
+                "observations explicitly); pass optimize_memory_usage=False"
+            )
+        if isinstance(observation_space, spaces.Dict):
+            raise ValueError(
+                "HotColdReplayBuffer needs a Box/Discrete/MultiDiscrete/MultiBinary observation space, got a Dict "
+                "space; flatten it with gymnasium.wrappers.FlattenObservation"
+            )
+        hot_rows = max(buffer_size // n_envs, 1)
+        if cfg.age_threshold is not None:
+            if cfg.age_threshold + 1 > hot_rows:
+                raise ValueError(
+                    f"age_threshold must be < buffer_size // n_envs = {hot_rows} (the hot tier holds ages "
+                    f"0..age_threshold), got age_threshold={cfg.age_threshold}; raise buffer_size or lower it"
+                )
+            hot_rows = cfg.age_threshold + 1
+        if cfg.cold_size and cfg.cold_size < n_envs:
+            raise ValueError(f"cold_size must be 0 or >= n_envs={n_envs}, got cold_size={cfg.cold_size}")
+        super().__init__(
+            hot_rows * n_envs, observation_space, action_space, device, n_envs=n_envs,
+            optimize_memory_usage=False, handle_timeout_termination=handle_timeout_termination,
+        )
+        self.config = cfg
+        self.hot_slots = self.buffer_size * self.n_envs
+        self.cold_rows = cfg.cold_size // self.n_envs
+        self.cold_slots = self.cold_rows * self.n_envs
+        self.tree = SumTree(self.hot_slots + self.cold_slots)
+        self._c = np.zeros(self.hot_slots + self.cold_slots, dtype=np.float64)  # tau_bar-free part of the logit
+        self._rng = np.random.default_rng(cfg.seed)
+        self._lock = threading.RLock()
+        self.plan_fn: Callable[[np.ndarray], np.ndarray] | None = None
+        self.plan_source: str | None = None if cfg.plan_source == "auto" else cfg.plan_source
+        self.plan_dim: int | None = None
+        self.hot_plans: np.ndarray | None = None  # [hot_rows, n_envs, d] float32
+        self.hot_td = np.zeros((self.buffer_size, self.n_envs), dtype=np.float32)
+        self.hot_seq = np.full(self.buffer_size, -1, dtype=np.int64)  # add() counter of each hot row
+        self.cold: ColdStore | None = None
+        self.tracker: EMAPlanTracker | None = None
+        self._projection: np.ndarray | None = None
+        self._tau_ref: np.ndarray | None = None
+        self._shift = 0.0
+        self._plan_norm_max = 0.0
+        self._td_max = 1.0
+        self._dirty_hot: set[int] = set()
+        self._dirty_cold: set[int] = set()
+        self.num_added = 0  # add() calls so far (ages are measured in these)
+        self.num_sample_calls = 0
+        self.stats = {"refreshes": 0, "candidates": 0, "accepted": 0}
+
+    # ================================================================== plans
+    def _resolve_plan_source(self, infos: list[dict[str, Any]]) -> str:
+        if self.plan_source is not None:
+            return self.plan_source
+        if infos and self.config.plan_key in infos[0]:
+            return "info"
+        if self.plan_fn is not None:
+            return "policy"
+        return "td_error"
+
+    def _plans_for(self, obs: np.ndarray, infos: list[dict[str, Any]]) -> np.ndarray:
+        source = self.plan_source = self._resolve_plan_source(infos)
+        n = self.n_envs
+        if source == "info":
+            try:
+                plans = np.stack([np.asarray(info[self.config.plan_key], dtype=np.float32).reshape(-1) for info in infos])
+            except KeyError as e:
+                raise ValueError(
+                    f"plan_source='info' but an info dict has no {self.config.plan_key!r} key; set plan_key or use "
+                    "plan_source='observation'/'td_error'"
+                ) from e
+        elif source == "policy":
+            if self.plan_fn is None:
+                raise ValueError("plan_source='policy' needs buffer.plan_fn (obs [n_envs, ...] -> plans [n_envs, d])")
+            plans = np.asarray(self.plan_fn(np.asarray(obs)), dtype=np.float32).reshape(n, -1)
+        elif source == "observation":
+            flat = np.asarray(obs, dtype=np.float32).reshape(n, -1)
+            if self._projection is None and flat.shape[1] > self.config.plan_dim:
+                # Fixed Gaussian random projection (Johnson-Lindenstrauss): distances are kept up to 1 +- eps.
+                rng = np.random.default_rng(0 if self.config.seed is None else self.config.seed)
+                d = self.config.plan_dim
+                self._projection = (rng.standard_normal((flat.shape[1], d)) / math.sqrt(d)).astype(np.float32)
+            plans = flat @ self._projection if self._projection is not None else flat
+        else:  # td_error: tau = |delta|, new transitions start at the largest |delta| seen (Schaul et al. 2016)
+            plans = np.full((n, 1), self._td_max, dtype=np.float32)
+        if self.plan_dim is None:
+            self._allocate(plans.shape[1])
+        if plans.shape != (n, self.plan_dim):
+            raise ValueError(f"plans must have shape (n_envs, d)=({n}, {self.plan_dim}), got {plans.shape}")
+        return plans
+
+    def _allocate(self, dim: int) -> None:
+        self.plan_dim = int(dim)
+        self.hot_plans = np.zeros((self.buffer_size, self.n_envs, dim), dtype=np.float32)
+        self.tracker = EMAPlanTracker(dim, self.config.ema_decay)
+        if self.cold_rows:
+            fields = {
+                "observations": (self.obs_shape, self.observations.dtype.str),
+                "next_observations": (self.obs_shape, self.next_observations.dtype.str),
+                "actions": ((self.action_dim,), self.actions.dtype.str),
+                "rewards": ((), "<f4"), "dones": ((), "<f4"), "timeouts": ((), "<f4"),
+                "plans": ((dim,), "<f4"), "td": ((), "<f4"), "seq": ((), "<i8"),
+            }
+            self.cold = ColdStore(self.config.cold_dir, self.cold_rows, self.n_envs, fields)
+
+    # ================================================================== add
+    def add(
+        self,
+        obs: np.ndarray,
+        next_obs: np.ndarray,
+        action: np.ndarray,
+        reward: np.ndarray,
+        done: np.ndarray,
+        infos: list[dict[str, Any]],
+    ) -> None:
+        """Store one transition per env (SB3's signature); the oldest hot row moves to the cold tier first."""
+        with self._lock:
+            plans = self._plans_for(obs, infos)
+            row = self.pos
+            if self.full:
+                self._demote(row)
+            super().add(obs, next_obs, action, reward, done, infos)
+            self.hot_plans[row] = plans
+            self.hot_td[row] = self._td_max
+            self.hot_seq[row] = self.num_added
+            self.num_added += 1
+            if self.plan_source != "td_error":
+                self.tracker.push(plans)
+            self._dirty_hot.add(row)
+
+    def _demote(self, row: int) -> None:
+        if self.cold is None:  # no cold tier: the oldest hot row is simply evicted
+            return
+        seq = np.full(self.n_envs, self.hot_seq[row], dtype=np.int64)
+        crow = self.cold.write_row({
+            "observations": self.observations[row], "next_observations": self.next_observations[row],
+            "actions": self.actions[row], "rewards": self.rewards[row], "dones": self.dones[row],
+            "timeouts": self.timeouts[row], "plans": self.hot_plans[row], "td": self.hot_td[row], "seq": seq,
+        })
+        self._dirty_cold.add(crow)
+
+    # ================================================================== slots
+    def _split(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Slots -> (is_hot mask, hot rows, hot envs, cold rows, cold envs)."""
+        hot = slots < self.hot_slots
+        hs, cs = slots[hot], slots[~hot] - self.hot_slots
+        return hot, hs // self.n_envs, hs % self.n_envs, cs // self.n_envs, cs % self.n_envs
+
+    def _field(self, name: str, hot_arr: np.ndarray, slots: np.ndarray) -> np.ndarray:
+        hot, hr, he, cr, ce = self._split(slots)
+        out = np.empty((len(slots), *hot_arr.shape[2:]), dtype=hot_arr.dtype)
+        out[hot] = hot_arr[hr, he]
+        if len(cr):
+            out[~hot] = self.cold.arrays[name][cr, ce]
+        return out
+
+    def _valid_slots(self) -> np.ndarray:
+        hot_rows = self.buffer_size if self.full else self.pos
+        parts = [np.arange(hot_rows * self.n_envs)]
+        if self.cold is not None:
+            parts.append(self.hot_slots + np.arange(self.cold.num_rows * self.n_envs))
+        return np.concatenate(parts)
+
+    def _rows_to_slots(self, rows: set[int], base: int) -> np.ndarray:
+        r = np.fromiter(rows, dtype=np.int64, count=len(rows))
+        r.sort()
+        return (base + r[:, None] * self.n_envs + np.arange(self.n_envs)[None, :]).reshape(-1)
+
+    # ================================================================== tree maintenance
+    def _constant_logit(self, plans: np.ndarray, rewards: np.ndarray, td: np.ndarray) -> np.ndarray:
+        cfg = self.config
+        sq = np.einsum("ij,ij->i", plans, plans, dtype=np.float64)
+        return cfg.beta * (sq + cfg.alpha * np.abs(rewards.astype(np.float64)) + cfg.td_weight * td.astype(np.float64))
+
+    def _current_tau(self) -> np.ndarray | None:
+        """tau_bar after folding queued EMA steps, or None before the first plan reached the tracker."""
+        if self.tracker is None:
+            return None
+        tau = self.tracker.tau_bar
+        return tau if self.tracker.initialized else None
+
+    def _set_leaves(self, slots: np.ndarray, plans: np.ndarray, rewards: np.ndarray, td: np.ndarray) -> None:
+        """Recompute c_t and the anchored leaf of ``slots`` from their stored fields."""
+        c = self._constant_logit(plans, rewards, td)
+        self._c[slots] = c
+        norms = np.sqrt(np.einsum("ij,ij->i", plans, plans, dtype=np.float64))
+        self._plan_norm_max = max(self._plan_norm_max, float(norms.max(initial=0.0)))
+        if self._tau_ref is None:
+            self._reanchor()
+            return
+        logit = c - 2.0 * self.config.beta * (plans.astype(np.float64) @ self._tau_ref)
+        top = float(logit.max(initial=-np.inf))
+        if top > self._shift + _SHIFT_HEADROOM or self.tree.total <= _MASS_FLOOR:
+            self._reanchor()
+            return
+        self.tree.set(slots, np.exp(logit - self._shift))
+
+    def _flush(self) -> None:
+        """Apply the deferred leaf updates of ``add`` (one vectorised pass over the dirty rows of both tiers)."""
+        if not (self._dirty_hot or self._dirty_cold):
+            return
+        slots = np.concatenate([self._rows_to_slots(self._dirty_hot, 0),
+                                self._rows_to_slots(self._dirty_cold, self.hot_slots)])
+        self._dirty_hot.clear()
+        self._dirty_cold.clear()
+        plans = self._field("plans", self.hot_plans, slots).astype(np.float64)
+        rewards = self._field("rewards", self.rewards, slots)
+        td = self._field("td", self.hot_td, slots)
+        self._set_leaves(slots, plans, rewards, td)
+
+    def _reanchor(self) -> None:
+        """Re-anchor the tree at the current tau_bar: one chunked O(N d) pass over hot and cold plans."""
+        tau = self._current_tau()
+        if tau is None:
+            tau = np.zeros(self.plan_dim or 1, dtype=np.float64)
+        self._tau_ref = tau
+        leaves = self.tree.leaves
+        leaves[:] = -np.inf
+        valid = self._valid_slots()
+        norm_max = 0.0
+        two_beta = 2.0 * self.config.beta
+        for i in range(0, len(valid), _REFRESH_CHUNK):
+            s = valid[i : i + _REFRESH_CHUNK]
+            plans = self._field("plans", self.hot_plans, s).astype(np.float64)
+            leaves[s] = self._c[s] - two_beta * (plans @ tau)
+            norm_max = max(norm_max, float(np.sqrt(np.einsum("ij,ij->i", plans, plans)).max(initial=0.0)))
+        self._plan_norm_max = norm_max
+        self._shift = float(leaves.max()) if len(valid) else 0.0
+        np.exp(leaves - self._shift, out=leaves)
+        self.tree.rebuild()
+        self.stats["refreshes"] += 1
+
+    # ================================================================== sampling
+    @property
+    def beta_is(self) -> float:
+        """Current importance-sampling exponent (annealed linearly over ``beta_is_anneal_samples`` samples)."""
+        cfg = self.config
+        frac = min(1.0, self.num_sample_calls / cfg.beta_is_anneal_samples)
+        return cfg.beta_is + frac * (cfg.beta_is_final - cfg.beta_is)
+
+    def _plan_offset(self) -> tuple[np.ndarray, float]:
+        """(tau_bar - tau_ref, D_max); re-anchors first when the acceptance guarantee exp(-2 D_max) is too low."""
+        tau = self._current_tau()
+        if tau is None or self._tau_ref is None:
+            if self.tree.total <= _MASS_FLOOR:
+                self._reanchor()
+            return np.zeros(self.plan_dim or 1), 0.0
+        delta = tau - self._tau_ref
+        d_max = 2.0 * self.config.beta * self._plan_norm_max * float(np.linalg.norm(delta))
+        if math.exp(-2.0 * d_max) < self.config.min_acceptance or self.tree.total <= _MASS_FLOOR:
+            self._reanchor()
+            return np.zeros_like(delta), 0.0
+        return delta, d_max
+
+    def _draw(
+        self, n: int, lo: float, hi: float, slot_lo: int, slot_hi: int, delta: np.ndarray, d_max: float
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+        """Draw ``n`` exact samples from P restricted to the mass range [lo, hi) (slots [slot_lo, slot_hi)).
+
+        Returns slots, log q (anchored log-leaf), D (logit offset to the current tau_bar) and the mean of exp(D)
+        over all candidates (the unbiased estimate of Z(tau_bar) / Z(tau_ref) for the range).
+        """
+        if n == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0), 1.0
+        out_s, out_q, out_d = [], [], []
+        need, cand, sum_exp = n, 0, 0.0
+        leaves = self.tree.leaves
+        moving = d_max > 0.0
+        while need > 0:
+            m = need if not moving else int(need * 1.3 / self.config.min_acceptance) + 8
+            u = lo + self._rng.random(m) * (hi - lo)
+            s = self.tree.find(u)
+            s = np.minimum(s, len(leaves) - 1)
+            q = leaves[s]
+            ok = (q > 0.0) & (s >= slot_lo) & (s < slot_hi)
+            s, q = s[ok], q[ok]
+            if moving:
+                plans = self._field("plans", self.hot_plans, s).astype(np.float64)
+                d = -2.0 * self.config.beta * (plans @ delta)
+                accept = self._rng.random(len(s)) < np.exp(d - d_max)
+                cand += len(s)
+                sum_exp += float(np.exp(d).sum())
+                s, q, d = s[accept], q[accept], d[accept]
+            else:
+                d = np.zeros(len(s))
+                cand += len(s)
+                sum_exp += float(len(s))
+            take = min(need, len(s))
+            out_s.append(s[:take])
+            out_q.append(np.log(q[:take]))
+            out_d.append(d[:take])
+            need -= take
+        self.stats["candidates"] += cand
+        self.stats["accepted"] += n
+        return np.concatenate(out_s), np.concatenate(out_q), np.concatenate(out_d), sum_exp / max(cand, 1)
+
+    def sample(self, batch_size: int, env: VecNormalize | None = None) -> HotColdReplayBufferSamples:
+        """Sample ``batch_size`` transitions from P(t) = softmax(beta * score(t)), with IS weights and slots."""
+        with self._lock:
+            if self.size() == 0:
+                raise ValueError("cannot sample from an empty HotColdReplayBuffer; add() transitions first")
+            self._flush()
+            delta, d_max = self._plan_offset()
+            total = self.tree.total
+            rho = self.config.hot_fraction
+            hot_mass = self.tree.prefix(self.hot_slots) if (rho is not None and self.cold is not None) else total
+            cold_mass = total - hot_mass
+            if rho is None or cold_mass <= 0.0 or hot_mass <= 0.0:
+                slots, logq, d, _ = self._draw(batch_size, 0.0, total, 0, self.hot_slots + self.cold_slots, delta, d_max)
+                logp = logq + d
+            else:
+                n_hot = int(self._rng.binomial(batch_size, rho))
+                hs, hq, hd, hz = self._draw(n_hot, 0.0, hot_mass, 0, self.hot_slots, delta, d_max)
+                cs, cq, cd, cz = self._draw(batch_size - n_hot, hot_mass, total, self.hot_slots,
+                                            self.hot_slots + self.cold_slots, delta, d_max)
+                # log P = log rho_tier + l_t - log Z_tier, with Z_tier(tau_bar) ~= mass_tier * mean exp(D)
+                slots = np.concatenate([hs, cs])
+                logp = np.concatenate([
+                    math.log(max(rho, 1e-300)) + hq + hd - math.log(hot_mass * hz),
+                    math.log(max(1.0 - rho, 1e-300)) + cq + cd - math.log(cold_mass * cz),
+                ])
+            weights = np.exp(-self.beta_is * (logp - logp.min()))
+            self.num_sample_calls += 1
+            return self._get_samples(slots, env=env, weights=weights)
+
+    def _get_samples(  # type: ignore[override]
+        self, batch_inds: np.ndarray, env: VecNormalize | None = None, weights: np.ndarray | None = None
+    ) -> HotColdReplayBufferSamples:
+        slots = np.asarray(batch_inds, dtype=np.int64)
+        obs = self._field("observations", self.observations, slots)
+        next_obs = self._field("next_observations", self.next_observations, slots)
+        dones = self._field("dones", self.dones, slots) * (1.0 - self._field("timeouts", self.timeouts, slots))
+        data = (
+            self._normalize_obs(obs, env),
+            self._field("actions", self.actions, slots),
+            self._normalize_obs(next_obs, env),
+            dones.reshape(-1, 1),
+            self._normalize_reward(self._field("rewards", self.rewards, slots).reshape(-1, 1), env),
+        )
+        w = np.ones(len(slots), dtype=np.float32) if weights is None else weights.astype(np.float32)
+        return HotColdReplayBufferSamples(
+            *tuple(map(self.to_torch, data)), None,
+            self.to_torch(w.reshape(-1, 1)), torch.as_tensor(slots, device=self.device),
+        )
+
+    # ================================================================== priorities
+    def update_priorities(self, indices: np.ndarray | torch.Tensor, td_errors: np.ndarray | torch.Tensor) -> None:
+        """Store |TD error| of sampled slots (``samples.indices``); with ``plan_source="td_error"`` it is the plan.
+
+        A slot overwritten since it was sampled gets the value too (as in other prioritized buffers).
+        """
+        with self._lock:
+            slots = torch.as_tensor(indices).detach().cpu().numpy().astype(np.int64).reshape(-1)
+            td = np.abs(torch.as_tensor(td_errors).detach().cpu().numpy().astype(np.float32).reshape(-1))
+            if slots.shape != td.shape:
+                raise ValueError(f"indices and td_errors must have the same length, got {slots.shape} and {td.shape}")
+            if len(slots) and (slots.min() < 0 or slots.max() >= self.hot_slots + self.cold_slots):
+                raise ValueError(f"indices must be buffer slots in [0, {self.hot_slots + self.cold_slots}), got {slots}")
+            self._flush()
+            slots, first = np.unique(slots[::-1], return_index=True)  # last write wins
+            td = td[::-1][first]
+            self._td_max = max(self._td_max, float(td.max(initial=0.0)))
+            hot, hr, he, cr, ce = self._split(slots)
+            self.hot_td[hr, he] = td[hot]
+            if len(cr):
+                self.cold.arrays["td"][cr, ce] = td[~hot]
+            if self.plan_source == "td_error":
+                self.hot_plans[hr, he, 0] = td[hot]
+                if len(cr):
+                    self.cold.arrays["plans"][cr, ce, 0] = td[~hot]
+                self.tracker.push(td[:, None])
+            plans = self._field("plans", self.hot_plans, slots).astype(np.float64)
+            self._set_leaves(slots, plans, self._field("rewards", self.rewards, slots), td)
+
+    # ================================================================== sizes and lifecycle
+    def size(self) -> int:
+        """Stored rows (hot + cold), SB3's unit (transitions = rows * n_envs)."""
+        hot = self.buffer_size if self.full else self.pos
+        return hot + (self.cold.num_rows if self.cold is not None else 0)
+
+    @property
+    def num_transitions(self) -> int:
+        return self.size() * self.n_envs
+
+    def ages(self, indices: np.ndarray) -> np.ndarray:
+        """Age (in ``add`` calls; 0 = newest) of the transitions at buffer slots ``indices``."""
+        slots = np.asarray(indices, dtype=np.int64)
+        seq = self._field("seq", self.hot_seq[:, None].repeat(self.n_envs, 1), slots)
+        return self.num_added - 1 - seq
+
+    def reset(self) -> None:
+        with self._lock:
+            super().reset()
+            self.close()
+            self.plan_dim, self.hot_plans, self.tracker, self._tau_ref = None, None, None, None
+            self.plan_source = None if self.config.plan_source == "auto" else self.config.plan_source
+            self.tree = SumTree(self.hot_slots + self.cold_slots)
+            self._c[:] = 0.0
+            self.hot_seq[:] = -1
+            self._dirty_hot.clear()
+            self._dirty_cold.clear()
+            self.num_added = 0
+
+    def close(self) -> None:
+        """Flush and close the cold memmaps (a private temporary folder is deleted)."""
+        with self._lock:
+            if self.cold is not None:
+                self.cold.close()
+                self.cold = None
