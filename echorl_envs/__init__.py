@@ -53,6 +53,10 @@ ENVS: list[EnvEntry] = [
     EnvEntry("EchoRL/ALFWorld-PickCleanAndPlace-v0", "echorl_envs.alfworld:ALFWorldEnv", 50, {"task_types": "PickCleanAndPlace"}, "alfworld", "choice", "generated"),
     EnvEntry("EchoRL/ALFWorld-PickHeatAndPlace-v0", "echorl_envs.alfworld:ALFWorldEnv", 50, {"task_types": "PickHeatAndPlace"}, "alfworld", "choice", "generated"),
     EnvEntry("EchoRL/ALFWorld-PickCoolAndPlace-v0", "echorl_envs.alfworld:ALFWorldEnv", 50, {"task_types": "PickCoolAndPlace"}, "alfworld", "choice", "generated"),
+    EnvEntry("EchoRL/TextWorld-Simple-v0", "echorl_envs.textworld:TextWorldEnv", 100, {"challenge": "tw-simple", "difficulty": "medium"}, "textworld", "choice", "generated"),
+    EnvEntry("EchoRL/TextWorld-CoinCollector-v0", "echorl_envs.textworld:TextWorldEnv", 100, {"challenge": "tw-coin_collector", "difficulty": "medium"}, "textworld", "choice", "generated"),
+    EnvEntry("EchoRL/TextWorld-TreasureHunter-v0", "echorl_envs.textworld:TextWorldEnv", 100, {"challenge": "tw-treasure_hunter", "difficulty": "medium"}, "textworld", "choice", "generated"),
+    EnvEntry("EchoRL/TextWorld-Cooking-v0", "echorl_envs.textworld:TextWorldEnv", 100, {"challenge": "tw-cooking", "difficulty": "medium"}, "textworld", "choice", "generated"),
     # --- WebShop (echorl_envs.webshop) ---
     EnvEntry("EchoRL/WebShop-v0", "echorl_envs.webshop:WebShopEnv", 15, {}, "webshop", "choice", "generated"),
     # --- CRUXEval / ARC (echorl_envs.cruxeval, echorl_envs.arc) ---

@@ -215,7 +215,11 @@ class TextWorldEnv(DatasetTextEnv):
                 self._env.close()
             infos = textworld.EnvInfos(admissible_commands=True, policy_commands=True, won=True, lost=True,
                                        score=True, max_score=True, objective=True)
-            self._env = textworld.start(str(path), request_infos=infos)
+            with warnings.catch_warnings():
+                # Jericho flags every TextWorld-compiled game as "not fully supported" (it lacks a per-game
+                # score table); textworld's own wrapper tracks score and state, so the warning is noise.
+                warnings.filterwarnings("ignore", message=".*not fully supported.*")
+                self._env = textworld.start(str(path), request_infos=infos)
             self._loaded = path
         self._state = self._env.reset()
         self._score = int(self._state["score"] or 0)
