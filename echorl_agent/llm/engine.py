@@ -207,10 +207,15 @@ class LLMEngine:
     ) -> list[GenerationResult]:
         """Generate for several prompts at once (batched); runs the loop in this thread unless started."""
         futs = [self.submit(p, params) for p in prompts]
+        return [self.wait(f) for f in futs]
+
+    def wait(self, fut: Future) -> GenerationResult:
+        """The result of ``fut``; without a background loop, runs steps in this thread until it is done."""
         if self._thread is None:
-            while not all(f.done() for f in futs):
-                self.step()
-        return [f.result() for f in futs]
+            with self._lock:  # one driving thread at a time; others wait here and then find their future done
+                while not fut.done():
+                    self.step()
+        return fut.result()
 
     def has_work(self) -> bool:
         with self._work:
