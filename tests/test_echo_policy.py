@@ -254,3 +254,35 @@ def test_planning_config_object_and_field_overrides_merge():
 def test_doctests(module):
     result = doctest.testmod(importlib.import_module(module))
     assert result.attempted > 0 and result.failed == 0
+
+
+# ---------------------------------------------------------------------------------------------- per-step action sets
+@pytest.mark.parametrize(
+    "env_id",
+    ["EchoRL/WebShop-v0", pytest.param("EchoRL/ALFWorld-v0", marks=pytest.mark.slow)],  # ALFWorld: ~50 s
+)
+def test_echo_ppo_drrn_on_envs_whose_action_set_changes(env_id):
+    if env_id not in echorl_envs.env_ids():
+        pytest.skip(f"{env_id} not registered")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # WebShop pages can list more than max_actions buttons
+        vec = make_sb3_env(env_id, n_envs=2, seed=0, max_actions=64, include_actions=True, history=2,
+                           encoder_kwargs={"dim": 64})
+        log = []
+
+        class Log(BaseCallback):
+            def _on_step(self) -> bool:
+                obs = self.locals["obs_tensor"]
+                a = np.asarray(self.locals["actions"]).reshape(-1)
+                acts = obs["actions"].numpy()
+                log.append((obs["action_mask"].numpy()[np.arange(len(a)), a], [hash(x.tobytes()) for x in acts]))
+                return True
+
+        model = EchoPPO("EchoPolicy", vec, n_steps=64, batch_size=64, n_epochs=1, seed=0,
+                        policy_kwargs={"encoder_arch": [64], "latent_dim": 8})
+        model.learn(256, callback=Log())
+    assert model.num_timesteps == 256
+    assert all(picked.all() for picked, _ in log)  # only admissible slots are ever chosen
+    assert len({h for _, hashes in log for h in hashes}) > 1  # the encoded action set really changed
