@@ -157,6 +157,11 @@ BENCHMARKS: dict[str, Callable[[argparse.Namespace], list[Row]]] = {
     "minigrid": bench_minigrid,
 }
 
+# ALFWorld / TextWorld rows live in benchmarks/throughput_text_games.py (imported from this folder).
+from throughput_text_games import register as _register_text_games  # noqa: E402
+
+_register_text_games(BENCHMARKS, Row)
+
 
 def main(argv: Sequence[str] | None = None) -> list[Row]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
