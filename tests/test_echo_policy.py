@@ -259,15 +259,15 @@ def test_doctests(module):
 # ---------------------------------------------------------------------------------------------- per-step action sets
 @pytest.mark.parametrize(
     "env_id",
-    ["EchoRL/WebShop-v0", pytest.param("EchoRL/ALFWorld-v0", marks=pytest.mark.slow)],  # ALFWorld: ~50 s
-)
+    [pytest.param(i, marks=pytest.mark.slow) for i in ("EchoRL/ALFWorld-v0", "EchoRL/TextWorld-Simple-v0")],
+)  # ~30-50 s each (engine steps); the shuffled corridor covers changing action sets in the fast suite
 def test_echo_ppo_drrn_on_envs_whose_action_set_changes(env_id):
     if env_id not in echorl_envs.env_ids():
         pytest.skip(f"{env_id} not registered")
     import warnings
 
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # WebShop pages can list more than max_actions buttons
+        warnings.simplefilter("ignore")
         vec = make_sb3_env(env_id, n_envs=2, seed=0, max_actions=64, include_actions=True, history=2,
                            encoder_kwargs={"dim": 64})
         log = []
