@@ -62,9 +62,10 @@ def run_one(job: tuple[str, str, int, bool]) -> dict:
     if algo == "PPO":
         # PPO sees the same stacked window (flattened by MlpPolicy), so the only difference is the plan.
         model = PPO("MlpPolicy", vec, policy_kwargs={"net_arch": [64, 64]}, **common)
-    else:
+    else:  # "EchoPPO", or the ablation "EchoPPO-noKL" (same policy, lambda_KL = 0)
+        kl_coef = 0.0 if algo == "EchoPPO-noKL" else 0.01
         model = EchoPPO("EchoPolicy", vec, policy_kwargs={"net_arch": [64, 64], "encoder_arch": [128],
-                                                          "latent_dim": 16, "kl_coef": 0.01}, **common)
+                                                          "latent_dim": 16, "kl_coef": kl_coef}, **common)
     cb = LearningCurveCallback(target_success=task.target, window=50, stop_at_target=True)
     t0 = time.perf_counter()
     model.learn(budget, callback=cb)
@@ -91,11 +92,14 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--envs", nargs="+", default=list(TASKS), choices=list(TASKS))
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--arms", nargs="+", default=["PPO", "EchoPPO"], choices=["PPO", "EchoPPO", "EchoPPO-noKL"],
+                    help="PPO is always run (the baseline); EchoPPO-noKL ablates the plan-consistency KL")
     ap.add_argument("--quick", action="store_true", help="quarter budgets (smoke run)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "learning_efficiency.csv"))
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    jobs = [(e, a, s, args.quick) for e in args.envs for s in range(args.seeds) for a in ("PPO", "EchoPPO")]
+    arms = ["PPO", *[a for a in args.arms if a != "PPO"]]
+    jobs = [(e, a, s, args.quick) for e in args.envs for s in range(args.seeds) for a in arms]
     t0 = time.perf_counter()
     from tqdm import tqdm
 
@@ -115,18 +119,20 @@ def main() -> None:
         def get(algo: str, key: str, env: str = e) -> np.ndarray:
             return np.array([r[key] for r in rows if r["env"] == env and r["algo"] == algo], dtype=float)
 
-        ppo, echo = get("PPO", "steps"), get("EchoPPO", "steps")
-        lo, hi = bootstrap_ratio(echo, ppo)
-        table.append([
-            f"{task.env_id} (success>={task.target:.0%} over 50 ep)",
-            f"{ppo.mean():,.0f} ± {ppo.std(ddof=1):,.0f} ({int(get('PPO', 'reached').sum())}/{len(ppo)})",
-            f"{echo.mean():,.0f} ± {echo.std(ddof=1):,.0f} ({int(get('EchoPPO', 'reached').sum())}/{len(echo)})",
-            f"{echo.mean() / ppo.mean():.2f} [{lo:.2f}, {hi:.2f}]",
-            f"{np.mean(echo / ppo):.2f}",
-            f"{get('PPO', 'seconds').mean():.0f} / {get('EchoPPO', 'seconds').mean():.0f}",
-        ])
-    headers = ["env (target)", "PPO steps (reached)", "EchoPPO steps (reached)", "EchoPPO ÷ PPO [95% CI]",
-               "mean per-seed ratio", "s/run PPO / Echo"]
+        ppo = get("PPO", "steps")
+        for arm in arms[1:]:
+            echo = get(arm, "steps")
+            lo, hi = bootstrap_ratio(echo, ppo)
+            table.append([
+                f"{task.env_id} (success>={task.target:.0%} over 50 ep)", arm,
+                f"{ppo.mean():,.0f} ± {ppo.std(ddof=1):,.0f} ({int(get('PPO', 'reached').sum())}/{len(ppo)})",
+                f"{echo.mean():,.0f} ± {echo.std(ddof=1):,.0f} ({int(get(arm, 'reached').sum())}/{len(echo)})",
+                f"{echo.mean() / ppo.mean():.2f} [{lo:.2f}, {hi:.2f}]",
+                f"{np.mean(echo / ppo):.2f}",
+                f"{get('PPO', 'seconds').mean():.0f} / {get(arm, 'seconds').mean():.0f}",
+            ])
+    headers = ["env (target)", "arm", "PPO steps (reached)", "arm steps (reached)", "arm ÷ PPO [95% CI]",
+               "mean per-seed ratio", "s/run PPO / arm"]
     print(tabulate(table, headers=headers, tablefmt="github"))
     print(f"\n{len(jobs)} runs, {args.seeds} seeds, wall {time.perf_counter() - t0:.0f} s; per-run rows in {out}")
 
