@@ -1,0 +1,82 @@
+"""Per-agent token and bandwidth accounting for LLM agents (the counters the evaluation runner reports).
+
+Every LLM request an agent makes (a generation or a scoring call) reports how many prompt tokens came from the
+prefix cache (``t'``, EchoRL's KV_frozen) and how many were prefilled (``t - t'``). From those the meter keeps:
+
+* ``prompt_tokens`` / ``cached_tokens`` / ``generated_tokens`` / ``llm_calls`` -- monotone counters;
+* ``bandwidth`` -- the summed effective attention bandwidth ``b_eff = b(s_{1:t}) - b(s_{1:t'})`` with
+  ``b(s_{1:t}) = scale * t (t + 1) / 2`` (seed README; :func:`echorl_agent.kernels.effective_bandwidth_cost`);
+* ``eta_bw`` -- the running *sum* of per-episode ``eta_bw = sum_t r_t / (sum b_eff + E_B[w |l_PG|])`` (seed
+  README); the policy-gradient term is 0 for agents that do not learn. It is a sum so that the runner, which
+  reports ``stats()`` after an episode minus before it, gets exactly that episode's ``eta_bw``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from echorl_agent.kernels.bandwidth import effective_bandwidth_cost
+
+__all__ = ["TokenMeter"]
+
+
+@dataclass
+class TokenMeter:
+    """Cumulative LLM usage of one agent (see the module docstring).
+
+    Args:
+        bandwidth_scale: ``scale`` of ``b(s_{1:t})``; the default 1e-6 counts millions of query-key pairs.
+    """
+
+    bandwidth_scale: float = 1e-6
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    llm_calls: int = 0
+    bandwidth: float = 0.0
+    eta_bw_sum: float = 0.0
+    episode_return: float = 0.0
+    episode_bandwidth: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.bandwidth_scale <= 0:
+            raise ValueError(f"bandwidth_scale must be > 0, got bandwidth_scale={self.bandwidth_scale}")
+
+    def add(self, cached: int, computed: int, generated: int = 0) -> None:
+        """Record one request: ``cached`` prompt tokens from the cache, ``computed`` prefilled, ``generated``."""
+        if min(cached, computed, generated) < 0:
+            raise ValueError(f"token counts must be >= 0, got cached={cached}, computed={computed}, generated={generated}")
+        t = cached + computed
+        b_eff = float(effective_bandwidth_cost(torch.tensor([float(t)]), torch.tensor([float(cached)]),
+                                               self.bandwidth_scale)[0])
+        self.prompt_tokens += t
+        self.cached_tokens += cached
+        self.generated_tokens += generated
+        self.llm_calls += 1
+        self.bandwidth += b_eff
+        self.episode_bandwidth += b_eff
+
+    def start_episode(self) -> None:
+        self.episode_return = 0.0
+        self.episode_bandwidth = 0.0
+
+    def reward(self, r: float, done: bool) -> None:
+        """Add a reward; at the end of an episode, fold its eta_bw into :attr:`eta_bw_sum`."""
+        self.episode_return += float(r)
+        if done:
+            if self.episode_bandwidth > 0:
+                self.eta_bw_sum += self.episode_return / self.episode_bandwidth
+            self.start_episode()
+
+    def stats(self) -> dict[str, float]:
+        """The counters, under the names the runner's summary reads."""
+        return {
+            "prompt_tokens": float(self.prompt_tokens),
+            "cached_tokens": float(self.cached_tokens),
+            "generated_tokens": float(self.generated_tokens),
+            "llm_calls": float(self.llm_calls),
+            "bandwidth": self.bandwidth,
+            "eta_bw": self.eta_bw_sum,
+        }
