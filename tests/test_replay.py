@@ -84,7 +84,7 @@ def test_sampling_matches_softmax_over_hot_and_cold():
 
 def test_sampling_stays_exact_after_tau_bar_moves_without_refresh():
     rng = np.random.default_rng(2)
-    buf = make(hot=8, cold=8, beta=1.0, alpha=0.0, ema_decay=0.05, min_acceptance=1e-3)
+    buf = make(hot=8, cold=8, beta=1.0, alpha=0.0, ema_decay=0.05, min_acceptance=1e-3, rejection_budget=1e9)
     add_steps(buf, rng.normal(size=(12, 1, 2)).astype(np.float32), np.zeros((12, 1), np.float32))
     buf.sample(1)  # anchors the tree at the current tau_bar
     refreshes = buf.stats["refreshes"]
@@ -105,16 +105,25 @@ def test_sampling_stays_exact_after_tau_bar_moves_without_refresh():
     assert np.abs(stale - probs).max() > 0.02
 
 
-def test_refresh_when_acceptance_guarantee_drops():
+def test_reanchor_when_measured_acceptance_drops():
     rng = np.random.default_rng(3)
-    buf = make(hot=8, cold=0, beta=1.0, ema_decay=0.5, min_acceptance=0.9)
+    buf = make(hot=8, cold=0, beta=1.0, ema_decay=0.5, min_acceptance=0.9, rejection_budget=1e9)
     add_steps(buf, rng.normal(size=(8, 1, 2)).astype(np.float32), np.zeros((8, 1), np.float32))
     buf.sample(4)
     before = buf.stats["refreshes"]
-    buf.tracker.push(np.array([[5.0, 5.0]]))
     buf.sample(4)
+    assert buf.stats["refreshes"] == before  # tau_bar did not move: every candidate accepted
+    buf.tracker.push(buf.tracker.tau_bar[None] + 0.4)
+    cand, acc = buf.stats["candidates"], buf.stats["accepted"]
+    buf.sample(64)  # drawn exactly from the stale anchor with rejections, then re-anchored
+    assert (buf.stats["accepted"] - acc) / (buf.stats["candidates"] - cand) < 0.9
     assert buf.stats["refreshes"] == before + 1
     np.testing.assert_allclose(buf._tau_ref, buf.tracker.tau_bar)
+    # absurd moves re-anchor before drawing (worst-case acceptance exp(-2 D_max) < 1e-4)
+    buf.tracker.push(np.array([[500.0, 500.0]]))
+    cand = buf.stats["candidates"]
+    buf.sample(8)
+    assert buf.stats["refreshes"] == before + 2 and buf.stats["candidates"] - cand == 8
 
 
 def test_hot_fraction_mixing_and_importance_weights():

@@ -15,18 +15,23 @@ the softmax, so the logit is ``l_t(tau_bar) = c_t - 2 beta tau_t . tau_bar``: af
 A sum tree holds ``q_t = exp(l_t(tau_ref) - M)`` for an *anchor* tau_ref (M: a shift for float range). To sample
 from the current ``P`` it draws candidates from ``q`` (O(log N) each) and accepts candidate t with probability
 ``exp(D_t - D_max)``, where ``D_t = l_t(tau_bar) - l_t(tau_ref) = -2 beta tau_t . (tau_bar - tau_ref)`` and
-``D_max = 2 beta R ||tau_bar - tau_ref||`` with ``R >= max_t ||tau_t||`` (Cauchy-Schwarz gives ``|D_t| <= D_max``).
+``D_max = 2 beta R ||tau_bar - tau_ref||`` with ``R >= max_t ||tau_t - tau_ref||`` (Cauchy-Schwarz gives
+``|D_t| <= D_max`` once the t-independent term ``-2 beta tau_ref . (tau_bar - tau_ref)``, which cancels in P, is
+dropped).
 Accepted candidates are distributed *exactly* as ``P`` (rejection sampling: ``P / q`` is proportional to
-``exp(D_t)``); there is no approximation error. The cost per candidate is O(log N + d), and the acceptance rate is
-at least ``exp(-2 D_max)``. When that guarantee falls below ``min_acceptance`` the tree is re-anchored at the current
-tau_bar (one O(N d) pass, chunked over the cold memmap) -- amortised, because tau_bar is an EMA and moves by at most
-``ema_decay * ||tau_new - tau_bar||`` per add.
+``exp(D_t)``); there is no approximation error, whatever the staleness of the anchor. Staleness only costs time:
+each candidate is O(log N + d) and the acceptance rate is ``E_q[exp(D_t - D_max)] >= exp(-2 D_max)``. The tree is
+re-anchored at the current tau_bar (one O(N d) pass, chunked over the cold memmap) after a draw whose measured
+acceptance fell below ``min_acceptance``, once the candidates rejected since the last anchor exceed
+``rejection_budget * N`` (ski-rental amortisation: rejected work is capped by a constant times the re-anchor work, with
+a deterministic count so runs stay reproducible), or before a draw whose worst-case guarantee ``exp(-2 D_max)`` is
+below 1e-4 -- amortised, because tau_bar is an EMA and moves by at most ``ema_decay * ||tau_new - tau_bar||`` per add.
 
 Importance weights ``(N P(t))^(-beta_is)`` are normalised by the batch maximum, which only needs ratios
 ``P(t)/P(t') = exp(l_t - l_t')``: the normaliser Z cancels and the weights are exact too. With the optional
 ``hot_fraction`` mixing, ``P(t) = rho_tier * p_tier(t)`` needs each tier's normaliser ``Z_tier(tau_bar)``; it is
 estimated as ``Z_tier(tau_ref) * mean_candidates exp(D)`` (unbiased), whose relative error lies within
-``exp(+-D_max)`` (<= 1/sqrt(min_acceptance), e.g. 1.41 at the default 0.5) and is 0 right after a re-anchor.
+``exp(+-D_max)`` and is 0 right after a re-anchor.
 
 Tiers
 -----
@@ -60,6 +65,7 @@ from echorl_agent.replay.tracker import EMAPlanTracker
 __all__ = ["HotColdReplayBuffer"]
 
 _SHIFT_HEADROOM = 50.0  # re-shift when a new logit exceeds M + 50 (exp stays far from float64 overflow)
+_MIN_GUARANTEE = 1e-4  # re-anchor before drawing when even the worst-case acceptance exp(-2 D_max) is below this
 _MASS_FLOOR = 1e-200  # ... or when the total mass nears float64 underflow (the largest logit fell ~460 below M)
 _REFRESH_CHUNK = 1 << 16
 
@@ -147,6 +153,8 @@ class HotColdReplayBuffer(PersistenceMixin, ReplayBuffer):
         self.num_added = 0  # add() calls so far (ages are measured in these)
         self.num_sample_calls = 0
         self.stats = {"refreshes": 0, "candidates": 0, "accepted": 0}
+        self._acceptance = 1.0  # measured acceptance of the last draw
+        self._rejected_since_anchor = 0
 
     # ================================================================== plans
     def _resolve_plan_source(self, infos: list[dict[str, Any]]) -> str:
@@ -231,12 +239,12 @@ class HotColdReplayBuffer(PersistenceMixin, ReplayBuffer):
     def _demote(self, row: int) -> None:
         if self.cold is None:  # no cold tier: the oldest hot row is simply evicted
             return
-        seq = np.full(self.n_envs, self.hot_seq[row], dtype=np.int64)
-        crow = self.cold.write_row({
-            "observations": self.observations[row], "next_observations": self.next_observations[row],
-            "actions": self.actions[row], "rewards": self.rewards[row], "dones": self.dones[row],
-            "timeouts": self.timeouts[row], "plans": self.hot_plans[row], "td": self.hot_td[row], "seq": seq,
-        })
+        crow = self.cold.write_row((
+            ("observations", self.observations[row]), ("next_observations", self.next_observations[row]),
+            ("actions", self.actions[row]), ("rewards", self.rewards[row]), ("dones", self.dones[row]),
+            ("timeouts", self.timeouts[row]), ("plans", self.hot_plans[row]), ("td", self.hot_td[row]),
+            ("seq", self.hot_seq[row]),
+        ))
         self._dirty_cold.add(crow)
 
     # ================================================================== slots
@@ -246,12 +254,14 @@ class HotColdReplayBuffer(PersistenceMixin, ReplayBuffer):
         hs, cs = slots[hot], slots[~hot] - self.hot_slots
         return hot, hs // self.n_envs, hs % self.n_envs, cs // self.n_envs, cs % self.n_envs
 
-    def _field(self, name: str, hot_arr: np.ndarray, slots: np.ndarray) -> np.ndarray:
-        hot, hr, he, cr, ce = self._split(slots)
+    def _field(self, name: str, hot_arr: np.ndarray, slots: np.ndarray, split: tuple | None = None) -> np.ndarray:
+        """Field ``name`` of the transitions at ``slots`` (hot part from ``hot_arr``, cold part from the memmap)."""
+        hot, hr, he, cr, ce = self._split(slots) if split is None else split
+        if not len(cr):
+            return hot_arr[hr, he]
         out = np.empty((len(slots), *hot_arr.shape[2:]), dtype=hot_arr.dtype)
         out[hot] = hot_arr[hr, he]
-        if len(cr):
-            out[~hot] = self.cold.arrays[name][cr, ce]
+        out[~hot] = self.cold.arrays[name][cr, ce]
         return out
 
     def _valid_slots(self) -> np.ndarray:
@@ -283,11 +293,12 @@ class HotColdReplayBuffer(PersistenceMixin, ReplayBuffer):
         """Recompute c_t and the anchored leaf of ``slots`` from their stored fields."""
         c = self._constant_logit(plans, rewards, td)
         self._c[slots] = c
-        norms = np.sqrt(np.einsum("ij,ij->i", plans, plans, dtype=np.float64))
-        self._plan_norm_max = max(self._plan_norm_max, float(norms.max(initial=0.0)))
         if self._tau_ref is None:
             self._reanchor()
             return
+        centred = plans - self._tau_ref
+        radius = float(np.sqrt(np.einsum("ij,ij->i", centred, centred).max(initial=0.0)))
+        self._plan_norm_max = max(self._plan_norm_max, radius)
         logit = c - 2.0 * self.config.beta * (plans.astype(np.float64) @ self._tau_ref)
         top = float(logit.max(initial=-np.inf))
         if top > self._shift + _SHIFT_HEADROOM or self.tree.total <= _MASS_FLOOR:
@@ -323,12 +334,15 @@ class HotColdReplayBuffer(PersistenceMixin, ReplayBuffer):
             s = valid[i : i + _REFRESH_CHUNK]
             plans = self._field("plans", self.hot_plans, s).astype(np.float64)
             leaves[s] = self._c[s] - two_beta * (plans @ tau)
-            norm_max = max(norm_max, float(np.sqrt(np.einsum("ij,ij->i", plans, plans)).max(initial=0.0)))
+            centred = plans - tau
+            norm_max = max(norm_max, float(np.sqrt(np.einsum("ij,ij->i", centred, centred).max(initial=0.0))))
         self._plan_norm_max = norm_max
         self._shift = float(leaves.max()) if len(valid) else 0.0
         np.exp(leaves - self._shift, out=leaves)
         self.tree.rebuild()
         self.stats["refreshes"] += 1
+        self._acceptance = 1.0
+        self._rejected_since_anchor = 0
 
     # ================================================================== sampling
     @property
@@ -347,7 +361,7 @@ class HotColdReplayBuffer(PersistenceMixin, ReplayBuffer):
             return np.zeros(self.plan_dim or 1), 0.0
         delta = tau - self._tau_ref
         d_max = 2.0 * self.config.beta * self._plan_norm_max * float(np.linalg.norm(delta))
-        if math.exp(-2.0 * d_max) < self.config.min_acceptance or self.tree.total <= _MASS_FLOOR:
+        if math.exp(-2.0 * d_max) < _MIN_GUARANTEE or self.tree.total <= _MASS_FLOOR:
             self._reanchor()
             return np.zeros_like(delta), 0.0
         return delta, d_max
@@ -367,7 +381,7 @@ class HotColdReplayBuffer(PersistenceMixin, ReplayBuffer):
         leaves = self.tree.leaves
         moving = d_max > 0.0
         while need > 0:
-            m = need if not moving else int(need * 1.3 / self.config.min_acceptance) + 8
+            m = need if not moving else int(need * 1.2 / max(self._acceptance, 0.01)) + 8
             u = lo + self._rng.random(m) * (hi - lo)
             s = self.tree.find(u)
             s = np.minimum(s, len(leaves) - 1)
@@ -376,7 +390,7 @@ class HotColdReplayBuffer(PersistenceMixin, ReplayBuffer):
             s, q = s[ok], q[ok]
             if moving:
                 plans = self._field("plans", self.hot_plans, s).astype(np.float64)
-                d = -2.0 * self.config.beta * (plans @ delta)
+                d = -2.0 * self.config.beta * ((plans - self._tau_ref) @ delta)
                 accept = self._rng.random(len(s)) < np.exp(d - d_max)
                 cand += len(s)
                 sum_exp += float(np.exp(d).sum())
@@ -392,6 +406,8 @@ class HotColdReplayBuffer(PersistenceMixin, ReplayBuffer):
             need -= take
         self.stats["candidates"] += cand
         self.stats["accepted"] += n
+        self._acceptance = n / max(cand, 1)
+        self._rejected_since_anchor += cand - n
         return np.concatenate(out_s), np.concatenate(out_q), np.concatenate(out_d), sum_exp / max(cand, 1)
 
     def sample(self, batch_size: int, env: VecNormalize | None = None) -> HotColdReplayBufferSamples:
@@ -421,21 +437,25 @@ class HotColdReplayBuffer(PersistenceMixin, ReplayBuffer):
                 ])
             weights = np.exp(-self.beta_is * (logp - logp.min()))
             self.num_sample_calls += 1
+            budget = self.config.rejection_budget * self.num_transitions
+            if self._acceptance < self.config.min_acceptance or self._rejected_since_anchor > budget:
+                self._reanchor()  # the next draw starts from a fresh anchor (this batch is exact either way)
             return self._get_samples(slots, env=env, weights=weights)
 
     def _get_samples(  # type: ignore[override]
         self, batch_inds: np.ndarray, env: VecNormalize | None = None, weights: np.ndarray | None = None
     ) -> HotColdReplayBufferSamples:
         slots = np.asarray(batch_inds, dtype=np.int64)
-        obs = self._field("observations", self.observations, slots)
-        next_obs = self._field("next_observations", self.next_observations, slots)
-        dones = self._field("dones", self.dones, slots) * (1.0 - self._field("timeouts", self.timeouts, slots))
+        sp = self._split(slots)
+        obs = self._field("observations", self.observations, slots, sp)
+        next_obs = self._field("next_observations", self.next_observations, slots, sp)
+        dones = self._field("dones", self.dones, slots, sp) * (1.0 - self._field("timeouts", self.timeouts, slots, sp))
         data = (
             self._normalize_obs(obs, env),
-            self._field("actions", self.actions, slots),
+            self._field("actions", self.actions, slots, sp),
             self._normalize_obs(next_obs, env),
             dones.reshape(-1, 1),
-            self._normalize_reward(self._field("rewards", self.rewards, slots).reshape(-1, 1), env),
+            self._normalize_reward(self._field("rewards", self.rewards, slots, sp).reshape(-1, 1), env),
         )
         w = np.ones(len(slots), dtype=np.float32) if weights is None else weights.astype(np.float32)
         return HotColdReplayBufferSamples(

@@ -49,12 +49,19 @@ class ColdStore:
         self.rows, self.n_envs = int(rows), int(n_envs)
         self.fields = {k: (tuple(int(s) for s in shape), str(np.dtype(dt))) for k, (shape, dt) in fields.items()}
         self.pos, self.full = 0, False
-        self.arrays: dict[str, np.memmap] = {}
+        self._mmaps: dict[str, np.memmap] = {}
+        self.arrays: dict[str, np.ndarray] = {}
         for name, (shape, dtype) in self.fields.items():
-            self.arrays[name] = np.lib.format.open_memmap(
+            self._attach(name, np.lib.format.open_memmap(
                 self.directory / f"{name}.npy", mode="w+", dtype=dtype, shape=(self.rows, self.n_envs, *shape)
-            )
+            ))
         self._write_meta()
+
+    def _attach(self, name: str, mm: np.memmap) -> None:
+        # Index through a plain ndarray view of the same mapped memory: np.memmap's Python-level __getitem__ and
+        # __array_finalize__ would otherwise cost a few microseconds per row access.
+        self._mmaps[name] = mm
+        self.arrays[name] = mm.view(np.ndarray)
 
     def _arm_cleanup(self) -> None:
         # A private temporary folder is removed when the store is garbage-collected (or at interpreter exit).
@@ -70,8 +77,8 @@ class ColdStore:
 
     def flush(self) -> None:
         """Flush the memmaps to disk and record the ring position in ``meta.json``."""
-        for arr in self.arrays.values():
-            arr.flush()
+        for mm in self._mmaps.values():
+            mm.flush()
         self._write_meta()
 
     @classmethod
@@ -93,7 +100,7 @@ class ColdStore:
         self.rows, self.n_envs = int(meta["rows"]), int(meta["n_envs"])
         self.pos, self.full = int(meta["pos"]), bool(meta["full"])
         self.fields = {k: (tuple(s), d) for k, (s, d) in meta["fields"].items()}
-        self.arrays = {}
+        self._mmaps, self.arrays = {}, {}
         for name, (shape, dtype) in self.fields.items():
             arr = np.load(directory / f"{name}.npy", mmap_mode=mode)
             if arr.shape != (self.rows, self.n_envs, *shape) or arr.dtype != np.dtype(dtype):
@@ -101,7 +108,7 @@ class ColdStore:
                     f"cold field {name!r} in {directory} has shape {arr.shape}/{arr.dtype}, expected "
                     f"{(self.rows, self.n_envs, *shape)}/{dtype}: the folder was written by a different buffer"
                 )
-            self.arrays[name] = arr
+            self._attach(name, arr)
         return self
 
     def close(self) -> None:
@@ -109,11 +116,11 @@ class ColdStore:
         if not self.arrays:
             return
         if self._owns_dir:
-            self.arrays = {}
+            self._mmaps, self.arrays = {}, {}
             shutil.rmtree(self.directory, ignore_errors=True)
         else:
             self.flush()
-            self.arrays = {}
+            self._mmaps, self.arrays = {}, {}
 
     # ------------------------------------------------------------------ ring operations
     @property
@@ -121,11 +128,12 @@ class ColdStore:
         """Rows currently stored."""
         return self.rows if self.full else self.pos
 
-    def write_row(self, values: dict[str, np.ndarray]) -> int:
+    def write_row(self, values: dict[str, np.ndarray] | tuple[tuple[str, np.ndarray], ...]) -> int:
         """Write one row at the ring position (evicting the oldest row when full); returns its row index."""
         row = self.pos
-        for name, arr in self.arrays.items():
-            arr[row] = values[name]
+        arrays = self.arrays
+        for name, value in values.items() if isinstance(values, dict) else values:
+            arrays[name][row] = value
         self.pos += 1
         if self.pos == self.rows:
             self.pos, self.full = 0, True
@@ -139,7 +147,7 @@ class ColdStore:
 
     # ------------------------------------------------------------------ pickling (SB3's save_replay_buffer)
     def __getstate__(self) -> dict[str, Any]:
-        state = {k: v for k, v in self.__dict__.items() if k not in ("arrays", "_finalizer")}
+        state = {k: v for k, v in self.__dict__.items() if k not in ("arrays", "_mmaps", "_finalizer")}
         state["arrays"] = {k: np.array(v[: self.num_rows]) for k, v in self.arrays.items()}
         return state
 
@@ -150,11 +158,11 @@ class ColdStore:
         self._owns_dir = True
         self.directory = Path(tempfile.mkdtemp(prefix="echorl-cold-"))
         self._arm_cleanup()
-        self.arrays = {}
+        self._mmaps, self.arrays = {}, {}
         for name, (shape, dtype) in self.fields.items():
             arr = np.lib.format.open_memmap(
                 self.directory / f"{name}.npy", mode="w+", dtype=dtype, shape=(self.rows, self.n_envs, *shape)
             )
             arr[: len(data[name])] = data[name]
-            self.arrays[name] = arr
+            self._attach(name, arr)
         self._write_meta()

@@ -58,7 +58,11 @@ class EMAPlanTracker:
         with self._lock:
             if self._num_pending == len(self._pending):
                 self._pending = np.concatenate([self._pending, np.zeros_like(self._pending)])
-            self._pending[self._num_pending] = np.asarray(plans, dtype=np.float64).reshape(-1, self.dim).mean(0)
+            p = np.asarray(plans).reshape(-1, self.dim)
+            if len(p) == 1:
+                self._pending[self._num_pending] = p[0]
+            else:
+                np.divide(p.sum(0, dtype=np.float64), len(p), out=self._pending[self._num_pending])
             self._num_pending += 1
 
     def _fold(self) -> None:
