@@ -130,7 +130,7 @@ def part2(llm, args) -> list[list]:
     t0 = time.perf_counter()
     shared = shared_engine.score(prompt, cands, share_prefix=True)
     t_shared = time.perf_counter() - t0
-    err = max(abs(a - b) for a, b in zip(naive.logprobs, shared.logprobs))
+    err = max(abs(a - b) for a, b in zip(naive.logprobs, shared.logprobs, strict=True))
     ideal = n * (p + s) / (p + n * s)
     env.close()
     return [
@@ -164,7 +164,7 @@ def part3(llm, args) -> list[list]:
     ours = engine.generate(prompts, SamplingParams(max_tokens=k, ignore_eos=True))
     t_ours = time.perf_counter() - t0
     n_tok = sum(len(r.token_ids) for r in ours)
-    agree = sum(r.token_ids[:16] == h[:16] for r, h in zip(ours, hf_out))
+    agree = sum(r.token_ids[:16] == h[:16] for r, h in zip(ours, hf_out, strict=True))
     tps_hf, tps_ours = len(prompts) * k / t_hf, n_tok / t_ours
     return [
         [f"3 decode {len(prompts)} actors x {k} tok", "tokens/s", f"{tps_hf:.1f}", f"{tps_ours:.1f}",

@@ -27,7 +27,7 @@ def _random_paged(seed: int, ctx_lens: list[int], q_lens: list[int], block_size:
     v_pool = torch.randn(total, block_size, h_kv, d, generator=g)
     dense_k, dense_v, tables = [], [], torch.zeros(len(ctx_lens), max(n_blocks), dtype=torch.long)
     used = 0
-    for b, (c, nb) in enumerate(zip(ctx_lens, n_blocks)):
+    for b, (c, nb) in enumerate(zip(ctx_lens, n_blocks, strict=True)):
         ids = perm[used : used + nb]
         used += nb
         tables[b, :nb] = ids

@@ -119,7 +119,7 @@ def test_scoring_shared_prefix_equals_naive(llm):
     p = _prompt(llm, "You see a door and a key. Which action?")
     cands = [llm.encode(a) for a in ("open door", "take key", "go north", "look")]
     shared, naive = eng.score(p, cands), eng.score(p, cands, share_prefix=False)
-    for a, b in zip(shared.logprobs, naive.logprobs):
+    for a, b in zip(shared.logprobs, naive.logprobs, strict=True):
         assert abs(a - b) < 1e-3
     assert shared.num_computed_tokens == len(p) + sum(map(len, cands))
     assert naive.num_computed_tokens == 4 * len(p) + sum(map(len, cands))

@@ -228,6 +228,6 @@ class ScoringAgent(_ChatAgent):
         self._reply_ids = self.llm.encode(action) + self.llm.eos_token_ids[:1]
         self.last = AgentStep(
             action, action, "", True, res.num_cached_tokens, res.num_computed_tokens,
-            dict(zip(admissible, probs.tolist())),
+            dict(zip(admissible, probs.tolist(), strict=True)),
         )
         return action

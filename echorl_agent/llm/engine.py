@@ -367,7 +367,7 @@ class LLMEngine:
     def _postprocess(self, seqs: list[tuple[_Seq, int]], logits: list[torch.Tensor]) -> list[_Seq]:
         bs = self.cache.block_size
         finished = []
-        for (s, n), lg in zip(seqs, logits):
+        for (s, n), lg in zip(seqs, logits, strict=True):
             s.num_computed += n
             # publish blocks that are now full (prompt and generated tokens alike)
             for i in range(len(s.block_hashes), s.num_computed // bs):

@@ -173,6 +173,6 @@ class ModelRunner:
         hidden = self.inner.norm(x[torch.tensor(rows, device=dev)])
         logits = self.model.lm_head(hidden).float()
         out = []
-        for c, (lo, hi) in zip(chunks, spans):
+        for c, (lo, hi) in zip(chunks, spans, strict=True):
             out.append(logits[lo:hi] if c.all_logits else logits[lo])
         return out

@@ -102,4 +102,4 @@ class Scheduler:
                 return (0, 0.0, 0, req.arrival)
             return (1, -s, -tie, req.arrival)
 
-        return [r for r, _ in sorted(zip(requests, cached_tokens), key=key)]
+        return [r for r, _ in sorted(zip(requests, cached_tokens, strict=True), key=key)]

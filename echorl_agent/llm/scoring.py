@@ -99,7 +99,7 @@ def score_candidates(
             finally:
                 for _, t in group:
                     cache.release(t)
-            for (c, _), lg in zip(group, logits):
+            for (c, _), lg in zip(group, logits, strict=True):
                 out.append(_candidate_logprob(first, lg, c))
     finally:
         cache.release(table)

@@ -130,7 +130,7 @@ def create_app(engine: LLMEngine, model_name: str | None = None):
         lp = None
         if params.logprobs:
             lp = {"content": [{"token": tok.decode([t]), "logprob": v, "bytes": None, "top_logprobs": []}
-                              for t, v in zip(r.token_ids, r.logprobs or [])]}
+                              for t, v in zip(r.token_ids, r.logprobs or [], strict=True)]}
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
             "object": "chat.completion",
