@@ -188,6 +188,11 @@ class PrefixCache:
         At least the last prompt token is always left uncached so the model produces its logits (if the whole
         prompt is cached, its last block is recomputed into a fresh block).
 
+        Args:
+            tokens: the prompt's token ids.
+            record_stats: count the prompt in :attr:`stats` (cached vs computed tokens).
+            use_cache: False skips matching (fresh blocks only), e.g. for the naive scoring baseline.
+
         Raises:
             MemoryError: the pool cannot hold the prompt (check :meth:`can_allocate` first).
         """
