@@ -8,8 +8,11 @@ after an invalid action, and whenever ``s_t`` exceeds ``replan_threshold``. The 
 the current observation; it is appended to the dialogue ("Plan: ...") and, the history being append-only, stays in
 the frozen prefix whose KV every later turn reuses from the prefix cache (EchoRL's KV_frozen).
 
-Not done here: retrieval from an experience bank (``echorl_agent.experience`` does not exist in this tree yet);
-this agent does not learn across episodes.
+Experience (``experience=True``): an :class:`~echorl_agent.experience.ExperienceBank` that grows online over the
+episodes this agent plays (one bank per agent, i.e. per runner job); before each turn one step retrieved for the
+current (instruction, observation) is appended to the observation as a "Past experience ..." line
+(:func:`echorl_agent.experience.agents.guidance_text`), so later episodes are guided by earlier ones without any
+gradient step. The model's weights never change.
 """
 
 from __future__ import annotations
@@ -51,6 +54,10 @@ class EchoRLConfig:
     """Generation budget of one ReAct turn (free-text envs)."""
     temperature: float = 0.0
     """Sampling temperature of actions (0 = greedy / argmax)."""
+    experience: bool = True
+    """Retrieve steps from an online-grown experience bank into the prompt."""
+    experience_encoder: str = "hash"
+    """Key encoder of the experience bank ('hash' or 'minilm')."""
 
     def __post_init__(self) -> None:
         if self.plan_encoder not in ("minilm", "hash"):
@@ -97,6 +104,15 @@ class EchoRLLLMAgent(_ChatEvalAgent):
         self.num_plans = 0
         self._new_plan: str | None = None
         self._seed = 0
+        self.bank = None
+        if self.config.experience:
+            from echorl_agent.experience import ExperienceBank
+
+            self.bank = ExperienceBank(self.config.experience_encoder)
+        self.num_guided_turns = 0
+        self._instruction = ""
+        self._prev_obs = ""
+        self._rng = np.random.default_rng(0)
 
     # --------------------------------------------------------------------------------------- plan
     def _write_plan(self, obs: str, info: dict[str, Any]) -> str:
@@ -105,12 +121,12 @@ class EchoRLLLMAgent(_ChatEvalAgent):
             user += f"\nPrevious plan (revise it): {self.plans[-1]}"
         prompt = self.engine.llm.chat_ids([{"role": "system", "content": PLAN_SYSTEM},
                                            {"role": "user", "content": user}])
-        prompt += self.engine.llm.encode("Plan:")
+        prompt += self.engine.llm.encode("Plan: I will")
         params = SamplingParams(max_tokens=self.config.max_plan_tokens, temperature=self.config.temperature,
                                 seed=self._seed + len(self.plans), stop=("\n",))
         res = self.engine.generate([prompt], params)[0]
         self.meter.add(res.num_cached_tokens, res.num_computed_tokens, len(res.token_ids))
-        plan = " ".join(res.text.split()) or "explore and look for the goal"
+        plan = "I will " + " ".join(res.text.split())
         self.plans.append(plan)
         self.num_plans += 1
         return plan
@@ -134,13 +150,25 @@ class EchoRLLLMAgent(_ChatEvalAgent):
         return ScoringAgent(self.engine, temperature=self.config.temperature, seed=seed)
 
     def _context(self, obs: str, info: dict[str, Any]) -> str:
-        if self._new_plan is None:
-            return obs
-        plan, self._new_plan = self._new_plan, None
-        return f"{obs.rstrip()}\nPlan: {plan}"
+        text = obs.rstrip()
+        if self.bank is not None:
+            r = self.bank.sample(self._instruction, obs, self._rng)
+            if r is not None:
+                from echorl_agent.experience.agents import guidance_text
+
+                text += "\n" + guidance_text(r)
+                self.num_guided_turns += 1
+        if self._new_plan is not None:
+            text += f"\nPlan: {self._new_plan}"
+            self._new_plan = None
+        return text
 
     def reset(self, env_id: str, obs: str, info: dict[str, Any], seed: int) -> None:
         self._seed = seed
+        self._rng = np.random.default_rng(seed)
+        self._instruction, self._prev_obs = str(info.get("task") or ""), obs
+        if self.bank is not None:
+            self.bank.begin_episode(self._instruction, {"env_id": env_id, "seed": seed})
         self.plans, self.surprises = [], []
         self.tracker = EMAPlanTracker(self.encoder.dim, self.config.plan_decay)
         LLMAgent.reset(self, env_id, obs, info, seed)  # new episode on the meter before the first plan is charged
@@ -149,6 +177,11 @@ class EchoRLLLMAgent(_ChatEvalAgent):
         self._start_dialogue(obs, info, seed)
 
     def observe(self, action: str, obs: str, reward: float, done: bool, info: dict[str, Any]) -> None:
+        if self.bank is not None:
+            self.bank.record(self._prev_obs, action, obs, reward)
+            self._prev_obs = obs
+            if done:
+                self.bank.end_episode(bool(info.get("won", False)))
         if not done:
             s = self._surprise(obs, reward)
             self.surprises.append(s)
@@ -159,4 +192,5 @@ class EchoRLLLMAgent(_ChatEvalAgent):
     def stats(self) -> dict[str, float]:
         out = super().stats()
         out["plans"] = float(self.num_plans)
+        out["guided_turns"] = float(self.num_guided_turns)
         return out
