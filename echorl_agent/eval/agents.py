@@ -160,6 +160,8 @@ def incompatibility(name: str, env_id: str) -> str | None:
     s, e = spec(name), echorl_envs.entry(env_id)
     if s.kind == "sb3" and e.action_type != "choice":
         return f"{name} picks among admissible actions; {env_id} takes free text"
+    if name == "llm-score" and e.action_type != "choice":
+        return f"llm-score ranks admissible actions; {env_id} takes free text"
     if name == "tot" and e.family != "math":
         return "tot searches over math answers (Game24/GSM8K-style tasks)"
     return None
