@@ -248,20 +248,28 @@ class HotColdReplayBuffer(PersistenceMixin, ReplayBuffer):
         self._dirty_cold.add(crow)
 
     # ================================================================== slots
-    def _split(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Slots -> (is_hot mask, hot rows, hot envs, cold rows, cold envs)."""
+    def _split(self, slots: np.ndarray) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+        """Slots -> (is_hot mask or None when all are hot, flat hot indices, flat cold indices)."""
+        if self.cold is None:
+            return None, slots, slots[:0]
         hot = slots < self.hot_slots
-        hs, cs = slots[hot], slots[~hot] - self.hot_slots
-        return hot, hs // self.n_envs, hs % self.n_envs, cs // self.n_envs, cs % self.n_envs
+        return hot, slots[hot], slots[~hot] - self.hot_slots
 
     def _field(self, name: str, hot_arr: np.ndarray, slots: np.ndarray, split: tuple | None = None) -> np.ndarray:
-        """Field ``name`` of the transitions at ``slots`` (hot part from ``hot_arr``, cold part from the memmap)."""
-        hot, hr, he, cr, ce = self._split(slots) if split is None else split
-        if not len(cr):
-            return hot_arr[hr, he]
-        out = np.empty((len(slots), *hot_arr.shape[2:]), dtype=hot_arr.dtype)
-        out[hot] = hot_arr[hr, he]
-        out[~hot] = self.cold.arrays[name][cr, ce]
+        """Field ``name`` of the transitions at ``slots`` (hot part from ``hot_arr``, cold part from the memmap).
+
+        Arrays are ``[rows, n_envs, ...]`` and C-contiguous, so they are read through flat ``[rows * n_envs, ...]``
+        views with one ``np.take`` per tier.
+        """
+        hot, hs, cs = self._split(slots) if split is None else split
+        tail = hot_arr.shape[2:]
+        hot_flat = hot_arr.reshape(-1, *tail)
+        if not len(cs):
+            return np.take(hot_flat, hs, axis=0)
+        cold_arr = self.cold.arrays[name]
+        out = np.empty((len(slots), *tail), dtype=hot_arr.dtype)
+        out[hot] = np.take(hot_flat, hs, axis=0)
+        out[~hot] = np.take(cold_arr.reshape(-1, *tail), cs, axis=0)
         return out
 
     def _valid_slots(self) -> np.ndarray:
@@ -327,17 +335,26 @@ class HotColdReplayBuffer(PersistenceMixin, ReplayBuffer):
         self._tau_ref = tau
         leaves = self.tree.leaves
         leaves[:] = -np.inf
-        valid = self._valid_slots()
-        norm_max = 0.0
         two_beta = 2.0 * self.config.beta
-        for i in range(0, len(valid), _REFRESH_CHUNK):
-            s = valid[i : i + _REFRESH_CHUNK]
-            plans = self._field("plans", self.hot_plans, s).astype(np.float64)
-            leaves[s] = self._c[s] - two_beta * (plans @ tau)
-            centred = plans - tau
-            norm_max = max(norm_max, float(np.sqrt(np.einsum("ij,ij->i", centred, centred).max(initial=0.0))))
+        d = self.plan_dim or 1
+        norm_max = 0.0
+        # Contiguous slot ranges: hot rows [0, filled) in RAM, cold rows [0, num_rows) in the memmap (chunked).
+        ranges = [(0, self.hot_plans, (self.buffer_size if self.full else self.pos) * self.n_envs)]
+        if self.cold is not None:
+            ranges.append((self.hot_slots, self.cold.arrays["plans"], self.cold.num_rows * self.n_envs))
+        for base, arr, count in ranges:
+            if arr is None:
+                continue
+            flat = arr.reshape(-1, d)
+            for i in range(0, count, _REFRESH_CHUNK):
+                j = min(count, i + _REFRESH_CHUNK)
+                plans = flat[i:j].astype(np.float64)
+                centred = plans - tau
+                leaves[base + i : base + j] = self._c[base + i : base + j] - two_beta * (plans @ tau)
+                norm_max = max(norm_max, float(np.sqrt(np.einsum("ij,ij->i", centred, centred).max(initial=0.0))))
         self._plan_norm_max = norm_max
-        self._shift = float(leaves.max()) if len(valid) else 0.0
+        valid = ranges[0][2] + (ranges[1][2] if len(ranges) > 1 else 0)
+        self._shift = float(leaves.max()) if valid else 0.0
         np.exp(leaves - self._shift, out=leaves)
         self.tree.rebuild()
         self.stats["refreshes"] += 1
@@ -480,14 +497,15 @@ class HotColdReplayBuffer(PersistenceMixin, ReplayBuffer):
             slots, first = np.unique(slots[::-1], return_index=True)  # last write wins
             td = td[::-1][first]
             self._td_max = max(self._td_max, float(td.max(initial=0.0)))
-            hot, hr, he, cr, ce = self._split(slots)
-            self.hot_td[hr, he] = td[hot]
-            if len(cr):
-                self.cold.arrays["td"][cr, ce] = td[~hot]
+            hot, hs, cs = self._split(slots)
+            td_hot, td_cold = (td, td[:0]) if hot is None else (td[hot], td[~hot])
+            self.hot_td.reshape(-1)[hs] = td_hot
+            if len(cs):
+                self.cold.arrays["td"].reshape(-1)[cs] = td_cold
             if self.plan_source == "td_error":
-                self.hot_plans[hr, he, 0] = td[hot]
-                if len(cr):
-                    self.cold.arrays["plans"][cr, ce, 0] = td[~hot]
+                self.hot_plans.reshape(-1)[hs] = td_hot
+                if len(cs):
+                    self.cold.arrays["plans"].reshape(-1)[cs] = td_cold
                 self.tracker.push(td[:, None])
             plans = self._field("plans", self.hot_plans, slots).astype(np.float64)
             self._set_leaves(slots, plans, self._field("rewards", self.rewards, slots), td)
