@@ -32,7 +32,12 @@ from tabulate import tabulate
 
 import echorl_envs  # noqa: F401
 from echorl_agent.eval.report import wilson_interval
-from echorl_agent.experience import ExperienceBank, ExperienceConfig, ExperienceGuidedAgent, ResidualExperiencePolicy
+from echorl_agent.experience import (
+    ExperienceBank,
+    ExperienceConfig,
+    ExperienceGuidedAgent,
+    ResidualExperiencePolicy,
+)
 
 EVAL_SEED0 = 1_000_000
 

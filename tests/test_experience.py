@@ -256,7 +256,7 @@ def test_residual_head_starts_as_frozen_policy_and_learns_to_follow_retrieval():
     frozen_params = [p.detach().clone() for p in model.policy.parameters()]
     losses = policy.fit(epochs=40)
     assert losses[-1] < 0.5 * losses[0]
-    assert all(torch.equal(a, b) for a, b in zip(frozen_params, model.policy.parameters()))  # never updated
+    assert all(torch.equal(a, b) for a, b in zip(frozen_params, model.policy.parameters(), strict=True))  # never updated
     # evaluation on unseen seeds: the residual policy follows the expert far more often than the frozen one
     agree_frozen = agree_res = total = 0
     for seed in range(200, 206):

@@ -11,7 +11,13 @@
 from __future__ import annotations
 
 from echorl_agent.experience.agents import ExperienceGuidedAgent, guidance_text
-from echorl_agent.experience.bank import ExperienceBank, ExperienceConfig, Retrieved, RolloutRecord, StepRecord
+from echorl_agent.experience.bank import (
+    ExperienceBank,
+    ExperienceConfig,
+    Retrieved,
+    RolloutRecord,
+    StepRecord,
+)
 from echorl_agent.experience.keys import (
     HashingKeyEncoder,
     KeyEncoder,

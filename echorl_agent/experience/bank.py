@@ -183,7 +183,7 @@ class ExperienceBank:
         keep = self._step_rollout >= n
         self.rollouts = self.rollouts[n:]
         self._instr = self._instr[n:]
-        self.steps = [s for s, k in zip(self.steps, keep) if k]
+        self.steps = [s for s, k in zip(self.steps, keep, strict=True) if k]
         self._keys = self._keys[keep]
         self._step_rollout = self._step_rollout[keep] - n
 
@@ -239,7 +239,7 @@ class ExperienceBank:
         p = np.exp(z - z.max())
         p /= p.sum()
         return [Retrieved(self.steps[i], self.rollouts[self._step_rollout[i]], float(s), float(sc), float(pi))
-                for i, s, sc, pi in zip(idx, sims, scores, p)]
+                for i, s, sc, pi in zip(idx, sims, scores, p, strict=True)]
 
     def sample(self, instruction: str, observation: str, rng: np.random.Generator,
                exclude_rollout: int | None = None) -> Retrieved | None:

@@ -12,7 +12,13 @@
 from __future__ import annotations
 
 from echorl_agent.priors.adaptive import AdaptiveConfig, AdaptiveController, AdaptiveRecord
-from echorl_agent.priors.cache import CacheCounters, LLMPriorCache, PriorCacheConfig, PriorLookup, total_variation
+from echorl_agent.priors.cache import (
+    CacheCounters,
+    LLMPriorCache,
+    PriorCacheConfig,
+    PriorLookup,
+    total_variation,
+)
 from echorl_agent.priors.dqn import LLMPriorSource, PosteriorDQN, TextTap, make_prior_env
 from echorl_agent.priors.index import AutoIndex, FaissIndex, HNSWIndex, NumpyIndex, make_index
 from echorl_agent.priors.llm import LLMActionPrior, PriorCacheAgent, state_text

@@ -230,14 +230,14 @@ class LLMPriorCache:
                 c.llm_queries += 1
                 llm_called = True
                 self.controller.record_retrieval_error(total_variation(prior, fresh))
-                entry.prior = dict(zip(actions, fresh.tolist()))
+                entry.prior = dict(zip(actions, fresh.tolist(), strict=True))
                 prior = fresh
         else:
             prior = self._check_prior(compute(), actions)
             c.misses += 1
             c.llm_queries += 1
             llm_called = True
-            self._insert(e, dict(zip(actions, prior.tolist())))
+            self._insert(e, dict(zip(actions, prior.tolist(), strict=True)))
         self._recent.append(hit)
         self.controller.record_lookup(hit, len(self._entries))
         self._evict()

@@ -103,7 +103,7 @@ class LLMPriorSource:
         infos = env.get_attr("last_info")
         slots = env.env_method("slot_texts")
         out = np.zeros((len(texts), len(slots[0])), dtype=np.float64)
-        for i, (obs, info, row) in enumerate(zip(texts, infos, slots)):
+        for i, (obs, info, row) in enumerate(zip(texts, infos, slots, strict=True)):
             idx = [j for j, a in enumerate(row) if a is not None]
             if not idx:
                 out[i] = 1.0 / out.shape[1]
@@ -113,7 +113,8 @@ class LLMPriorSource:
             if self.cache is None:
                 p = self.prior(text, actions)
             else:
-                p = self.cache.lookup(self.encoder.encode_one(text), actions, lambda: self.prior(text, actions)).prior
+                emb = self.encoder.encode_one(text)
+                p = self.cache.lookup(emb, actions, lambda t=text, a=actions: self.prior(t, a)).prior
             out[i, idx] = p
         return out
 
@@ -177,4 +178,4 @@ class PosteriorDQN(DQN):
                 return e / e.sum(-1, keepdims=True)
 
             pb, pa = soft(before), soft(after)
-            cache.record_policy_shift(float(np.mean([total_variation(x, y) for x, y in zip(pb, pa)])))
+            cache.record_policy_shift(float(np.mean([total_variation(x, y) for x, y in zip(pb, pa, strict=True)])))
