@@ -48,21 +48,30 @@ def _engine(llm, cache: bool, max_tokens: int = 16384, max_num_seqs: int = 16) -
 
 
 # ------------------------------------------------------------------------------------------- part 1
+#: ALFWorld's engine (textworld's PDDL parser, fast-downward) is not thread-safe across env instances of one
+#: process, so env calls are serialised; they are milliseconds next to the LLM calls, which run concurrently.
+_ENV_LOCK = threading.Lock()
+
+
 def _actor(engine: LLMEngine, env_id: str, seed: int, turns: int, max_tokens: int, log: list) -> None:
-    env = gym.make(env_id)
+    with _ENV_LOCK:
+        env = gym.make(env_id)
+        obs, info = env.reset(seed=seed)
     agent = ReActAgent(engine, max_tokens=max_tokens)
-    obs, info = env.reset(seed=seed)
     agent.reset(obs, info)
     for t in range(turns):
         action = agent.act(info)
-        obs, reward, term, trunc, info = env.step(action)
+        with _ENV_LOCK:
+            obs, reward, term, trunc, info = env.step(action)
+            if term or trunc:
+                obs, info = env.reset(seed=seed + 1000 + t)
         log.append((seed, t, action, agent.last.matched, reward))
         if term or trunc:
-            obs, info = env.reset(seed=seed + 1000 + t)
             agent.reset(obs, info)
         else:
             agent.observe(obs, info)
-    env.close()
+    with _ENV_LOCK:
+        env.close()
 
 
 def rollouts(llm, env_id: str, actors: int, turns: int, max_tokens: int, cache: bool) -> dict:
@@ -188,13 +197,15 @@ def main(argv: list[str] | None = None) -> None:
     llm = load_model("smollm2-135m")
     rows: list[list] = []
     parts = {int(x) for x in args.parts.split(",")}
+    headers = ["benchmark", "metric", "baseline", "ours", "ratio (>1: ours better)", "goal"]
     for i, fn in ((3, part3), (2, part2), (1, part1)):
         if i in parts:
             t0 = time.perf_counter()
-            rows.extend(fn(llm, args))
+            part_rows = fn(llm, args)
+            rows.extend(part_rows)
             print(f"[part {i} done in {time.perf_counter() - t0:.0f} s]", flush=True)
-    print(tabulate(rows, headers=["benchmark", "metric", "baseline", "ours", "ratio (>1: ours better)", "goal"],
-                   tablefmt="github"))
+            print(tabulate(part_rows, headers=headers, tablefmt="github"), flush=True)
+    print("\n" + tabulate(rows, headers=headers, tablefmt="github"))
 
 
 if __name__ == "__main__":
