@@ -141,13 +141,13 @@ class ReplayConfig:
     """Number of ``sample`` calls over which beta_is is annealed linearly to ``beta_is_final``."""
     hot_fraction: float | None = None
     """Optional mixing ratio: the share of each batch drawn from the hot tier (None: one softmax over both)."""
-    min_acceptance: float = 0.1
+    min_acceptance: float = 0.02
     """Exact sampling re-anchors the sum tree after a draw whose measured rejection-sampling acceptance fell below
     this (see ``HotColdReplayBuffer``); lower values re-anchor less often and reject more. Exactness never depends
     on it."""
-    rejection_budget: float = 0.125
+    rejection_budget: float = 0.5
     """... and once the candidates rejected since the last re-anchor exceed ``rejection_budget * N`` (N: stored
-    transitions; a re-anchor is one pass over them, a rejected candidate roughly 8 slots' worth of that work)."""
+    transitions; measured here, a re-anchor costs about as much as N/2 rejected candidates)."""
     seed: int | None = None
     """Seed of the sampling generator (None: fresh entropy)."""
 
@@ -175,10 +175,10 @@ class ReplayConfig:
         if self.hot_fraction is not None and not 0.0 <= float(self.hot_fraction) <= 1.0:
             raise ValueError(f"hot_fraction must be None or in [0, 1], got hot_fraction={self.hot_fraction!r}")
         if not 0.0 < float(self.min_acceptance) < 1.0:
-            raise ValueError(f"min_acceptance must be in (0, 1), got min_acceptance={self.min_acceptance!r}; e.g. 0.1")
+            raise ValueError(f"min_acceptance must be in (0, 1), got min_acceptance={self.min_acceptance!r}; e.g. 0.02")
         if float(self.rejection_budget) <= 0.0:
             raise ValueError(
-                f"rejection_budget must be > 0, got rejection_budget={self.rejection_budget!r}; e.g. 0.125"
+                f"rejection_budget must be > 0, got rejection_budget={self.rejection_budget!r}; e.g. 0.5"
             )
 
     @classmethod

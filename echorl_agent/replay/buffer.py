@@ -349,13 +349,16 @@ class HotColdReplayBuffer(PersistenceMixin, ReplayBuffer):
             for i in range(0, count, _REFRESH_CHUNK):
                 j = min(count, i + _REFRESH_CHUNK)
                 plans = flat[i:j].astype(np.float64)
-                centred = plans - tau
-                leaves[base + i : base + j] = self._c[base + i : base + j] - two_beta * (plans @ tau)
-                norm_max = max(norm_max, float(np.sqrt(np.einsum("ij,ij->i", centred, centred).max(initial=0.0))))
+                proj = plans @ tau
+                leaves[base + i : base + j] = self._c[base + i : base + j] - two_beta * proj
+                # ||tau_t - tau||^2 = ||tau_t||^2 - 2 tau_t . tau + ||tau||^2, reusing the projection
+                sq = np.einsum("ij,ij->i", plans, plans) - 2.0 * proj
+                norm_max = max(norm_max, float(np.sqrt(max(float(sq.max(initial=-tau @ tau)) + tau @ tau, 0.0))))
         self._plan_norm_max = norm_max
         valid = ranges[0][2] + (ranges[1][2] if len(ranges) > 1 else 0)
         self._shift = float(leaves.max()) if valid else 0.0
-        np.exp(leaves - self._shift, out=leaves)
+        np.subtract(leaves, self._shift, out=leaves)
+        np.exp(leaves, out=leaves)
         self.tree.rebuild()
         self.stats["refreshes"] += 1
         self._acceptance = 1.0
