@@ -5,8 +5,8 @@ Public names are re-exported here as their modules land (EchoPolicy, EchoPPO, Ho
 
 from __future__ import annotations
 
-from echorl_agent.algorithms.echo_ppo import EchoPPO
 from echorl_agent.algorithms.echo_dqn import EchoDQN
+from echorl_agent.algorithms.echo_ppo import EchoPPO
 from echorl_agent.config import PlanningConfig, ReplayConfig
 from echorl_agent.experience import ExperienceBank
 from echorl_agent.policies import EchoPolicy

@@ -15,7 +15,13 @@ from typing import Any
 import numpy as np
 
 from echorl_agent.replay.cold import ColdStore
-from echorl_agent.replay.serialization import ReplayFileError, read_array, read_header, verify_payload, write_arrays
+from echorl_agent.replay.serialization import (
+    ReplayFileError,
+    read_array,
+    read_header,
+    verify_payload,
+    write_arrays,
+)
 
 __all__ = ["PersistenceMixin"]
 

@@ -57,14 +57,14 @@ class HotColdReplayBufferSamples(ReplayBufferSamples):
         unknown = set(kwargs) - set(self._fields)
         if unknown:
             raise ValueError(f"got unexpected field names: {sorted(unknown)!r}")
-        return self._make(kwargs.get(name, value) for name, value in zip(self._fields, self))
+        return self._make(kwargs.get(name, value) for name, value in zip(self._fields, self, strict=True))
 
     def _asdict(self) -> dict[str, Any]:
-        return dict(zip(self._fields, self))
+        return dict(zip(self._fields, self, strict=True))
 
     def __getnewargs__(self) -> tuple[Any, ...]:
         return tuple(self)
 
     def __repr__(self) -> str:
-        inner = ", ".join(f"{k}={v!r}" for k, v in zip(self._fields, self))
+        inner = ", ".join(f"{k}={v!r}" for k, v in zip(self._fields, self, strict=True))
         return f"{type(self).__name__}({inner})"
