@@ -10,7 +10,9 @@ evaluation (so each row measures one volume).
 
 * **sb3**: a PPO policy trained for ``--ppo-steps`` on ``--sb3-env`` and then frozen; at volume v a residual head
   (:class:`ResidualExperiencePolicy`) is fitted on the bank's successful steps and the frozen policy + head acts
-  greedily. Volume 0 is the frozen policy itself (nothing retrieved, zero-initialised head).
+  greedily. Volume 0 is the frozen policy itself (nothing retrieved, zero-initialised head). The ablation rows
+  fit the same head with a zero retrieval prior (behaviour cloning on the bank's successes over frozen logits),
+  separating what retrieval adds from what the head learns from the data alone.
 * **llm**: SmolLM2-135M :class:`ScoringAgent` (weights frozen, sampling at temperature 1) wrapped in
   :class:`ExperienceGuidedAgent`: the retrieved step (observation, action, what happened next, outcome) is appended
   to each observation in the prompt. Volume 0 = no guidance.
@@ -89,9 +91,11 @@ def sb3_part(args, rollouts) -> list[list]:
     env = gym.make(args.sb3_env, max_episode_steps=args.sb3_max_steps)
     actions = env.reset(seed=0)[1]["admissible_actions"]
     rows = []
-    for v in args.volumes:
+    variants = [(v, True) for v in args.volumes]
+    variants += [(v, False) for v in args.volumes if v > 0 and args.ablation]
+    for v, use in variants:
         bank = make_bank(rollouts, v)
-        policy = ResidualExperiencePolicy(model, bank, enc, actions, seed=0)
+        policy = ResidualExperiencePolicy(model, bank, enc, actions, seed=0, use_retrieval=use)
         t0 = time.perf_counter()
         losses = policy.fit(epochs=args.epochs)
         fit_s = time.perf_counter() - t0
@@ -105,7 +109,8 @@ def sb3_part(args, rollouts) -> list[list]:
                 done = term or trunc
             wins += int(info["won"])
         n_succ = sum(r.success for r in bank.rollouts)
-        rows.append([args.sb3_env.split("/")[1], "PPO (frozen) + residual head", v, n_succ, bank.num_steps,
+        label = "PPO (frozen) + residual head" + ("" if use else ", no retrieval (ablation)")
+        rows.append([args.sb3_env.split("/")[1], label, v, n_succ, bank.num_steps,
                      ci(wins, args.sb3_episodes), f"{losses[-1]:.3f}" if losses else "-", f"{fit_s:.1f}",
                      f"{time.perf_counter() - t0:.1f}"])
         print(tabulate([rows[-1]], tablefmt="plain"), flush=True)
@@ -155,6 +160,7 @@ def main() -> None:
     ap.add_argument("--sb3-episodes", type=int, default=100)
     ap.add_argument("--ppo-steps", type=int, default=4096)
     ap.add_argument("--epochs", type=int, default=30)
+    ap.add_argument("--ablation", type=int, default=1, help="1: also fit heads with a zero retrieval prior")
     ap.add_argument("--llm-env", default="EchoRL/MiniGrid-Empty-5x5-v0")
     ap.add_argument("--llm-max-steps", type=int, default=25)
     ap.add_argument("--llm-episodes", type=int, default=6)

@@ -273,3 +273,7 @@ def test_residual_head_starts_as_frozen_policy_and_learns_to_follow_retrieval():
             if term or trunc:
                 break
     assert agree_frozen == 0 and agree_res / total >= 0.8
+    obs, info = env.reset(seed=300)
+    assert policy.prior(info["task"], obs).sum() == 1.0  # a retrieved action, one-hot
+    ablated = ResidualExperiencePolicy(model, bank, enc, actions, use_retrieval=False)
+    assert ablated.prior(info["task"], obs).tolist() == [0.0] * len(actions)

@@ -52,10 +52,12 @@ class ResidualExperiencePolicy:
         actions: the fixed action vocabulary (slot ``i`` = ``actions[i]``).
         hidden: width of the residual head.
         seed: seed of the head's initialisation and of retrieval sampling.
+        use_retrieval: False feeds a zero prior (an ablation: the head then learns from the bank's successful
+            steps alone, like behaviour cloning on top of the frozen logits).
     """
 
     def __init__(self, model: Any, bank: ExperienceBank, text_encoder: Any, actions: Sequence[str],
-                 hidden: int = 64, seed: int = 0) -> None:
+                 hidden: int = 64, seed: int = 0, use_retrieval: bool = True) -> None:
         self.model = model
         self.bank = bank
         self.text_encoder = text_encoder
@@ -66,6 +68,7 @@ class ResidualExperiencePolicy:
         th.manual_seed(seed)
         self.head = ResidualHead(int(text_encoder.dim), len(self.actions), hidden)
         self.rng = np.random.default_rng(seed)
+        self.use_retrieval = use_retrieval
 
     # ------------------------------------------------------------------ pieces
     def encode(self, task: str, obs: str) -> np.ndarray:
@@ -83,6 +86,8 @@ class ResidualExperiencePolicy:
     def prior(self, task: str, obs: str, exclude_rollout: int | None = None) -> np.ndarray:
         """One-hot of the retrieved-then-sampled action (zeros when nothing is retrieved or it is unknown)."""
         out = np.zeros(len(self.actions), dtype=np.float32)
+        if not self.use_retrieval:
+            return out
         r = self.bank.sample(task, obs, self.rng, exclude_rollout=exclude_rollout)
         if r is not None and r.step.action in self._slot:
             out[self._slot[r.step.action]] = 1.0
