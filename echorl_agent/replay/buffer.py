@@ -397,7 +397,7 @@ class HotColdReplayBuffer(PersistenceMixin, ReplayBuffer):
         if n == 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0), 1.0
         out_s, out_q, out_d = [], [], []
-        need, cand, sum_exp = n, 0, 0.0
+        need, cand, n_acc, sum_exp = n, 0, 0, 0.0
         leaves = self.tree.leaves
         moving = d_max > 0.0
         while need > 0:
@@ -413,11 +413,13 @@ class HotColdReplayBuffer(PersistenceMixin, ReplayBuffer):
                 d = -2.0 * self.config.beta * ((plans - self._tau_ref) @ delta)
                 accept = self._rng.random(len(s)) < np.exp(d - d_max)
                 cand += len(s)
+                n_acc += int(accept.sum())
                 sum_exp += float(np.exp(d).sum())
                 s, q, d = s[accept], q[accept], d[accept]
             else:
                 d = np.zeros(len(s))
                 cand += len(s)
+                n_acc += len(s)
                 sum_exp += float(len(s))
             take = min(need, len(s))
             out_s.append(s[:take])
@@ -425,9 +427,9 @@ class HotColdReplayBuffer(PersistenceMixin, ReplayBuffer):
             out_d.append(d[:take])
             need -= take
         self.stats["candidates"] += cand
-        self.stats["accepted"] += n
-        self._acceptance = n / max(cand, 1)
-        self._rejected_since_anchor += cand - n
+        self.stats["accepted"] += n_acc
+        self._acceptance = n_acc / max(cand, 1)
+        self._rejected_since_anchor += cand - n_acc
         return np.concatenate(out_s), np.concatenate(out_q), np.concatenate(out_d), sum_exp / max(cand, 1)
 
     def sample(self, batch_size: int, env: VecNormalize | None = None) -> HotColdReplayBufferSamples:
