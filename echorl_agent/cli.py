@@ -117,7 +117,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         cfg = BenchConfig(tasks=args.tasks, agents=args.agents, out=args.out, seeds=args.seeds,
                           episodes=args.episodes, workers=args.workers, backend=args.backend,
                           train_steps=args.train_steps, max_steps=args.max_steps,
-                          price_per_mtok=args.price_per_mtok, agent_options=opts)
+                          price_per_mtok=args.price_per_mtok, agent_options=opts, exclude=args.exclude)
     from echorl_agent.eval.runner import skipped_pairs
 
     for (t, a), why in skipped_pairs(cfg).items():
@@ -184,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-steps", type=int, default=None, help="cap on steps per episode")
     s.add_argument("--price-per-mtok", type=float, default=0.0, help="price per million LLM tokens")
     s.add_argument("--agent-options", help='JSON, e.g. \'{"react": {"model": "smollm2-135m"}}\'')
+    s.add_argument("--exclude", nargs="*", default=[], help='pairs not to run, e.g. "EchoRL/ALFWorld*:ppo"')
     s.add_argument("--out", default="runs/bench")
     s.add_argument("--quiet", action="store_true")
     s.set_defaults(func=cmd_bench)

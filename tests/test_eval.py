@@ -145,3 +145,8 @@ def test_sb3_agent_trains_and_acts_through_the_same_wrappers(tmp_path):
     if "EchoRL/Game24-v0" in echorl_envs.env_ids():
         skip = skipped_pairs(BenchConfig(tasks=["EchoRL/Game24-v0"], agents=["ppo", "random"], out=str(tmp_path)))
         assert list(skip) == [("EchoRL/Game24-v0", "ppo")]
+    skip = skipped_pairs(BenchConfig(tasks=["EchoRL/MiniGrid-Empty-5x5-v0"], agents=["ppo", "random"],
+                                     exclude=["EchoRL/MiniGrid-*:pp*"], out=str(tmp_path)))
+    assert skip == {("EchoRL/MiniGrid-Empty-5x5-v0", "ppo"): "excluded by 'EchoRL/MiniGrid-*:pp*'"}
+    with pytest.raises(ValueError, match="exclude patterns"):
+        BenchConfig(tasks=["EchoRL/MiniGrid-Empty-5x5-v0"], agents=["ppo"], exclude=["ppo"], out=str(tmp_path)).validate()

@@ -53,6 +53,8 @@ class BenchConfig:
     """Price per million LLM tokens, for cost per success."""
     agent_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per-agent keyword options, e.g. {"react": {"model": "smollm2-135m"}}."""
+    exclude: list[str] = field(default_factory=list)
+    """(task, agent) pairs not to run, as "TASK_GLOB:AGENT_GLOB" patterns, e.g. "EchoRL/ALFWorld*:ppo"."""
 
     def validate(self) -> None:
         import echorl_envs
@@ -73,6 +75,9 @@ class BenchConfig:
             raise ValueError(f"backend must be one of {BACKENDS}, got backend={self.backend!r}")
         if self.train_steps < 1:
             raise ValueError(f"train_steps must be >= 1, got train_steps={self.train_steps}")
+        for pat in self.exclude:
+            if pat.count(":") != 1:
+                raise ValueError(f"exclude patterns look like 'TASK_GLOB:AGENT_GLOB', got exclude entry {pat!r}")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"max_steps must be >= 1 or None, got max_steps={self.max_steps}")
 
@@ -160,10 +165,14 @@ def load_rows(out: str | os.PathLike) -> list[dict]:
 
 def skipped_pairs(cfg: BenchConfig) -> dict[tuple[str, str], str]:
     """(task, agent) pairs that cannot be played, with the reason (they are reported, not run)."""
+    from fnmatch import fnmatchcase
+
     out = {}
     for task in cfg.tasks:
         for agent in cfg.agents:
-            why = agent_registry.incompatibility(agent, task)
+            hit = next((p for p in cfg.exclude if fnmatchcase(task, p.split(":")[0])
+                        and fnmatchcase(agent, p.split(":")[1])), None)
+            why = f"excluded by {hit!r}" if hit else agent_registry.incompatibility(agent, task)
             if why:
                 out[(task, agent)] = why
     return out
