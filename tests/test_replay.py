@@ -364,6 +364,23 @@ def test_plugs_into_sb3_dqn_unchanged():
     assert torch.equal(obs, batch.observations) and discounts is None
 
 
+def test_plugs_into_sac_and_qrdqn():
+    from sb3_contrib import QRDQN
+    from stable_baselines3 import SAC
+
+    sac = SAC("MlpPolicy", "Pendulum-v1", buffer_size=200, learning_starts=32, batch_size=16, seed=0,
+              policy_kwargs={"net_arch": [16]}, replay_buffer_class=HotColdReplayBuffer,
+              replay_buffer_kwargs={"cold_size": 100, "plan_source": "observation", "seed": 0})
+    sac.learn(64)
+    batch = sac.replay_buffer.sample(4)
+    assert batch.actions.dtype == torch.float32 and batch.actions.shape == (4, 1)
+    qr = QRDQN("MlpPolicy", "CartPole-v1", buffer_size=200, learning_starts=32, batch_size=16, seed=0,
+               policy_kwargs={"net_arch": [16], "n_quantiles": 5}, replay_buffer_class=HotColdReplayBuffer,
+               replay_buffer_kwargs={"seed": 0})
+    qr.learn(64)
+    assert qr.replay_buffer.num_added == qr.num_timesteps
+
+
 def test_echo_dqn_updates_priorities_from_td_errors():
     model = EchoDQN("MlpPolicy", "CartPole-v1", buffer_size=400, learning_starts=64, train_freq=16, batch_size=32,
                     seed=0, replay_buffer_kwargs={"cold_size": 400, "seed": 0})
@@ -374,3 +391,28 @@ def test_echo_dqn_updates_priorities_from_td_errors():
     # initial priority is the running max; TD updates made some entries differ from it
     assert (td != td.max()).sum() > 32
     np.testing.assert_array_equal(buf.hot_plans[..., 0], buf.hot_td)  # tau = |delta| for plan_source td_error
+
+
+# ------------------------------------------------------------------------------------------------ learning (slow)
+DQN_CARTPOLE = dict(learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1000, gamma=0.99,
+                    target_update_interval=10, train_freq=256, gradient_steps=128, exploration_fraction=0.16,
+                    exploration_final_eps=0.04, policy_kwargs=dict(net_arch=[256, 256]))  # rl-zoo CartPole-v1
+
+
+@pytest.mark.slow
+def test_echo_dqn_learns_cartpole_as_well_as_sb3_buffer():
+    from stable_baselines3.common.evaluation import evaluate_policy
+
+    scores = {"sb3": [], "echo": []}
+    for seed in (0, 1):
+        for name in scores:
+            if name == "sb3":
+                model = DQN("MlpPolicy", "CartPole-v1", seed=seed, **DQN_CARTPOLE)
+            else:
+                model = EchoDQN("MlpPolicy", "CartPole-v1", seed=seed, replay_buffer_kwargs={"seed": seed},
+                                **DQN_CARTPOLE)
+            model.learn(25_000)
+            mean, _ = evaluate_policy(model, model.get_env(), n_eval_episodes=20, deterministic=True)
+            scores[name].append(mean)
+    sb3, echo = np.mean(scores["sb3"]), np.mean(scores["echo"])
+    assert echo >= 0.9 * sb3, scores
