@@ -24,7 +24,7 @@ __all__ = ["VectorIndex", "NumpyIndex", "FaissIndex", "HNSWIndex", "AutoIndex", 
            "AUTO_SWITCH_SIZE"]
 
 #: Cache size from which :class:`AutoIndex` moves from numpy to hnswlib (measured, benchmarks/prior_cache.py).
-AUTO_SWITCH_SIZE = 4096
+AUTO_SWITCH_SIZE = 2048
 
 
 def _as_matrix(vec: np.ndarray, dim: int) -> np.ndarray:
