@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import gymnasium as gym
@@ -96,9 +97,11 @@ def _bench(family: str, args: Any, make_raw: Callable[[gym.Env, int], Any], rewa
         plays = [(i, _record(env, i, steps, args.seed)) for i in range(games)]
         best: dict[str, tuple[float, float]] = {}
         for _ in range(args.repeats):
-            for name, fn in (("ours", lambda: _time_ours(env, plays)),
-                             ("raw", lambda: _time_raw(lambda i: make_raw(env, i), plays, reward))):
-                sps, total = fn()
+            for name in ("ours", "raw"):
+                if name == "ours":
+                    sps, total = _time_ours(env, plays)
+                else:
+                    sps, total = _time_raw(partial(make_raw, env), plays, reward)
                 if name not in best or sps > best[name][0]:
                     best[name] = (sps, total)
         rows.append(row_cls(family, env_id.removeprefix("EchoRL/"), "text, random admissible", best["ours"][0],

@@ -6,7 +6,13 @@ Importing this subpackage does not import ``alfworld``/``textworld`` themselves 
 from __future__ import annotations
 
 from echorl_envs.alfworld.env import ALFWorldEnv, resolve_task_types
-from echorl_envs.alfworld.games import GeneratedPool, cache_root, find_games, generate_dataset, solve_with_expert
+from echorl_envs.alfworld.games import (
+    GeneratedPool,
+    cache_root,
+    find_games,
+    generate_dataset,
+    solve_with_expert,
+)
 from echorl_envs.alfworld.generator import DIFFICULTIES, GeneratorConfig, make_game_spec, write_game
 from echorl_envs.alfworld.scenes import TASK_TYPES
 
