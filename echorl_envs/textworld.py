@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from echorl_envs.alfworld.games import cache_root
-from echorl_envs.core import DatasetTextEnv, Transition
+from echorl_envs.core import ReplayPickledEnv, Transition
 
 __all__ = ["TextWorldEnv", "CHALLENGE_SETTINGS", "generate_textworld_game"]
 
@@ -102,7 +102,7 @@ def generate_textworld_game(challenge: str, args: Sequence[str], split: str, see
     return game_file
 
 
-class TextWorldEnv(DatasetTextEnv):
+class TextWorldEnv(ReplayPickledEnv):
     """A TextWorld challenge (Cote et al., 2018) generated offline and played on textworld's engine.
 
     Description:
@@ -257,32 +257,9 @@ class TextWorldEnv(DatasetTextEnv):
         return super()._info(invalid, {**extra, **more})
 
     # ------------------------------------------------------------------ lifecycle
-    def step(self, action: str):
-        out = super().step(action)
-        self._history.append(action)
-        return out
-
     def close(self) -> None:
         if self._env is not None:
             self._env.close()
         self._env = None
         self._loaded = None
         super().close()
-
-    # Jericho's emulator state is a C object: pickle = constructor arguments + replay of the episode.
-    def __getstate__(self) -> dict[str, Any]:
-        rng = self._np_random.bit_generator.state if self._np_random is not None else None
-        return {"ctor": self._ctor, "index": self._index if self._started else None,
-                "history": list(self._history), "rng": rng}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(**state["ctor"])  # type: ignore[misc]
-        if state["index"] is not None:
-            self.reset(options={"index": state["index"]})
-            for a in state["history"]:
-                self.step(a)
-        if state["rng"] is not None:
-            import numpy as np
-
-            self._np_random = np.random.Generator(np.random.PCG64())
-            self._np_random.bit_generator.state = state["rng"]

@@ -52,7 +52,8 @@ class BenchConfig:
     price_per_mtok: float = 0.0
     """Price per million LLM tokens, for cost per success."""
     agent_options: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Per-agent keyword options, e.g. {"react": {"model": "smollm2-135m"}}."""
+    """Per-agent keyword options, e.g. {"react": {"model": "smollm2-135m", "max_steps": 10}} ("max_steps" caps
+    that agent's episodes)."""
     exclude: list[str] = field(default_factory=list)
     """(task, agent) pairs not to run, as "TASK_GLOB:AGENT_GLOB" patterns, e.g. "EchoRL/ALFWorld*:ppo"."""
 
@@ -109,6 +110,7 @@ def run_job(task: str, agent_name: str, seed: int, episodes: list[int], options:
     torch.set_num_threads(1)
     max_steps = options.pop("max_steps", None)
     agent_opts = dict(options.get("agent_options", {}).get(agent_name, {}))
+    max_steps = agent_opts.pop("max_steps", max_steps)  # a per-agent cap (e.g. slow LLM agents) wins
     if agent_registry.spec(agent_name).kind == "sb3":
         agent_opts.setdefault("train_steps", options.get("train_steps", 2048))
         agent_opts.setdefault("seed", seed)

@@ -13,7 +13,7 @@ from echorl_envs.alfworld.engine import AlfredEngine
 from echorl_envs.alfworld.games import GeneratedPool, find_games, normalize_split
 from echorl_envs.alfworld.generator import DIFFICULTIES, GeneratorConfig
 from echorl_envs.alfworld.scenes import TASK_TYPES
-from echorl_envs.core import DatasetTextEnv, Transition
+from echorl_envs.core import ReplayPickledEnv, Transition
 
 __all__ = ["ALFWorldEnv", "resolve_task_types"]
 
@@ -42,7 +42,7 @@ def resolve_task_types(task_types: str | Sequence[str]) -> list[str]:
     return out
 
 
-class ALFWorldEnv(DatasetTextEnv):
+class ALFWorldEnv(ReplayPickledEnv):
     """ALFWorld (Shridhar et al., 2021) household tasks, played by alfworld's own TextWorld/PDDL engine.
 
     Description:
@@ -214,33 +214,9 @@ class ALFWorldEnv(DatasetTextEnv):
         }})
 
     # ------------------------------------------------------------------ lifecycle
-    def step(self, action: str):
-        out = super().step(action)
-        self._history.append(action)
-        return out
-
     def close(self) -> None:
         if self._engine is not None:
             self._engine.close()
         self._engine = None
         self._loaded = None
         super().close()
-
-    # Engines hold Fast Downward handles that cannot be pickled: rebuild from the constructor arguments and
-    # replay the episode (the engine is deterministic, and so is the expert, see engine.py).
-    def __getstate__(self) -> dict[str, Any]:
-        rng = self._np_random.bit_generator.state if self._np_random is not None else None
-        return {"ctor": self._ctor, "index": self._index if self._started else None,
-                "history": list(self._history), "rng": rng}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(**state["ctor"])  # type: ignore[misc]
-        if state["index"] is not None:
-            self.reset(options={"index": state["index"]})
-            for a in state["history"]:
-                self.step(a)
-        if state["rng"] is not None:
-            import numpy as np
-
-            self._np_random = np.random.Generator(np.random.PCG64())
-            self._np_random.bit_generator.state = state["rng"]

@@ -10,6 +10,7 @@ from echorl_envs.core.base import (
     Transition,
     text_space,
 )
+from echorl_envs.core.replay_pickle import ReplayPickledEnv
 
 __all__ = [
     "INFO_KEYS",
@@ -17,6 +18,7 @@ __all__ = [
     "ActionMatch",
     "DatasetTextEnv",
     "InvalidAction",
+    "ReplayPickledEnv",
     "TextEnv",
     "Transition",
     "match_action",
