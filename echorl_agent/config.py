@@ -99,7 +99,7 @@ class PlanningConfig:
 
 
 #: Where :class:`ReplayConfig` takes the plan tau_t of a transition from.
-PLAN_SOURCES = ("auto", "info", "policy", "observation", "td_error")
+PLAN_SOURCES = ("auto", "info", "policy", "observation", "td_error", "none")
 
 
 @dataclass
@@ -122,11 +122,17 @@ class ReplayConfig:
     alpha: float = 0.1
     """Weight of the reward magnitude |r_t| in the score."""
     td_weight: float = 0.0
-    """Weight of the last |TD error| in the score (PER-style term; updated by ``update_priorities``)."""
+    """Weight kappa of the TD term ``kappa * log(|delta_t| + td_eps)`` of the score (``update_priorities`` sets
+    |delta_t|; new transitions start at the largest seen). Without a plan term this is exactly proportional
+    prioritized replay, ``P ~ (|delta| + eps)^(beta * kappa)`` (Schaul et al. 2016, alpha = beta * kappa)."""
+    td_eps: float = 1e-3
+    """eps of the TD term (keeps log finite and every transition sampleable)."""
     plan_source: str = "auto"
     """tau_t: "info" (``infos[i][plan_key]``), "policy" (``buffer.plan_fn(obs)``), "observation" (a fixed random
-    projection of the flattened observation), "td_error" (|TD error|, d = 1) or "auto" (info, then policy, then
-    td_error, decided at the first ``add``)."""
+    projection of the flattened observation), "td_error" (|TD error|, d = 1), "none" (no plan term) or "auto"
+    (info, then policy, then ``plan_fallback``, decided at the first ``add``)."""
+    plan_fallback: str = "td_error"
+    """What "auto" uses when neither info plans nor ``plan_fn`` exist: "td_error", "observation" or "none"."""
     plan_key: str = "plan"
     """Info key holding the plan for ``plan_source="info"``."""
     plan_dim: int = 16
@@ -165,6 +171,12 @@ class ReplayConfig:
                 f"plan_source must be one of {list(PLAN_SOURCES)}, got plan_source={self.plan_source!r}"
                 + (f"; did you mean {hint[0]!r}?" if hint else "")
             )
+        if self.plan_fallback not in ("td_error", "observation", "none"):
+            raise ValueError(
+                f"plan_fallback must be 'td_error', 'observation' or 'none', got plan_fallback={self.plan_fallback!r}"
+            )
+        if float(self.td_eps) <= 0.0:
+            raise ValueError(f"td_eps must be > 0 (log(|delta| + td_eps) must be finite), got td_eps={self.td_eps!r}")
         _positive_int("plan_dim", self.plan_dim, "16")
         if not 0.0 < float(self.ema_decay) <= 1.0:
             raise ValueError(f"ema_decay must be in (0, 1], got ema_decay={self.ema_decay!r}; e.g. ema_decay=0.01")

@@ -386,11 +386,24 @@ def test_echo_dqn_updates_priorities_from_td_errors():
                     seed=0, replay_buffer_kwargs={"cold_size": 400, "seed": 0})
     model.learn(400)
     buf = model.replay_buffer
-    assert buf.plan_source == "td_error" and buf.num_sample_calls == model._n_updates > 0
+    assert buf.plan_source == "none" and buf.num_sample_calls == model._n_updates > 0
     td = np.concatenate([buf.hot_td.ravel(), buf.cold.arrays["td"][: buf.cold.num_rows].ravel()])
     # initial priority is the running max; TD updates made some entries differ from it
     assert (td != td.max()).sum() > 32
-    np.testing.assert_array_equal(buf.hot_plans[..., 0], buf.hot_td)  # tau = |delta| for plan_source td_error
+    # no plan term: P ~ (|delta| + eps)^(beta * kappa) = (|delta| + 1e-3)^0.6, i.e. proportional PER
+    buf._flush()
+    slots = buf._valid_slots()
+    p = (buf._field("td", buf.hot_td, slots).astype(np.float64) + 1e-3) ** 0.6
+    leaves = buf.tree.leaves[slots]
+    np.testing.assert_allclose(leaves / leaves.sum(), p / p.sum(), rtol=1e-9)
+
+
+def test_td_error_plans_follow_update_priorities():
+    buf = make(hot=8, cold=8, plan_source="td_error")
+    add_steps(buf, np.zeros((10, 1, 1), np.float32), np.zeros((10, 1), np.float32))
+    buf.update_priorities(np.array([0, 9]), np.array([-2.5, 0.75]))
+    np.testing.assert_array_equal(buf.hot_plans[..., 0], buf.hot_td)  # tau = |delta|
+    assert buf.hot_td[0, 0] == 2.5 and buf.cold.arrays["td"][1, 0] == 0.75
 
 
 # ------------------------------------------------------------------------------------------------ learning (slow)

@@ -33,8 +33,17 @@ class EchoDQN(DQN):
     Takes every ``stable_baselines3.DQN`` argument; ``replay_buffer_class`` defaults to ``HotColdReplayBuffer``.
     """
 
+    #: Replay defaults of EchoDQN (user ``replay_buffer_kwargs`` override them): the TD term with kappa = 0.6 and
+    #: beta = 1 is proportional PER with alpha = 0.6 (Schaul et al. 2016); plans add the surprise term when the
+    #: env (``info["plan"]``) or the Q-network's extractor provides them, otherwise there is no plan term.
+    REPLAY_DEFAULTS: dict[str, Any] = {"td_weight": 0.6, "alpha": 0.0, "plan_fallback": "none"}
+
     def __init__(self, policy: Any, env: Any, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("replay_buffer_class", HotColdReplayBuffer)
+        if issubclass(kwargs["replay_buffer_class"], HotColdReplayBuffer):
+            user = dict(kwargs.get("replay_buffer_kwargs") or {})
+            if "config" not in user:
+                kwargs["replay_buffer_kwargs"] = {**self.REPLAY_DEFAULTS, **user}
         super().__init__(policy, env, *args, **kwargs)
 
     def _setup_model(self) -> None:

@@ -2,14 +2,14 @@
 
 Sampling distribution (EchoRL Eq. 7) over every stored transition t, hot and cold alike::
 
-    P(t) = softmax_t(beta * score(t)),   score(t) = ||tau_t - tau_bar||^2 + alpha |r_t| + td_weight |delta_t|
+    P(t) = softmax_t(beta * score(t)),   score(t) = ||tau_t - tau_bar||^2 + alpha |r_t| + kappa log(|delta_t| + eps)
 
 with tau_bar the EMA of plans (:class:`EMAPlanTracker`).
 
 Exact sampling while tau_bar moves (the design)
 -----------------------------------------------
 Expanding the square, ``beta * score(t) = c_t - 2 beta tau_t . tau_bar + beta ||tau_bar||^2`` with
-``c_t = beta (||tau_t||^2 + alpha |r_t| + td_weight |delta_t|)``. The last term is the same for every t and cancels in
+``c_t = beta (||tau_t||^2 + alpha |r_t| + kappa log(|delta_t| + eps))``. The last term is the same for every t and cancels in
 the softmax, so the logit is ``l_t(tau_bar) = c_t - 2 beta tau_t . tau_bar``: affine in tau_bar.
 
 A sum tree holds ``q_t = exp(l_t(tau_ref) - M)`` for an *anchor* tau_ref (M: a shift for float range). To sample
@@ -164,7 +164,7 @@ class HotColdReplayBuffer(PersistenceMixin, ReplayBuffer):
             return "info"
         if self.plan_fn is not None:
             return "policy"
-        return "td_error"
+        return self.config.plan_fallback
 
     def _plans_for(self, obs: np.ndarray, infos: list[dict[str, Any]]) -> np.ndarray:
         source = self.plan_source = self._resolve_plan_source(infos)
@@ -189,6 +189,8 @@ class HotColdReplayBuffer(PersistenceMixin, ReplayBuffer):
                 d = self.config.plan_dim
                 self._projection = (rng.standard_normal((flat.shape[1], d)) / math.sqrt(d)).astype(np.float32)
             plans = flat @ self._projection if self._projection is not None else flat
+        elif source == "none":  # a constant plan: the plan term is the same for every t and cancels
+            plans = np.zeros((n, 1), dtype=np.float32)
         else:  # td_error: tau = |delta|, new transitions start at the largest |delta| seen (Schaul et al. 2016)
             plans = np.full((n, 1), self._td_max, dtype=np.float32)
         if self.plan_dim is None:
@@ -232,7 +234,7 @@ class HotColdReplayBuffer(PersistenceMixin, ReplayBuffer):
             self.hot_td[row] = self._td_max
             self.hot_seq[row] = self.num_added
             self.num_added += 1
-            if self.plan_source != "td_error":
+            if self.plan_source not in ("td_error", "none"):
                 self.tracker.push(plans)
             self._dirty_hot.add(row)
 
@@ -288,7 +290,10 @@ class HotColdReplayBuffer(PersistenceMixin, ReplayBuffer):
     def _constant_logit(self, plans: np.ndarray, rewards: np.ndarray, td: np.ndarray) -> np.ndarray:
         cfg = self.config
         sq = np.einsum("ij,ij->i", plans, plans, dtype=np.float64)
-        return cfg.beta * (sq + cfg.alpha * np.abs(rewards.astype(np.float64)) + cfg.td_weight * td.astype(np.float64))
+        score = sq + cfg.alpha * np.abs(rewards.astype(np.float64))
+        if cfg.td_weight:
+            score += cfg.td_weight * np.log(td.astype(np.float64) + cfg.td_eps)
+        return cfg.beta * score
 
     def _current_tau(self) -> np.ndarray | None:
         """tau_bar after folding queued EMA steps, or None before the first plan reached the tracker."""
