@@ -398,6 +398,37 @@ def test_echo_dqn_updates_priorities_from_td_errors():
     np.testing.assert_allclose(leaves / leaves.sum(), p / p.sum(), rtol=1e-9)
 
 
+class _TinyPlanExtractor(__import__("stable_baselines3").common.torch_layers.BaseFeaturesExtractor):
+    """Features extractor exposing ``plans(obs)`` like echorl_agent.policies.PlanFeaturesExtractor."""
+
+    def __init__(self, observation_space):
+        super().__init__(observation_space, features_dim=4)
+        self.plan_head = torch.nn.Linear(4, 2)
+
+    def plans(self, obs):
+        mu = self.plan_head(obs)
+        return mu, torch.zeros_like(mu), mu, torch.zeros_like(mu)
+
+    def forward(self, obs):
+        return obs
+
+
+def test_echo_dqn_takes_plans_from_the_q_network_extractor():
+    model = EchoDQN("MlpPolicy", "CartPole-v1", buffer_size=200, learning_starts=100, seed=0,
+                    policy_kwargs={"features_extractor_class": _TinyPlanExtractor}, replay_buffer_kwargs={"seed": 0})
+    model.learn(40)
+    buf = model.replay_buffer
+    assert buf.plan_source == "policy" and buf.plan_dim == 2
+    with torch.no_grad():
+        expected = model.q_net.features_extractor.plan_head(torch.as_tensor(buf.observations[:40, 0]))
+    np.testing.assert_allclose(buf.hot_plans[:40, 0], expected.numpy(), rtol=1e-5, atol=1e-6)
+    # tau_bar is the EMA (decay 0.01) of exactly these plans, one step per add
+    ema = buf.hot_plans[0, 0].astype(np.float64)
+    for row in buf.hot_plans[1:40, 0]:
+        ema = 0.99 * ema + 0.01 * row
+    np.testing.assert_allclose(buf.tracker.tau_bar, ema, rtol=1e-5)
+
+
 def test_td_error_plans_follow_update_priorities():
     buf = make(hot=8, cold=8, plan_source="td_error")
     add_steps(buf, np.zeros((10, 1, 1), np.float32), np.zeros((10, 1), np.float32))
