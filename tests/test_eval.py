@@ -150,3 +150,17 @@ def test_sb3_agent_trains_and_acts_through_the_same_wrappers(tmp_path):
     assert skip == {("EchoRL/MiniGrid-Empty-5x5-v0", "ppo"): "excluded by 'EchoRL/MiniGrid-*:pp*'"}
     with pytest.raises(ValueError, match="exclude patterns"):
         BenchConfig(tasks=["EchoRL/MiniGrid-Empty-5x5-v0"], agents=["ppo"], exclude=["ppo"], out=str(tmp_path)).validate()
+
+
+def test_a_failing_job_is_recorded_and_the_rest_still_runs(tmp_path):
+    tasks = two_tasks()
+    # an unknown agent option makes every job of that agent raise inside run_job
+    cfg = BenchConfig(tasks=tasks[:1], agents=["random", "ppo"], seeds=1, episodes=1, workers=1, out=str(tmp_path),
+                      agent_options={"ppo": {"no_such_option": 1}})
+    if ("ppo" in cfg.agents) and echorl_envs.entry(tasks[0]).action_type != "choice":
+        pytest.skip("needs a choice task")
+    with pytest.warns(UserWarning, match="failed and was not counted"):
+        rows = run_bench(cfg, progress=False)
+    assert [r["agent"] for r in rows] == ["random"]
+    (err,) = [json.loads(x) for x in (tmp_path / "errors.jsonl").read_text().splitlines()]
+    assert err["agent"] == "ppo" and "no_such_option" in err["error"]

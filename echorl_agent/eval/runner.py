@@ -13,6 +13,7 @@ import os
 import platform
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
@@ -214,7 +215,16 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> list[dict]:
 
     bar = tqdm(total=total, desc="episodes", disable=not progress or total == 0)
     with open(out / "episodes.jsonl", "a") as f:
-        for rows in _execute(cfg, jobs, options):
+        for job, rows in _execute(cfg, jobs, options):
+            if isinstance(rows, BaseException):
+                # One failing cell group must not lose the others: record it, warn, go on (re-running retries it).
+                err = {"task": job[0], "agent": job[1], "seed": job[2], "episodes": job[3],
+                       "error": f"{type(rows).__name__}: {rows}"}
+                with open(out / "errors.jsonl", "a") as ef:
+                    ef.write(json.dumps(err) + "\n")
+                warnings.warn(f"job {job[:3]} failed and was not counted: {err['error']}", stacklevel=2)
+                bar.update(len(job[3]))
+                continue
             for r in rows:
                 f.write(json.dumps(r) + "\n")
             f.flush()
@@ -225,21 +235,26 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> list[dict]:
             and r["episode"] < cfg.episodes]
 
 
-def _execute(cfg: BenchConfig, jobs: list, options: dict) -> Iterator[list[dict]]:
+def _execute(cfg: BenchConfig, jobs: list, options: dict) -> Iterator[tuple[tuple, list[dict] | BaseException]]:
+    """Yield (job, rows) as jobs finish; a job that raised yields (job, exception)."""
     if not jobs:
         return
     if cfg.backend == "ray":
         yield from _execute_ray(cfg, jobs, options)
     elif cfg.workers == 1 or len(jobs) == 1:
         for j in jobs:
-            yield run_job(*j, dict(options))
+            try:
+                yield j, run_job(*j, dict(options))
+            except Exception as e:  # noqa: BLE001 - reported by run_bench
+                yield j, e
     else:
         import multiprocessing as mp
 
         with ProcessPoolExecutor(max_workers=cfg.workers, mp_context=mp.get_context("spawn")) as pool:
-            futs = [pool.submit(run_job, *j, dict(options)) for j in jobs]
+            futs = {pool.submit(run_job, *j, dict(options)): j for j in jobs}
             for fut in as_completed(futs):
-                yield fut.result()
+                exc = fut.exception()
+                yield futs[fut], (exc if exc is not None else fut.result())
 
 
 def _execute_ray(cfg: BenchConfig, jobs: list, options: dict) -> Iterator[list[dict]]:
@@ -254,10 +269,14 @@ def _execute_ray(cfg: BenchConfig, jobs: list, options: dict) -> Iterator[list[d
         started = True
     try:
         remote = ray.remote(num_cpus=1)(run_job)
-        pending = [remote.remote(*j, dict(options)) for j in jobs]
+        refs = {remote.remote(*j, dict(options)): j for j in jobs}
+        pending = list(refs)
         while pending:  # stream results back as tasks finish
             ready, pending = ray.wait(pending, num_returns=1)
-            yield ray.get(ready[0])
+            try:
+                yield refs[ready[0]], ray.get(ready[0])
+            except Exception as e:  # noqa: BLE001 - ray wraps the task's exception; reported by run_bench
+                yield refs[ready[0]], e
     finally:
         if started:
             ray.shutdown()
