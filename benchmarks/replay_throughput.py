@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import importlib.util
-import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -70,6 +70,7 @@ def load_torchrl(shim: bool):
                 for i, s in enumerate(_MISSING_SYMBOLS)))
             subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp / "libshim.so"), str(src)], check=True)
             ctypes.CDLL(str(tmp / "libshim.so"), mode=ctypes.RTLD_GLOBAL)
+            shutil.rmtree(tmp, ignore_errors=True)  # the mapped library stays loaded
             note = "TorchRL C++ extension loaded with 2 aborting autograd-symbol stubs (ABI mismatch torch 2.13)"
     from tensordict import TensorDict
     from torchrl.data import LazyTensorStorage, PrioritizedReplayBuffer
@@ -113,8 +114,8 @@ def main() -> None:
     sb3 = ReplayBuffer(n, obs_space, act_space, device="cpu")
     rows["SB3 ReplayBuffer (uniform)"] = {"add": fill(sb3)}
     # ---------------------------------------------------------------- ours
-    cold_dir = tempfile.mkdtemp(prefix="echorl-bench-cold-")
-    ours = HotColdReplayBuffer(n // 2, obs_space, act_space, device="cpu", cold_size=n - n // 2, cold_dir=cold_dir,
+    # cold_dir=None: a private temporary folder for the memmaps, deleted by close()
+    ours = HotColdReplayBuffer(n // 2, obs_space, act_space, device="cpu", cold_size=n - n // 2,
                                plan_source="observation", seed=args.seed)
     rows["HotColdReplayBuffer (ours)"] = {"add": fill(ours)}
     t0 = time.perf_counter()
@@ -231,7 +232,6 @@ def main() -> None:
         print(f"TorchRL bulk extend (not comparable to per-transition add): {rows['TorchRL PrioritizedReplayBuffer']['extend_bulk']:,.0f} transitions/s")
     print(f"torchrl: {note}")
     ours.close()
-    os.rmdir(cold_dir) if os.path.isdir(cold_dir) and not os.listdir(cold_dir) else None
 
 
 if __name__ == "__main__":
