@@ -99,6 +99,8 @@ def paged_attention_reference(
     n, h, d = q.shape
     block_size, h_kv = k_pool.shape[1], k_pool.shape[2]
     group = h // h_kv
+    if n == ctx_lens.shape[0] and n > 0:  # pure decode step: one new token per sequence
+        return _decode_reference(q, k_pool, v_pool, block_tables, ctx_lens, scale)
     out = torch.empty_like(q)
     cu = cu_q_lens.tolist()
     lens = ctx_lens.tolist()
@@ -122,6 +124,32 @@ def paged_attention_reference(
         probs = torch.softmax(scores, dim=-1)
         out[lo:hi] = torch.matmul(probs, vb).transpose(0, 1).to(q.dtype)
     return out
+
+
+def _decode_reference(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    block_tables: torch.Tensor,
+    ctx_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """The reference for a decode step (one query per sequence, at its last position): all sequences at once,
+    their blocks gathered into a padded ``[B, S_max, H_kv, D]`` tensor and the padding masked out."""
+    b, h, d = q.shape
+    block_size, h_kv = k_pool.shape[1], k_pool.shape[2]
+    group = h // h_kv
+    n_blocks = (int(ctx_lens.max()) + block_size - 1) // block_size
+    ids = block_tables[:, :n_blocks]
+    k = k_pool[ids].reshape(b, n_blocks * block_size, h_kv, d).float()  # [B, S, H_kv, D]
+    v = v_pool[ids].reshape(b, n_blocks * block_size, h_kv, d).float()
+    qg = q.float().view(b, h_kv, group, d)  # query head h reads KV head h // group
+    scores = torch.einsum("bkgd,bskd->bkgs", qg, k) * scale  # [B, H_kv, G, S]
+    keys = torch.arange(n_blocks * block_size, device=q.device)
+    scores = scores.masked_fill((keys[None, :] >= ctx_lens[:, None])[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("bkgs,bskd->bkgd", probs, v)
+    return out.reshape(b, h, d).to(q.dtype)
 
 
 # ----------------------------------------------------------------------------------------------- triton
