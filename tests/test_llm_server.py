@@ -82,3 +82,25 @@ def test_chat_and_errors(served):
     with pytest.raises(ValueError, match="base_url"):
         OpenAICompatibleBackend("localhost:1")
     assert build_parser().parse_args(["--port", "9", "--no-prefix-cache"]).no_prefix_cache
+
+
+def test_chat_react_agent_over_http(served):
+    import gymnasium as gym
+
+    import echorl_envs  # noqa: F401
+    from echorl_agent.llm import ChatReActAgent
+
+    if "EchoRL/MiniGrid-Empty-5x5-v0" not in gym.registry:
+        pytest.skip("text MiniGrid not registered")
+    _, _, url = served
+    env = gym.make("EchoRL/MiniGrid-Empty-5x5-v0")
+    obs, info = env.reset(seed=0)
+    with OpenAICompatibleBackend(url) as be:
+        agent = ChatReActAgent(be, max_tokens=12)
+        agent.reset(obs, info)
+        a1 = agent.act(info)
+        obs, _, _, _, info = env.step(a1)
+        agent.observe(obs, info)
+        agent.act(info)
+    assert [m["role"] for m in agent.messages] == ["system", "user", "assistant", "user", "assistant"]
+    assert agent.last.num_cached_tokens > 0  # the server reused turn 1's prompt KV

@@ -25,6 +25,7 @@ _EXPORTS = {
     "ModelRunner": "runner",
     "ReActAgent": "agents",
     "ScoringAgent": "agents",
+    "ChatReActAgent": "agents",
     "BandwidthEfficiencyTracker": "metrics",
     "BandwidthSnapshot": "metrics",
     "speedup_bound": "metrics",

@@ -21,7 +21,7 @@ import numpy as np
 from echorl_agent.llm.engine import LLMEngine, SamplingParams
 from echorl_envs.core import match_action
 
-__all__ = ["ReActAgent", "ScoringAgent", "AgentStep", "parse_react"]
+__all__ = ["ReActAgent", "ScoringAgent", "ChatReActAgent", "AgentStep", "parse_react"]
 
 REACT_SYSTEM = (
     "You are an agent in a text game. Each turn, read the observation and reply with exactly two lines:\n"
@@ -231,3 +231,44 @@ class ScoringAgent(_ChatAgent):
             dict(zip(admissible, probs.tolist(), strict=True)),
         )
         return action
+
+
+class ChatReActAgent:
+    """The ReAct agent over any OpenAI-compatible chat endpoint (vLLM, SGLang, hosted APIs, ``echorl serve``).
+
+    The dialogue is a list of messages (append-only), so servers with prefix caching reuse earlier turns; the
+    reply's thought/action are parsed and matched exactly as in :class:`ReActAgent`.
+
+    Args:
+        backend: an :class:`~echorl_agent.llm.openai_backend.OpenAICompatibleBackend`.
+        max_tokens: generation budget per turn.
+        temperature: sampling temperature (0 = greedy where the server supports it).
+    """
+
+    def __init__(self, backend: Any, max_tokens: int = 48, temperature: float = 0.0,
+                 system_prompt: str = REACT_SYSTEM) -> None:
+        self.backend = backend
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.system_prompt = system_prompt
+        self.messages: list[dict[str, str]] = []
+        self.last: AgentStep | None = None
+
+    def reset(self, obs: str, info: dict[str, Any]) -> None:
+        self.messages = [{"role": "system", "content": self.system_prompt},
+                         {"role": "user", "content": _user_turn(obs, info)}]
+        self.last = None
+
+    def act(self, info: dict[str, Any]) -> str:
+        c = self.backend.chat(self.messages, max_tokens=self.max_tokens, temperature=self.temperature,
+                              stop=["\n\n", "Observation:", "\nAdmissible"])
+        self.messages.append({"role": "assistant", "content": c.text})
+        thought, raw = parse_react(c.text)
+        action, ok = _ChatAgent._match(raw, list(info.get("admissible_actions") or []))
+        self.last = AgentStep(action, c.text, thought, ok, c.cached_tokens, c.prompt_tokens - c.cached_tokens)
+        return action
+
+    def observe(self, obs: str, info: dict[str, Any]) -> None:
+        if self.last is None:
+            raise ValueError("observe() before act(): call reset(obs, info) then act(info) first")
+        self.messages.append({"role": "user", "content": _user_turn(obs, info)})
