@@ -48,7 +48,7 @@ def score_candidates(
     Returns:
         :class:`echorl_agent.llm.engine.ScoreResult`.
     """
-    from echorl_agent.llm.engine import ScoreResult
+    from echorl_agent.llm.config import ScoreResult
 
     if not prompt:
         raise ValueError("the prompt is empty; scoring needs at least one prompt token")

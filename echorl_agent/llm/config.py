@@ -1,0 +1,97 @@
+"""Configuration and result types of :class:`echorl_agent.llm.engine.LLMEngine`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from echorl_agent.llm.prefix_cache import PrefixCacheConfig
+from echorl_agent.llm.scheduler import SchedulerConfig
+
+__all__ = ["EngineConfig", "SamplingParams", "GenerationResult", "ScoreResult"]
+
+
+@dataclass
+class SamplingParams:
+    """How one request is decoded."""
+
+    max_tokens: int = 64
+    """Maximum generated tokens."""
+    temperature: float = 0.0
+    """0 = greedy (argmax); > 0 samples from softmax(logits / temperature)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1.0 = off)."""
+    seed: int | None = None
+    """Seed of this request's sampler (same seed -> same tokens)."""
+    stop: tuple[str, ...] = ()
+    """Stop strings: generation ends once the text contains one (the text is cut before it)."""
+    stop_token_ids: tuple[int, ...] | None = None
+    """Token ids that end generation; None = the model's EOS ids."""
+    ignore_eos: bool = False
+    """Keep generating past EOS (benchmarks)."""
+    logprobs: bool = False
+    """Return the log-probability of every generated token."""
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got max_tokens={self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got temperature={self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got top_p={self.top_p}")
+        if isinstance(self.stop, str):
+            self.stop = (self.stop,)
+
+
+@dataclass
+class EngineConfig:
+    """Engine size and policies."""
+
+    prefix_cache: PrefixCacheConfig = field(default_factory=PrefixCacheConfig)
+    """Block size, KV budget and the prefix-caching switch."""
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    """Request ordering (EchoRL Eq. 5 by default)."""
+    max_num_seqs: int = 16
+    """Sequences decoded together in one step."""
+    max_num_batched_tokens: int = 2048
+    """Tokens per forward step (prefill chunks + decode tokens)."""
+    attention_backend: str = "auto"
+    """"auto" (Triton on CUDA, torch reference on CPU), "torch" or "triton"."""
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got max_num_seqs={self.max_num_seqs}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens must be >= max_num_seqs, got max_num_batched_tokens="
+                f"{self.max_num_batched_tokens}, max_num_seqs={self.max_num_seqs}"
+            )
+
+
+@dataclass
+class GenerationResult:
+    """A finished request."""
+
+    request_id: int
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    """Generated tokens, the stop token included (so an append-only history stays token-exact)."""
+    text: str
+    """Decoded generation without special tokens, cut before a stop string."""
+    finish_reason: str
+    """"stop" (stop token/string) or "length"."""
+    num_cached_tokens: int
+    """Prompt tokens whose KV came from the prefix cache."""
+    num_computed_tokens: int
+    """Prompt tokens prefilled by the model."""
+    logprobs: list[float] | None = None
+
+
+@dataclass
+class ScoreResult:
+    """Log-likelihoods of candidate continuations (:meth:`LLMEngine.score`)."""
+
+    logprobs: list[float]
+    """Sum of token log-probabilities of each candidate given the prompt."""
+    token_counts: list[int]
+    num_cached_tokens: int
+    num_computed_tokens: int
