@@ -36,6 +36,8 @@ test-slow: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench]" $(TORCH_PIN)
 	$(PY) benchmarks/env_throughput.py
+	$(PY) benchmarks/replay_throughput.py
+	$(PY) benchmarks/llm_rollout.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check echorl_envs echorl_agent tests benchmarks examples

@@ -19,7 +19,7 @@ __all__ = ["main", "demo_config"]
 
 #: One representative task per family for the demo preset (families not installed are left out).
 DEMO_TASKS = {
-    "minigrid": "EchoRL/MiniGrid-DoorKey-5x5-v0",
+    "minigrid": "EchoRL/MiniGrid-Empty-5x5-v0",
     "math": "EchoRL/Game24-v0",
     "alfworld": "EchoRL/ALFWorld-PickAndPlace-v0",
     "textworld": "EchoRL/TextWorld-CoinCollector-v0",
@@ -37,7 +37,7 @@ DEMO_AGENTS: dict[str, tuple[str, ...] | None] = {
     "llm-score": ("minigrid",),
     "react": ("math",),
 }
-DEMO_AGENT_OPTIONS = {"llm-score": {"max_steps": 12}, "react": {"max_steps": 3}}
+DEMO_AGENT_OPTIONS = {"llm-score": {"max_steps": 10}, "react": {"max_steps": 3}}
 
 
 def _check_choices(values: list[str], known: list[str], what: str) -> None:
@@ -105,7 +105,7 @@ def demo_config(out: str):
     agents = [a for a in DEMO_AGENTS if availability(a) is None]
     exclude = [f"{t}:{a}" for a in agents for t in tasks
                if DEMO_AGENTS[a] is not None and echorl_envs.entry(t).family not in DEMO_AGENTS[a]]
-    return BenchConfig(tasks=tasks, agents=agents, out=out, seeds=2, episodes=3, workers=2, train_steps=1024,
+    return BenchConfig(tasks=tasks, agents=agents, out=out, seeds=2, episodes=3, workers=2, train_steps=8192,
                        agent_options={a: o for a, o in DEMO_AGENT_OPTIONS.items() if a in agents}, exclude=exclude)
 
 
@@ -160,7 +160,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                           f"{s['success']:.2f} [{s['ci_low']:.2f}, {s['ci_high']:.2f}]", f"{s['mean_return']:.2f}",
                           f"{s['mean_steps']:.1f}", f"{s['episodes_per_s']:.2f}",
                           "-" if s["kv_reuse"] is None else f"{s['kv_reuse']:.2f}")
-        Console().print(table)
+        Console(width=max(Console().width, 132)).print(table)
     except ImportError:  # rich is a dependency; tabulate is the fallback for trimmed installs
         print(markdown_table(summary))
     print(f"\nwrote {paths['md']}, {paths['csv']}, {paths['json']}, {Path(cfg.out) / 'success.png'}"

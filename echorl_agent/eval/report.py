@@ -112,8 +112,9 @@ def plot_success(summary: list[dict], path: str | Path) -> Path:
     x = np.arange(len(tasks))
     for i, a in enumerate(agents):
         vals = [by[(t, a)]["success"] if (t, a) in by else np.nan for t in tasks]
-        lo = [by[(t, a)]["success"] - by[(t, a)]["ci_low"] if (t, a) in by else 0 for t in tasks]
-        hi = [by[(t, a)]["ci_high"] - by[(t, a)]["success"] if (t, a) in by else 0 for t in tasks]
+        # max(0, .): the Wilson bounds can sit a rounding error inside p at p = 0 or 1
+        lo = [max(0.0, by[(t, a)]["success"] - by[(t, a)]["ci_low"]) if (t, a) in by else 0 for t in tasks]
+        hi = [max(0.0, by[(t, a)]["ci_high"] - by[(t, a)]["success"]) if (t, a) in by else 0 for t in tasks]
         ax.bar(x + (i - (len(agents) - 1) / 2) * width, vals, width, yerr=[lo, hi], capsize=3, label=a)
     ax.set_xticks(x, [t.replace("EchoRL/", "").replace("-v0", "") for t in tasks], rotation=20, ha="right")
     ax.set_ylim(0, 1.05)
