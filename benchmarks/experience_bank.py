@@ -1,7 +1,7 @@
 """Experience bank: success of a frozen agent as the bank grows (0 / 50 / 100 / 300 rollouts), Wilson 95% CIs.
 
 Run:  .venv/bin/python benchmarks/experience_bank.py [--volumes 0 50 100 300] [--sb3-episodes 100]
-                                                     [--llm-episodes 6] [--llm-max-steps 25] [--parts sb3 llm]
+                                                     [--llm-episodes 5] [--llm-max-steps 20] [--parts sb3 llm]
 
 The bank is filled with rollouts of an epsilon-expert (``--epsilon`` of the actions uniform, the rest the env's
 expert), successes and failures alike, on env seeds disjoint from the evaluation seeds; each volume is a prefix
@@ -162,8 +162,8 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--ablation", type=int, default=1, help="1: also fit heads with a zero retrieval prior")
     ap.add_argument("--llm-env", default="EchoRL/MiniGrid-Empty-5x5-v0")
-    ap.add_argument("--llm-max-steps", type=int, default=25)
-    ap.add_argument("--llm-episodes", type=int, default=6)
+    ap.add_argument("--llm-max-steps", type=int, default=20)
+    ap.add_argument("--llm-episodes", type=int, default=5)
     args = ap.parse_args()
     torch.set_num_threads(1)
     head = ["env", "agent", "bank rollouts", "successful", "bank steps", "success [95% CI]"]
