@@ -31,7 +31,13 @@ import torch
 
 from echorl_agent.kernels._dispatch import HAS_TRITON, next_power_of_2, tl, triton, use_kernel
 
-__all__ = ["paged_attention", "paged_attention_reference", "positions_of_new_tokens"]
+__all__ = [
+    "decode_plan",
+    "paged_attention",
+    "paged_attention_reference",
+    "paged_decode_attention",
+    "positions_of_new_tokens",
+]
 
 
 def _check(
@@ -126,6 +132,60 @@ def paged_attention_reference(
     return out
 
 
+def decode_plan(
+    block_tables: torch.Tensor, ctx_lens: torch.Tensor, block_size: int, h_kv: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gather indices and padding mask of a decode step, shared by every layer of the step.
+
+    A layer's pool ``[num_blocks, block_size, H_kv, D]`` viewed as rows ``[num_blocks * block_size * H_kv, D]``
+    holds key ``s`` (slot ``block_tables[b, s // block_size] * block_size + s % block_size``) of KV head ``k`` of
+    sequence ``b`` in row ``slot * H_kv + k``. Gathering the rows in ``[B, H_kv, S]`` order yields K and V already
+    laid out head-major, so the two attention matmuls need no permute copies.
+
+    Returns:
+        ``(rows [B * H_kv * S] int64, mask [B, 1, 1, S] float32)`` with ``S`` the longest context rounded up to
+        whole blocks; ``mask`` is 0 on keys ``< ctx_lens[b]`` and ``-inf`` on the padding after them.
+    """
+    b = ctx_lens.shape[0]
+    n_blocks = (int(ctx_lens.max()) + block_size - 1) // block_size
+    s = n_blocks * block_size
+    dev = block_tables.device
+    keys = torch.arange(s, device=dev)
+    slots = block_tables[:, :n_blocks].long().repeat_interleave(block_size, dim=1) * block_size + keys % block_size
+    heads = torch.arange(h_kv, device=dev)
+    rows = (slots[:, None, :] * h_kv + heads[None, :, None]).reshape(-1)  # [B, H_kv, S]
+    mask = torch.zeros(b, 1, 1, s, dtype=torch.float32, device=dev)
+    mask.masked_fill_((keys[None, :] >= ctx_lens[:, None])[:, None, None, :], float("-inf"))
+    return rows, mask
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    plan: tuple[torch.Tensor, torch.Tensor],
+    scale: float,
+) -> torch.Tensor:
+    """Decode-step attention (one query per sequence, at its last position) with a precomputed :func:`decode_plan`.
+
+    ``out[b, h] = softmax(scale * q[b, h] K_b^T + mask_b) V_b`` over sequence ``b``'s keys, computed in float32;
+    query head ``h`` reads KV head ``h // (H / H_kv)``.
+
+    Returns:
+        ``[B, H, D]`` tensor in ``q``'s dtype.
+    """
+    rows, mask = plan
+    b, h, d = q.shape
+    h_kv = k_pool.shape[2]
+    s = mask.shape[-1]
+    k = k_pool.reshape(-1, d).index_select(0, rows).view(b, h_kv, s, d).float()
+    v = v_pool.reshape(-1, d).index_select(0, rows).view(b, h_kv, s, d).float()
+    qg = q.float().view(b, h_kv, h // h_kv, d)
+    scores = torch.matmul(qg, k.transpose(-1, -2)).mul_(scale).add_(mask)  # [B, H_kv, G, S]
+    probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs, v).reshape(b, h, d).to(q.dtype)
+
+
 def _decode_reference(
     q: torch.Tensor,
     k_pool: torch.Tensor,
@@ -135,21 +195,9 @@ def _decode_reference(
     scale: float,
 ) -> torch.Tensor:
     """The reference for a decode step (one query per sequence, at its last position): all sequences at once,
-    their blocks gathered into a padded ``[B, S_max, H_kv, D]`` tensor and the padding masked out."""
-    b, h, d = q.shape
-    block_size, h_kv = k_pool.shape[1], k_pool.shape[2]
-    group = h // h_kv
-    n_blocks = (int(ctx_lens.max()) + block_size - 1) // block_size
-    ids = block_tables[:, :n_blocks]
-    k = k_pool[ids].reshape(b, n_blocks * block_size, h_kv, d).float()  # [B, S, H_kv, D]
-    v = v_pool[ids].reshape(b, n_blocks * block_size, h_kv, d).float()
-    qg = q.float().view(b, h_kv, group, d)  # query head h reads KV head h // group
-    scores = torch.einsum("bkgd,bskd->bkgs", qg, k) * scale  # [B, H_kv, G, S]
-    keys = torch.arange(n_blocks * block_size, device=q.device)
-    scores = scores.masked_fill((keys[None, :] >= ctx_lens[:, None])[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    out = torch.einsum("bkgs,bskd->bkgd", probs, v)
-    return out.reshape(b, h, d).to(q.dtype)
+    their blocks gathered into a padded ``[B, H_kv, S_max, D]`` tensor and the padding masked out."""
+    plan = decode_plan(block_tables, ctx_lens, k_pool.shape[1], k_pool.shape[2])
+    return paged_decode_attention(q, k_pool, v_pool, plan, scale)
 
 
 # ----------------------------------------------------------------------------------------------- triton

@@ -302,9 +302,9 @@ class LLMEngine:
             s.block_table = []
         return finished
 
-    def _sample(self, s: _Seq, logits: torch.Tensor) -> tuple[int, float]:
+    def _sample(self, s: _Seq, logits: torch.Tensor) -> tuple[int, float | None]:
+        """Next token of ``s`` and, only when ``params.logprobs`` asks for it, its log-probability."""
         p = s.params
-        logp = torch.log_softmax(logits, dim=-1)
         if p.temperature == 0:
             tok = int(torch.argmax(logits))
         else:
@@ -314,7 +314,9 @@ class LLMEngine:
                 keep = torch.cumsum(sp, 0) - sp < p.top_p
                 probs = torch.zeros_like(probs).scatter(0, idx[keep], sp[keep])
             tok = int(torch.multinomial(probs, 1, generator=s.generator))
-        return tok, float(logp[tok])
+        if not p.logprobs:
+            return tok, None  # skip the full-vocabulary log-softmax nobody reads
+        return tok, float(torch.log_softmax(logits, dim=-1)[tok])
 
     def _check_stop(self, s: _Seq, tok: int) -> bool:
         p = s.params
