@@ -164,3 +164,14 @@ def test_a_failing_job_is_recorded_and_the_rest_still_runs(tmp_path):
     assert [r["agent"] for r in rows] == ["random"]
     (err,) = [json.loads(x) for x in (tmp_path / "errors.jsonl").read_text().splitlines()]
     assert err["agent"] == "ppo" and "no_such_option" in err["error"]
+
+
+def test_random_agent_searches_on_a_search_page_and_answers_free_text():
+    from echorl_agent.eval.agents import RandomAgent
+
+    a = RandomAgent()
+    a.reset("x", "", {}, seed=3)
+    assert a.act("", {"admissible_actions": [], "has_search_bar": True, "task": "red shoes"}) == "search[red shoes]"
+    answers = {a.act("", {"admissible_actions": [], "task": "t"}) for _ in range(50)}
+    assert all(0 <= int(x) <= 100 for x in answers) and len(answers) > 10
+    assert a.act("", {"admissible_actions": ["a", "b"]}) in ("a", "b")

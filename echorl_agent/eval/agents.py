@@ -45,7 +45,9 @@ class Agent:
 
 
 class RandomAgent(Agent):
-    """Uniform over the admissible actions; on free-text envs, a uniform integer answer in [0, 100]."""
+    """Uniform over the admissible actions; on a search page with nothing to click (WebShop's
+    ``info["has_search_bar"]``), searches the instruction as WebShop's random baseline does; on free-text envs, a
+    uniform integer answer in [0, 100]."""
 
     name = "random"
 
@@ -59,6 +61,8 @@ class RandomAgent(Agent):
         adm = info.get("admissible_actions") or []
         if adm:
             return adm[int(self.rng.integers(len(adm)))]
+        if info.get("has_search_bar"):
+            return f"search[{info['task']}]"
         return str(int(self.rng.integers(0, 101)))
 
 
