@@ -108,7 +108,7 @@ def plot_success(summary: list[dict], path: str | Path) -> Path:
     agents = list(dict.fromkeys(s["agent"] for s in summary))
     by = {(s["task"], s["agent"]): s for s in summary}
     width = 0.8 / max(1, len(agents))
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(tasks) * max(1, len(agents)) / 2), 4))
+    fig, ax = plt.subplots(figsize=(min(16, max(6, 1.0 + 0.35 * len(tasks) * len(agents))), 4.5))
     x = np.arange(len(tasks))
     for i, a in enumerate(agents):
         vals = [by[(t, a)]["success"] if (t, a) in by else np.nan for t in tasks]
@@ -119,7 +119,7 @@ def plot_success(summary: list[dict], path: str | Path) -> Path:
     ax.set_xticks(x, [t.replace("EchoRL/", "").replace("-v0", "") for t in tasks], rotation=20, ha="right")
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("Success@1 (95% Wilson CI)")
-    ax.legend(fontsize=8, ncols=min(4, len(agents)))
+    ax.legend(fontsize=8, ncols=min(6, len(agents)), loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=120)
