@@ -79,23 +79,7 @@ class PlanningConfig:
     @classmethod
     def from_kwargs(cls, planning: PlanningConfig | dict[str, Any] | None = None, **overrides: Any) -> PlanningConfig:
         """Merge a config (or dict) with field overrides; an unknown field raises ``ValueError`` with a hint."""
-        base: dict[str, Any] = {}
-        if isinstance(planning, PlanningConfig):
-            base = {f.name: getattr(planning, f.name) for f in fields(cls)}
-        elif isinstance(planning, dict):
-            base = dict(planning)
-        elif planning is not None:
-            raise ValueError(f"planning must be a PlanningConfig or a dict, got planning={planning!r}")
-        base.update(overrides)
-        names = [f.name for f in fields(cls)]
-        for key in base:
-            if key not in names:
-                hint = difflib.get_close_matches(key, names, n=1)
-                raise ValueError(
-                    f"unknown planning option {key!r}" + (f"; did you mean {hint[0]!r}?" if hint else "")
-                    + f" (PlanningConfig fields: {names})"
-                )
-        return cls(**base)
+        return _merge_config(cls, planning, "planning", overrides)
 
 
 #: Where :class:`ReplayConfig` takes the plan tau_t of a transition from.
@@ -196,20 +180,26 @@ class ReplayConfig:
     @classmethod
     def from_kwargs(cls, config: ReplayConfig | dict[str, Any] | None = None, **overrides: Any) -> ReplayConfig:
         """Merge a config (or dict) with field overrides; an unknown field raises ``ValueError`` with a hint."""
-        base: dict[str, Any] = {}
-        if isinstance(config, ReplayConfig):
-            base = {f.name: getattr(config, f.name) for f in fields(cls)}
-        elif isinstance(config, dict):
-            base = dict(config)
-        elif config is not None:
-            raise ValueError(f"config must be a ReplayConfig or a dict, got config={config!r}")
-        base.update(overrides)
-        names = [f.name for f in fields(cls)]
-        for key in base:
-            if key not in names:
-                hint = difflib.get_close_matches(key, names, n=1)
-                raise ValueError(
-                    f"unknown replay option {key!r}" + (f"; did you mean {hint[0]!r}?" if hint else "")
-                    + f" (ReplayConfig fields: {names})"
-                )
-        return cls(**base)
+        return _merge_config(cls, config, "replay", overrides)
+
+
+def _merge_config(cls: type, config: Any, what: str, overrides: dict[str, Any]) -> Any:
+    """``cls(**(config's fields | overrides))`` for a dataclass config; unknown fields raise with a close match."""
+    arg = "planning" if what == "planning" else "config"
+    base: dict[str, Any] = {}
+    if isinstance(config, cls):
+        base = {f.name: getattr(config, f.name) for f in fields(cls)}
+    elif isinstance(config, dict):
+        base = dict(config)
+    elif config is not None:
+        raise ValueError(f"{arg} must be a {cls.__name__} or a dict, got {arg}={config!r}")
+    base.update(overrides)
+    names = [f.name for f in fields(cls)]
+    for key in base:
+        if key not in names:
+            hint = difflib.get_close_matches(key, names, n=1)
+            raise ValueError(
+                f"unknown {what} option {key!r}" + (f"; did you mean {hint[0]!r}?" if hint else "")
+                + f" ({cls.__name__} fields: {names})"
+            )
+    return cls(**base)
