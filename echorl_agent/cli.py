@@ -51,8 +51,9 @@ def _check_choices(values: list[str], known: list[str], what: str) -> None:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    import echorl_envs
     from tabulate import tabulate
+
+    import echorl_envs
 
     rows = [[e.id, e.family, e.action_type, e.data, e.max_episode_steps] for e in echorl_envs.ENVS
             if args.family is None or e.family == args.family]
@@ -172,7 +173,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         from echorl_agent.llm import server
     except ImportError as e:
-        raise SystemExit(f"echorl serve needs the LLM engine and the serve extra (pip install 'echorl[llm,serve]'): {e}")
+        raise SystemExit(
+            f"echorl serve needs the LLM engine and the serve extra (pip install 'echorl[llm,serve]'): {e}"
+        ) from e
     return int(server.main(args.rest) or 0)
 
 

@@ -6,7 +6,14 @@ import gymnasium as gym
 import pytest
 
 import echorl_envs
-from echorl_envs.core import DatasetTextEnv, InvalidAction, Transition, match_action, normalize_action, to_printable
+from echorl_envs.core import (
+    DatasetTextEnv,
+    InvalidAction,
+    Transition,
+    match_action,
+    normalize_action,
+    to_printable,
+)
 
 
 class Counter(DatasetTextEnv):

@@ -242,9 +242,9 @@ def make_tot(env_id: str, **options: Any) -> ToTAgent:
 
 def make_echorl(env_id: str, **options: Any) -> Agent:
     """Runner factory of ``echorl`` (see :class:`echorl_agent.eval.echorl_llm.EchoRLLLMAgent` for the options)."""
-    from echorl_agent.eval.echorl_llm import EchoRLConfig, EchoRLLLMAgent
-
     import dataclasses
+
+    from echorl_agent.eval.echorl_llm import EchoRLConfig, EchoRLLLMAgent
 
     engine, scale = _engine_from(options)
     fields = [f.name for f in dataclasses.fields(EchoRLConfig)]

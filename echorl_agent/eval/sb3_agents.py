@@ -54,7 +54,7 @@ class _CurveCallback:
 
         class CB(BaseCallback):
             def _on_step(self) -> bool:
-                for done, info in zip(self.locals["dones"], self.locals["infos"]):
+                for done, info in zip(self.locals["dones"], self.locals["infos"], strict=True):
                     if done:
                         outer.recent.append(float(info.get("won", False)))
                         outer.rows.append((self.num_timesteps, float(np.mean(outer.recent))))

@@ -243,7 +243,7 @@ def _propose(engine: LLMEngine, frontier: list[Game24State], cfg: ToTConfig, met
     params = SamplingParams(max_tokens=cfg.max_proposal_tokens, temperature=0.0, seed=seed, stop=("Input:",))
     results = engine.generate(prompts, params)
     out = []
-    for s, r in zip(frontier, results):
+    for s, r in zip(frontier, results, strict=True):
         meter.add(r.num_cached_tokens, r.num_computed_tokens, len(r.token_ids))
         kids, seen = [], set()
         for line in r.text.splitlines():
