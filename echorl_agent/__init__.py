@@ -1,6 +1,9 @@
 """echorl_agent: the EchoRL plugin for Stable-Baselines3 and LLM agents.
 
-Public names are re-exported here as their modules land (EchoPolicy, EchoPPO, HotColdReplayBuffer, ...).
+SB3 parts: :class:`EchoPolicy` / :class:`EchoPPO` (latent planning, EchoRL Eq. 1-3), :class:`HotColdReplayBuffer` /
+:class:`EchoDQN` (hot/cold prioritized replay, Eq. 6-7). Reuse of LLM priors and experience:
+:class:`LLMPriorCache`, :class:`PosteriorSampler`, :class:`ExperienceBank`. The LLM engine lives in
+:mod:`echorl_agent.llm` and the evaluation runner in :mod:`echorl_agent.eval` (both imported on demand).
 """
 
 from __future__ import annotations
@@ -13,7 +16,15 @@ from echorl_agent.policies import EchoPolicy
 from echorl_agent.priors import LLMPriorCache, PosteriorSampler
 from echorl_agent.replay import EMAPlanTracker, HotColdReplayBuffer
 
-__all__: list[str] = []
-__all__ += ["EchoPPO", "EchoPolicy", "PlanningConfig"]
-__all__ += ["HotColdReplayBuffer", "EMAPlanTracker", "EchoDQN", "ReplayConfig"]
-__all__ += ["LLMPriorCache", "PosteriorSampler", "ExperienceBank"]
+__all__ = [
+    "EMAPlanTracker",
+    "EchoDQN",
+    "EchoPPO",
+    "EchoPolicy",
+    "ExperienceBank",
+    "HotColdReplayBuffer",
+    "LLMPriorCache",
+    "PlanningConfig",
+    "PosteriorSampler",
+    "ReplayConfig",
+]
