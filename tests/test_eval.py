@@ -78,6 +78,7 @@ def test_runner_resume_and_expert_upper_bound(tmp_path):
         assert summary[(t, "expert")]["success"] >= summary[(t, "random")]["success"]
     meta = json.loads((tmp_path / "run.json").read_text())
     assert meta["versions"]["gymnasium"] != "not installed" and meta["config"]["seeds"] == 2
+    assert meta["models"] == {}  # no LLM agent in this run
     # Resume: nothing new runs; growing episodes runs only the new cells.
     n_lines = len((tmp_path / "episodes.jsonl").read_text().splitlines())
     rows2 = run_bench(cfg, progress=False)

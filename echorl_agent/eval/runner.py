@@ -203,7 +203,12 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> list[dict]:
     if unavailable:
         raise ValueError("unavailable agents: " + "; ".join(f"{a}: {r}" for a, r in unavailable.items()))
     skipped = [{"task": t, "agent": a, "reason": r} for (t, a), r in skipped_pairs(cfg).items()]
+    from echorl_agent.llm.models import DEFAULT_MODEL  # light: torch only, transformers loads on first use
+
+    models = {a: cfg.agent_options.get(a, {}).get("model", DEFAULT_MODEL) for a in cfg.agents
+              if agent_registry.spec(a).kind == "llm"}
     (out / "run.json").write_text(json.dumps({"config": asdict(cfg), "versions": versions(), "skipped": skipped,
+                                              "models": models,
                                               "started": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=2))
     existing = load_rows(out)
     done = {(r["task"], r["agent"], r["seed"], r["episode"]) for r in existing}
