@@ -85,6 +85,8 @@ class HotColdReplayBuffer(PersistenceMixin, ExactSamplerMixin, ReplayBuffer):
         config: a :class:`ReplayConfig` (or dict); ``**overrides`` replace its fields.
     """
 
+    _demote_cache: tuple | None = None  # (cold store, hot_plans, pairs) of _demote_pairs; never pickled
+
     def __init__(
         self,
         buffer_size: int,
@@ -218,30 +220,60 @@ class HotColdReplayBuffer(PersistenceMixin, ExactSamplerMixin, ReplayBuffer):
         done: np.ndarray,
         infos: list[dict[str, Any]],
     ) -> None:
-        """Store one transition per env (SB3's signature); the oldest hot row moves to the cold tier first."""
+        """Store one transition per env (SB3's signature); the oldest hot row moves to the cold tier first.
+
+        The hot-tier writes are SB3 ``ReplayBuffer.add`` (2.x) inlined, minus its defensive ``np.array`` copies
+        (a slice assignment already copies), so the stored values are the same; leaf updates are deferred to the
+        next ``sample`` (module docstring).
+        """
         with self._lock:
             plans = self._plans_for(obs, infos)
-            row = self.pos
-            if self.full:
-                self._demote(row)
-            super().add(obs, next_obs, action, reward, done, infos)
-            self.hot_plans[row] = plans
-            self.hot_td[row] = self._td_max
-            self.hot_seq[row] = self.num_added
+            pos = self.pos
+            if self.full and self.cold is not None:
+                self._demote(pos)
+            n_envs = self.n_envs
+            if isinstance(self.observation_space, spaces.Discrete):  # as SB3: (n_envs,) -> (n_envs, 1)
+                obs = obs.reshape((n_envs, *self.obs_shape))
+                next_obs = next_obs.reshape((n_envs, *self.obs_shape))
+            self.observations[pos] = obs
+            self.next_observations[pos] = next_obs
+            self.actions[pos] = action.reshape((n_envs, self.action_dim))
+            self.rewards[pos] = reward
+            self.dones[pos] = done
+            if self.handle_timeout_termination:
+                self.timeouts[pos] = [info.get("TimeLimit.truncated", False) for info in infos]
+            self.hot_plans[pos] = plans
+            self.hot_td[pos] = self._td_max
+            self.hot_seq[pos] = self.num_added
             self.num_added += 1
+            self.pos = pos + 1
+            if self.pos == self.buffer_size:
+                self.full = True
+                self.pos = 0
             if self.plan_source not in ("td_error", "none"):
                 self.tracker.push(plans)
-            self._dirty_hot.add(row)
+            self._dirty_hot.add(pos)
+
+    def _demote_pairs(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+        """(cold array, hot array) per cold field, cached until the cold store or the hot plan array changes."""
+        cold, plans = self.cold, self.hot_plans
+        cache = self._demote_cache
+        if cache is None or cache[0] is not cold or cache[1] is not plans:
+            hot = {"observations": self.observations, "next_observations": self.next_observations,
+                   "actions": self.actions, "rewards": self.rewards, "dones": self.dones,
+                   "timeouts": self.timeouts, "plans": plans, "td": self.hot_td, "seq": self.hot_seq}
+            cache = self._demote_cache = (cold, plans, tuple((cold.arrays[k], hot[k]) for k in hot))
+        return cache[2]
 
     def _demote(self, row: int) -> None:
-        if self.cold is None:  # no cold tier: the oldest hot row is simply evicted
-            return
-        crow = self.cold.write_row((
-            ("observations", self.observations[row]), ("next_observations", self.next_observations[row]),
-            ("actions", self.actions[row]), ("rewards", self.rewards[row]), ("dones", self.dones[row]),
-            ("timeouts", self.timeouts[row]), ("plans", self.hot_plans[row]), ("td", self.hot_td[row]),
-            ("seq", self.hot_seq[row]),
-        ))
+        """Copy hot row ``row`` to the cold ring's write position (evicting the oldest cold row when full)."""
+        cold = self.cold
+        crow = cold.pos
+        for dst, src in self._demote_pairs():
+            dst[crow] = src[row]
+        cold.pos = crow + 1
+        if cold.pos == cold.rows:
+            cold.pos, cold.full = 0, True
         self._dirty_cold.add(crow)
 
     # ================================================================== slots
@@ -346,3 +378,4 @@ class HotColdReplayBuffer(PersistenceMixin, ExactSamplerMixin, ReplayBuffer):
             if self.cold is not None:
                 self.cold.close()
                 self.cold = None
+            self._demote_cache = None  # drop the cached views of the closed memmaps

@@ -138,7 +138,7 @@ class PersistenceMixin:
     def __getstate__(self) -> dict[str, Any]:
         with self._lock:
             self._flush()
-            state = {k: v for k, v in self.__dict__.items() if k != "_lock"}
+            state = {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_demote_cache")}
         state["plan_fn"] = None  # a bound policy method is not part of the buffer's data
         return state
 

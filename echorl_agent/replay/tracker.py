@@ -56,14 +56,16 @@ class EMAPlanTracker:
     def push(self, plans: np.ndarray) -> None:
         """Queue one batch ``[B, d]`` of plans; folded into ``tau_bar`` at the next read."""
         with self._lock:
-            if self._num_pending == len(self._pending):
-                self._pending = np.concatenate([self._pending, np.zeros_like(self._pending)])
-            p = np.asarray(plans).reshape(-1, self.dim)
-            if len(p) == 1:
-                self._pending[self._num_pending] = p[0]
+            k, pending = self._num_pending, self._pending
+            if k == len(pending):
+                pending = self._pending = np.concatenate([pending, np.zeros_like(pending)])
+            p = np.asarray(plans)
+            if p.size == self.dim:  # one plan (the common single-env add): its own batch mean
+                pending[k] = p.reshape(-1)
             else:
-                np.divide(p.sum(0, dtype=np.float64), len(p), out=self._pending[self._num_pending])
-            self._num_pending += 1
+                p = p.reshape(-1, self.dim)
+                np.divide(p.sum(0, dtype=np.float64), len(p), out=pending[k])
+            self._num_pending = k + 1
 
     def _fold(self) -> None:
         k = self._num_pending
