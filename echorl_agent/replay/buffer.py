@@ -164,7 +164,9 @@ class HotColdReplayBuffer(PersistenceMixin, ExactSamplerMixin, ReplayBuffer):
         return self.config.plan_fallback
 
     def _plans_for(self, obs: np.ndarray, infos: list[dict[str, Any]]) -> np.ndarray:
-        source = self.plan_source = self._resolve_plan_source(infos)
+        source = self.plan_source
+        if source is None:
+            source = self.plan_source = self._resolve_plan_source(infos)
         n = self.n_envs
         if source == "info":
             try:
