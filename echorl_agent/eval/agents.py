@@ -98,8 +98,8 @@ class AgentSpec:
 AGENTS: dict[str, AgentSpec] = {
     s.name: s
     for s in [
-        AgentSpec("random", "uniform over admissible actions", RandomAgent),
-        AgentSpec("expert", "the env's expert/oracle (upper bound)", ExpertAgent),
+        AgentSpec("random", "uniform over admissible actions", lambda env_id: RandomAgent()),
+        AgentSpec("expert", "the env's expert/oracle (upper bound)", lambda env_id: ExpertAgent()),
         AgentSpec("ppo", "SB3 PPO (MlpPolicy) on the encoded text env", "echorl_agent.eval.sb3_agents:make_ppo",
                   ("stable_baselines3", "echorl_envs.wrappers"), "sb3"),
         AgentSpec("maskable-ppo", "sb3-contrib MaskablePPO with admissible-action masks",
@@ -177,7 +177,4 @@ def make_agent(name: str, env_id: str, **options: Any) -> Agent:
     if reason is not None:
         raise ValueError(f"agent {name!r} is unavailable: {reason}")
     s = spec(name)
-    fn = _resolve(s.factory)
-    if s.factory in (RandomAgent, ExpertAgent):
-        return fn()
-    return fn(env_id, **{**s.options, **options})
+    return _resolve(s.factory)(env_id, **{**s.options, **options})

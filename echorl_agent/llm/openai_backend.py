@@ -76,6 +76,19 @@ class OpenAICompatibleBackend:
         c.raw = data
         return c
 
+    def _body(self, payload: dict[str, Any], max_tokens: int, temperature: float, stop: list[str] | None,
+              logprobs: Any, seed: int | None, extra: dict[str, Any]) -> dict[str, Any]:
+        """The JSON body shared by both routes (``logprobs``: the route's own spelling, or None to omit it)."""
+        body: dict[str, Any] = {"model": self.model, **payload, "max_tokens": max_tokens,
+                                "temperature": temperature, **extra}
+        if stop:
+            body["stop"] = stop
+        if logprobs is not None:
+            body["logprobs"] = logprobs
+        if seed is not None:
+            body["seed"] = seed
+        return body
+
     def complete(
         self,
         prompt: str | list[int],
@@ -87,14 +100,7 @@ class OpenAICompatibleBackend:
         **extra: Any,
     ) -> Completion:
         """``POST /v1/completions`` for one prompt (text or token ids)."""
-        body: dict[str, Any] = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens,
-                                "temperature": temperature, **extra}
-        if stop:
-            body["stop"] = stop
-        if logprobs:
-            body["logprobs"] = 0
-        if seed is not None:
-            body["seed"] = seed
+        body = self._body({"prompt": prompt}, max_tokens, temperature, stop, 0 if logprobs else None, seed, extra)
         data = self._post("/completions", body)
         ch = data["choices"][0]
         c = Completion(ch.get("text", ""), ch.get("finish_reason"))
@@ -114,14 +120,8 @@ class OpenAICompatibleBackend:
         **extra: Any,
     ) -> Completion:
         """``POST /v1/chat/completions``."""
-        body: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": max_tokens,
-                                "temperature": temperature, **extra}
-        if stop:
-            body["stop"] = stop
-        if logprobs:
-            body["logprobs"] = True
-        if seed is not None:
-            body["seed"] = seed
+        body = self._body({"messages": messages}, max_tokens, temperature, stop, True if logprobs else None, seed,
+                          extra)
         data = self._post("/chat/completions", body)
         ch = data["choices"][0]
         c = Completion((ch.get("message") or {}).get("content") or "", ch.get("finish_reason"))
