@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from echorl_agent.llm.prefix_cache import PrefixCacheConfig
 from echorl_agent.llm.scheduler import SchedulerConfig
@@ -30,6 +31,8 @@ class SamplingParams:
     """Keep generating past EOS (benchmarks)."""
     logprobs: bool = False
     """Return the log-probability of every generated token."""
+    capture_states: bool = False
+    """Return the captured activations of every computed token (:meth:`LLMEngine.enable_capture`)."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -84,6 +87,8 @@ class GenerationResult:
     num_computed_tokens: int
     """Prompt tokens prefilled by the model."""
     logprobs: list[float] | None = None
+    states: Any = None
+    """With ``SamplingParams.capture_states``: captured activations ``[prompt + generated - 1, hidden]``."""
 
 
 @dataclass
@@ -95,3 +100,9 @@ class ScoreResult:
     token_counts: list[int]
     num_cached_tokens: int
     num_computed_tokens: int
+    hidden: Any = None
+    """With ``capture=True``: final normed hidden state ``[hidden]`` of the last context token."""
+    context_states: Any = None
+    """With ``capture=True`` and runner capture on: captured activations ``[p (+ m soft), hidden]``."""
+    candidate_states: Any = None
+    """With ``capture=True`` and runner capture on: per candidate ``[len, hidden]`` captured activations."""

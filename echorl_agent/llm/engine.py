@@ -19,10 +19,11 @@ One engine serves many actors (one per env). Actors call :meth:`LLMEngine.submit
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -33,6 +34,7 @@ from echorl_agent.llm.models import LoadedModel, load_model
 from echorl_agent.llm.prefix_cache import CacheStats, PrefixCache
 from echorl_agent.llm.runner import ModelRunner, SeqChunk
 from echorl_agent.llm.scheduler import Scheduler
+from echorl_agent.llm.scoring import SoftTokens
 
 __all__ = ["EngineConfig", "SamplingParams", "GenerationResult", "ScoreResult", "LLMEngine"]
 
@@ -57,6 +59,7 @@ class _Seq:
     generator: torch.Generator | None = None
     text: str = ""
     finish_reason: str | None = None
+    states: torch.Tensor | None = None
 
 
 class LLMEngine:
@@ -159,7 +162,12 @@ class LLMEngine:
         self.stop()
 
     def score(
-        self, prompt: str | Sequence[int], candidates: Sequence[str | Sequence[int]], share_prefix: bool = True
+        self,
+        prompt: str | Sequence[int],
+        candidates: Sequence[str | Sequence[int]],
+        share_prefix: bool = True,
+        soft: SoftTokens | None = None,
+        capture: bool = False,
     ) -> ScoreResult:
         """Log-likelihood of each candidate continuation given ``prompt`` (see :mod:`echorl_agent.llm.scoring`).
 
@@ -168,13 +176,63 @@ class LLMEngine:
             candidates: continuations (text is tokenized on its own, without special tokens).
             share_prefix: True = the prompt's KV is computed once (or taken from the cache) and shared by all
                 candidates in one batched forward; False = the naive baseline, one full forward per candidate.
+            soft: soft tokens between the prompt and the candidates (never cached).
+            capture: also return the last context hidden state and captured activations (for a learner).
         """
         from echorl_agent.llm.scoring import score_candidates
 
         p = self.llm.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         cands = [self.llm.encode(c) if isinstance(c, str) else [int(t) for t in c] for c in candidates]
         with self._lock:
-            return score_candidates(self.runner, self.cache, p, cands, share_prefix)
+            return score_candidates(self.runner, self.cache, p, cands, share_prefix, soft=soft, capture=capture)
+
+    # ------------------------------------------------------------------ weights (RL)
+    @property
+    def weight_version(self) -> int:
+        """Bumped by every :meth:`update_weights`; KV cached under an older version is never served."""
+        return self.cache.weight_version
+
+    def update_weights(self, state: Mapping[str, torch.Tensor]) -> int:
+        """Copy new weights into the engine's model (a learner update) and invalidate the prefix cache.
+
+        Args:
+            state: parameter name (as in ``model.named_parameters()``) -> new tensor of the same shape.
+
+        Returns:
+            The new weight version.
+
+        Raises:
+            RuntimeError: requests are in flight (their KV mixes old and new weights); update between rollouts.
+            ValueError: an unknown parameter name or a shape mismatch.
+        """
+        params = dict(self.llm.model.named_parameters())
+        for name, t in state.items():
+            if name not in params:
+                hint = difflib.get_close_matches(name, list(params), n=1)
+                raise ValueError(f"unknown parameter {name!r}" + (f"; did you mean {hint[0]!r}?" if hint else ""))
+            if tuple(params[name].shape) != tuple(t.shape):
+                raise ValueError(f"shape of {name!r}: engine {tuple(params[name].shape)}, given {tuple(t.shape)}")
+        with self._lock:
+            if self.has_work():
+                raise RuntimeError("update_weights while requests are in flight; wait for them to finish")
+            with torch.no_grad():
+                for name, t in state.items():
+                    params[name].copy_(t.to(params[name].dtype))
+            self.on_weights_updated(list(state))
+            return self.cache.invalidate()
+
+    def on_weights_updated(self, names: list[str]) -> None:
+        """Hook run after :meth:`update_weights` copied ``names`` (e.g. to re-pack quantized weights)."""
+
+    def enable_capture(self, layer: int | None) -> None:
+        """Capture activations entering ``layer`` for every token (see :meth:`ModelRunner.enable_capture`).
+
+        Blocks cached before capture was on have no activations, so the prefix cache is invalidated.
+        """
+        with self._lock:
+            if self.runner.capture_layer != layer:
+                self.runner.enable_capture(layer)
+                self.cache.invalidate()
 
     # ------------------------------------------------------------------ loop
     def _loop(self) -> None:
@@ -297,6 +355,8 @@ class LLMEngine:
             if self._check_stop(s, tok):
                 finished.append(s)
         for s in finished:
+            if s.params.capture_states and self.runner.h_pool is not None:
+                s.states = self.runner.gather_hidden(s.block_table, 0, s.num_computed)
             self._running.remove(s)
             self.cache.release(s.block_table)
             s.block_table = []
@@ -345,4 +405,5 @@ class LLMEngine:
             num_cached_tokens=s.num_cached_tokens,
             num_computed_tokens=s.num_prompt_tokens - s.num_cached_tokens,
             logprobs=list(s.logprobs) if s.params.logprobs else None,
+            states=s.states,
         )
