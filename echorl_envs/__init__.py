@@ -62,6 +62,7 @@ ENVS: list[EnvEntry] = [
     # --- CRUXEval / ARC (echorl_envs.cruxeval, echorl_envs.arc) ---
     EnvEntry("EchoRL/CRUXEval-O-v0", "echorl_envs.cruxeval:CRUXEvalEnv", 8, {"mode": "output"}, "cruxeval", "free-text", "generated"),
     EnvEntry("EchoRL/CRUXEval-I-v0", "echorl_envs.cruxeval:CRUXEvalEnv", 8, {"mode": "input"}, "cruxeval", "free-text", "generated"),
+    EnvEntry("EchoRL/CRUXEval-Repair-v0", "echorl_envs.cruxeval_repair:CRUXEvalRepairEnv", 6, {}, "cruxeval-repair", "free-text", "generated"),
     EnvEntry("EchoRL/ARC-v0", "echorl_envs.arc:ARCEnv", 8, {"split": "training"}, "arc", "free-text", "bundled"),
     EnvEntry("EchoRL/ARC-Eval-v0", "echorl_envs.arc:ARCEnv", 8, {"split": "evaluation"}, "arc", "free-text", "bundled"),
     EnvEntry("EchoRL/ARC-ReARC-v0", "echorl_envs.arc:ARCEnv", 8, {"split": "rearc"}, "arc", "free-text", "generated"),
