@@ -115,7 +115,7 @@ def _make_instance_class() -> type:
             self.chromium = chromium
             self.episode_ms = episode_ms
             self.profile_dir: str | None = None
-            self.pids: list[int] = []
+            self.driver_pid: int | None = None
 
         def create_driver(self) -> None:
             opts = webdriver.ChromeOptions()
@@ -127,7 +127,7 @@ def _make_instance_class() -> type:
             opts.binary_location = self.chromium[0]
             service = Service(executable_path=self.chromium[1])
             self.driver = webdriver.Chrome(service=service, options=opts)
-            self.pids = _process_tree(service.process.pid)
+            self.driver_pid = service.process.pid
             self.driver.get(self.url)
             WebDriverWait(self.driver, 30).until(ec.element_to_be_clickable((By.ID, self.SYNC_SCREEN_ID)))
             # MiniWoB's own episode limit (core.EPISODE_MAX_TIME, 10 s by default) -- set once per page load.
@@ -136,12 +136,17 @@ def _make_instance_class() -> type:
                 "return [window.innerWidth, window.innerHeight];"
             )
 
+        @property
+        def pids(self) -> list[int]:
+            return _process_tree(self.driver_pid) if self.driver_pid is not None else []
+
         def close(self) -> None:
+            tree = self.pids  # before quit(): chromium's processes are the driver's children
             driver = getattr(self, "driver", None)
             if driver is not None:
                 with contextlib.suppress(Exception):
                     driver.quit()
-            _kill(self.pids)
+            _kill(tree)  # whatever quit() left behind (a hung or half-crashed browser)
             if self.profile_dir:
                 shutil.rmtree(self.profile_dir, ignore_errors=True)
             self.died = True
