@@ -159,6 +159,21 @@ class LLMEngine(_RequestsMixin):
         with self._lock:
             return score_candidates(self.runner, self.cache, p, cands, share_prefix)
 
+    def prompt_logprobs(
+        self, prompt: str | Sequence[int], top_k: int = 0
+    ) -> tuple[list[int], list[float | None], list[list[tuple[int, float]] | None]]:
+        """Log-probability of every prompt token given the tokens before it (None for the first token).
+
+        Returns ``(token ids, logprobs, top_k alternatives per position)`` (see
+        :func:`echorl_agent.llm.scoring.prompt_logprobs`).
+        """
+        from echorl_agent.llm.scoring import prompt_logprobs
+
+        tokens = self.validate_prompt(prompt)
+        with self._lock:
+            lps, tops = prompt_logprobs(self.runner, self.cache, tokens, top_k)
+        return tokens, lps, tops
+
     # ------------------------------------------------------------------ loop
     def _loop(self) -> None:
         while True:
@@ -310,7 +325,7 @@ class LLMEngine(_RequestsMixin):
 
     def _result(self, s: _Seq) -> GenerationResult:
         gen = s.tokens[s.num_prompt_tokens :]
-        text = s.text if s.text else self.llm.decode(gen)
+        text = s.text if s.text is not None else self.llm.decode(gen)
         return GenerationResult(
             request_id=s.id,
             prompt_token_ids=s.tokens[: s.num_prompt_tokens],

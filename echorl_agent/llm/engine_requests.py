@@ -40,7 +40,8 @@ class _Seq:
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     generator: torch.Generator | None = None
-    text: str = ""
+    text: str | None = None
+    """The generation cut before a stop string (None: no stop string hit)."""
     finish_reason: str | None = None
     index: int = 0
     """Position in its group (:meth:`LLMEngine.submit_group`)."""
@@ -65,7 +66,7 @@ class _RequestsMixin:
         With ``params.seed`` set, sample ``i`` uses seed ``seed + i``. Returns one future per sample.
         """
         params = params or SamplingParams()
-        tokens = self._validate(prompt, priority)
+        tokens = self.validate_prompt(prompt, priority)
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an int >= 1, got n={n!r}")
         group: list[_Seq] = []
@@ -88,7 +89,8 @@ class _RequestsMixin:
             self._work.notify_all()
         return [s.future for s in group]
 
-    def _validate(self, prompt: str | Sequence[int], priority: float) -> list[int]:
+    def validate_prompt(self, prompt: str | Sequence[int], priority: float = 1.0) -> list[int]:
+        """The prompt's token ids, or ValueError saying what is wrong (see :meth:`submit`)."""
         if isinstance(prompt, str):
             tokens = self.llm.encode(prompt)
         else:
@@ -112,6 +114,12 @@ class _RequestsMixin:
         if not priority >= 0:
             raise ValueError(f"priority must be >= 0, got priority={priority}")
         return tokens
+
+    def abort_all(self) -> int:
+        """Abort every unfinished request (shutdown, a replaced adapter); returns how many."""
+        with self._work:
+            ids = list(self._live)
+        return sum(self.abort(i) for i in ids)
 
     def abort(self, request_id: int) -> bool:
         """Stop request ``request_id`` at the next step and free its KV; its future is cancelled.
