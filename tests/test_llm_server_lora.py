@@ -88,6 +88,7 @@ def _complete(client, model: str) -> tuple[str, list[float]]:
     return r.choices[0].text, r.choices[0].logprobs.token_logprobs
 
 
+@pytest.mark.slow  # ~45 s here: three HF reference decodes and two adapter merges
 def test_load_use_unload_reload_lora(served, tmp_path):
     llm, url = served
     client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
