@@ -18,7 +18,7 @@ import torch
 from echorl_agent.llm.prefix_cache import PrefixCache
 from echorl_agent.llm.runner import ModelRunner, SeqChunk
 
-__all__ = ["score_candidates", "SoftTokens"]
+__all__ = ["score_candidates", "prompt_logprobs", "SoftTokens"]
 
 
 @dataclass
@@ -159,3 +159,28 @@ def score_candidates(
         out, [len(c) for c in candidates], alloc.num_cached_tokens + p * len(candidates),
         p - alloc.num_cached_tokens + n_cand, **extra,
     )
+
+
+def prompt_logprobs(
+    runner: ModelRunner, cache: PrefixCache, tokens: list[int], top_k: int = 0
+) -> tuple[list[float | None], list[list[tuple[int, float]] | None]]:
+    """``log p(tokens[i] | tokens[:i])`` for every prompt token (None for the first), plus the top-k alternatives.
+
+    What lm-eval-harness reads from ``echo=True, logprobs=k, max_tokens=0`` on ``/v1/completions``. One full
+    forward with logits at every position (cached blocks hold KV, not logits, so the prefix cache is bypassed).
+    """
+    alloc = cache.allocate(tokens, record_stats=False, use_cache=False)
+    try:
+        (lg,) = runner.forward([SeqChunk(tokens, 0, alloc.block_table, all_logits=True)])
+    finally:
+        cache.release(alloc.block_table)
+    lsm = torch.log_softmax(lg[:-1].float(), dim=-1)  # row i predicts tokens[i + 1]
+    chosen = lsm.gather(1, torch.tensor(tokens[1:], dtype=torch.long)[:, None])[:, 0].tolist()
+    lps: list[float | None] = [None, *chosen]
+    tops: list[list[tuple[int, float]] | None] = [None]
+    if top_k:
+        v, i = torch.topk(lsm, min(top_k, lsm.shape[-1]), dim=-1)
+        tops += [list(zip(a, b, strict=True)) for a, b in zip(i.tolist(), v.tolist(), strict=True)]
+    else:
+        tops += [None] * (len(tokens) - 1)
+    return lps, tops

@@ -117,13 +117,10 @@ class GRPOTrainer:
         n = n or self.cfg.group_size
         prompt = self.prompt_ids(seed)
         eng = self.lm.engine
-        # prefill once: the prompt's full blocks are then served from the prefix cache to every sample
-        eng.generate([prompt], SamplingParams(max_tokens=1))
-        params = [SamplingParams(max_tokens=self.cfg.max_tokens, temperature=temperature, logprobs=True,
-                                 capture_states=self.lm.capture, seed=int(self.rng.integers(2**31)))
-                  for _ in range(n)]
-        futs = [eng.submit(prompt, p) for p in params]
-        outs = [eng.wait(f) for f in futs]
+        # one group: the prompt is prefilled once and every sample forks its KV (LLMEngine.submit_group)
+        params = SamplingParams(max_tokens=self.cfg.max_tokens, temperature=temperature, logprobs=True,
+                                capture_states=self.lm.capture, seed=int(self.rng.integers(2**31)))
+        outs = [eng.wait(f) for f in eng.submit_group(prompt, params, n)]
         texts = [o.text for o in outs]
         rewards = np.array([self.judge(seed, t) for t in texts], dtype=np.float64)
         return Group(seed, prompt, outs, rewards, texts)
