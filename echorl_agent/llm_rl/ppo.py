@@ -62,6 +62,16 @@ class LLMPPO(EchoPPO):
         self.logger.record("train/weight_version", version)
         self.policy.clear_store()
 
+    def save(self, path: Any, exclude: Any = None, include: Any = None) -> None:
+        """SB3's ``save``; a live ``TrainableLM`` passed as ``policy_kwargs["lm"]`` is not pickled (the adapter
+        weights are in the policy's state dict)."""
+        lm = self.policy_kwargs.pop("lm", None)
+        try:
+            super().save(path, exclude, include)
+        finally:
+            if lm is not None:
+                self.policy_kwargs["lm"] = lm
+
     def predict(self, observation: np.ndarray, state: Any = None, episode_start: Any = None,
                 deterministic: bool = False, action_masks: Any = None):
         return self.policy.predict(observation, state, episode_start, deterministic)
