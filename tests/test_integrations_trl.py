@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import warnings
@@ -121,7 +122,8 @@ def test_smollm2_tool_call_parses_and_reaches_the_env():
     env = make_trl_environment("EchoRL/Arithmetic-v0")()
     env.reset(seed=2)
     answer = env.info["expert_action"]
-    text = '<tool_call>\n{"name": "act", "arguments": {"action": "%s"}}\n</tool_call><|im_end|>' % answer
+    call_json = json.dumps({"name": "act", "arguments": {"action": answer}})
+    text = f"<tool_call>\n{call_json}\n</tool_call><|im_end|>"
     msg = tok.parse_response(text, prefix="")
     call = msg["tool_calls"][0]["function"]
     out = getattr(env, call["name"])(**call["arguments"])

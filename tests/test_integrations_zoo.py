@@ -35,9 +35,10 @@ def test_rl_zoo3_train_ppo_on_echorl_env(tmp_path):
             episodes += list(csv.DictReader(fh))
     assert episodes and all(0.0 <= float(e["r"]) <= 1.0 and 1 <= int(e["l"]) <= 100 for e in episodes)
     # the saved model acts on the wrapped env
+    from stable_baselines3 import PPO
+
     import echorl_envs
     from echorl_envs.wrappers import wrap_text_env
-    from stable_baselines3 import PPO
 
     model = PPO.load(run / "EchoRL-MiniGrid-Empty-5x5-v0.zip", device="cpu")
     wrapped = wrap_text_env(echorl_envs.make(ENV))

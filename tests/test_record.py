@@ -68,7 +68,7 @@ def test_minari_round_trip(tmp_path):
     jsonl = load_jsonl(record_episodes(ENV, episodes=2, out=tmp_path / "j", seed=2))
     assert ds.total_episodes == 2 and ds.total_steps == sum(r["num_steps"] for r in jsonl)
     assert isinstance(ds.observation_space, gym.spaces.Text) and isinstance(ds.action_space, gym.spaces.Text)
-    for ep, row in zip(ds.iterate_episodes(), jsonl):
+    for ep, row in zip(ds.iterate_episodes(), jsonl, strict=True):
         assert list(ep.actions) == [s["action"] for s in row["steps"]]
         assert list(ep.observations[:-1]) == [s["observation"] for s in row["steps"]]
         assert list(ep.rewards) == pytest.approx([s["reward"] for s in row["steps"]])

@@ -166,8 +166,9 @@ def make_trl_dataset(env_id: str, num_tasks: int, seed: int = 0, system_prompt: 
         seed: first seed.
         system_prompt: an optional system message.
     """
-    import echorl_envs
     from datasets import Dataset
+
+    import echorl_envs
 
     echorl_envs.entry(env_id)
     if isinstance(num_tasks, bool) or not isinstance(num_tasks, int) or num_tasks < 1:
