@@ -25,7 +25,9 @@ FAMILIES = {
     "textworld": "TextWorld",
     "webshop": "WebShop",
     "cruxeval": "CRUXEval",
+    "cruxeval-repair": "CRUXEval-Repair",
     "arc": "ARC",
+    "miniwob": "MiniWoB++",
 }
 
 _HEADING = re.compile(r"^([A-Z][\w ()/'-]*):\s*$")
@@ -41,7 +43,10 @@ def _inline(text: str) -> str:
 
 def docstring_to_markdown(doc: str) -> str:
     """Google-style sections ("Description:" + indented block) and **Bold**: paragraphs to Markdown."""
-    lines = inspect.cleandoc(doc).splitlines()
+    # a section started mid-line ("... else 0. **Termination.** On a pass") starts its own line
+    doc = re.sub(r"(?<=[.:]) (\*\*(?:Description|Data|Observation|Actions|Rewards|Termination|Info|Registered ids)"
+                 r"[.:]?\*\*[.:]?)", r"\n\1", inspect.cleandoc(doc))
+    lines = doc.splitlines()
     out: list[str] = []
     section = None
     for line in lines:
