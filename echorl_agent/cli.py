@@ -1,9 +1,10 @@
-"""The ``echorl`` command line: list, play, bench, serve.
+"""The ``echorl`` command line: list, play, bench, record, serve.
 
     echorl list
     echorl play EchoRL/MiniGrid-DoorKey-5x5-v0
     echorl bench --tasks EchoRL/Game24-v0 EchoRL/MiniGrid-Empty-5x5-v0 --agents random expert --seeds 2 --episodes 5
     echorl bench --preset demo
+    echorl record --task EchoRL/MiniGrid-Empty-5x5-v0 --agent expert --episodes 10 --format minari --out runs/data
     echorl serve --port 8000 --model smollm2-135m
     echorl serve --help
 """
