@@ -1,10 +1,11 @@
-"""The ``echorl`` command line: list, play, bench, serve.
+"""The ``echorl`` command line: list, play, bench, record, serve.
 
     echorl list
     echorl play EchoRL/MiniGrid-DoorKey-5x5-v0
     echorl bench --tasks EchoRL/Game24-v0 EchoRL/MiniGrid-Empty-5x5-v0 --agents random expert --seeds 2 --episodes 5
     echorl bench --preset demo
     echorl train-llm --task EchoRL/MiniGrid-Empty-5x5-v0 --method bc+ppo --train-steps 256 --out runs/llm
+    echorl record --task EchoRL/MiniGrid-Empty-5x5-v0 --agent expert --episodes 10 --format minari --out runs/data
     echorl serve --port 8000 --model smollm2-135m
     echorl serve --help
 """
@@ -204,6 +205,24 @@ def cmd_train_llm(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_record(args: argparse.Namespace) -> int:
+    import echorl_envs
+    from echorl_agent.eval import agents as agent_registry
+    from echorl_agent.eval.record import record_episodes
+
+    _check_choices([args.task], echorl_envs.env_ids(), "task")
+    _check_choices([args.agent], agent_registry.agent_names(), "agent")
+    opts = json.loads(args.agent_options) if args.agent_options else {}
+    try:
+        path = record_episodes(args.task, agent=args.agent, episodes=args.episodes, out=args.out, format=args.format,
+                               seed=args.seed, max_steps=args.max_steps, agent_options=opts,
+                               dataset_id=args.dataset_id)
+    except ValueError as e:
+        raise SystemExit(f"echorl record: {e}") from e
+    print(f"wrote {args.episodes} episodes of {args.task} ({args.agent}) to {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="echorl", description="echorl: text environments and EchoRL agents.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -234,6 +253,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="runs/bench")
     s.add_argument("--quiet", action="store_true")
     s.set_defaults(func=cmd_bench)
+
+    s = sub.add_parser("record", help="write an agent's trajectories as a Minari dataset or SFT-ready JSONL")
+    s.add_argument("--task", required=True, help="environment id, e.g. EchoRL/MiniGrid-Empty-5x5-v0")
+    s.add_argument("--agent", default="expert", help="agent name (default: expert)")
+    s.add_argument("--episodes", type=int, default=10)
+    s.add_argument("--format", choices=["jsonl", "minari"], default="jsonl")
+    s.add_argument("--out", default="runs/record", help="output folder")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--max-steps", type=int, default=None, help="cap on steps per episode")
+    s.add_argument("--agent-options", help='JSON keyword arguments for the agent factory')
+    s.add_argument("--dataset-id", help="Minari dataset id (default echorl/<env>/<agent>-v0)")
+    s.set_defaults(func=cmd_record)
 
     from echorl_agent.llm.serve_args import add_serve_arguments
 
