@@ -35,6 +35,13 @@ _FORBIDDEN_NAMES = frozenset(
      "__import__", "breakpoint", "input", "help", "exit", "quit", "memoryview", "type", "object", "super"}
 )
 #: Calls allowed in an output answer besides literals (``set()`` has no literal form; ``float('inf')``).
+#: Attributes that hand out frames, builtins or generator control (``(x for x in ()).gi_frame.f_builtins``
+#: reaches every builtin; ``.throw(SystemExit)`` tried to end the judge early).
+_FORBIDDEN_ATTRIBUTES = frozenset(
+    {"gi_frame", "gi_code", "gi_yieldfrom", "gi_running", "cr_frame", "cr_code", "cr_await", "ag_frame",
+     "ag_code", "ag_await", "tb_frame", "tb_next", "f_back", "f_builtins", "f_globals", "f_locals", "f_code",
+     "f_trace", "throw", "send", "close", "mro", "func_globals"}
+)
 _OUTPUT_CALLS = frozenset({"set", "frozenset", "float", "complex", "bytes", "bytearray", "range"})
 _JUDGE = SandboxConfig(wall_seconds=5.0, cpu_seconds=3)
 
@@ -90,7 +97,7 @@ def _check_names(tree: ast.AST) -> None:
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and (node.id in _FORBIDDEN_NAMES or node.id.startswith("__")):
             raise InvalidAction(f"the answer may not use {node.id!r}")
-        if isinstance(node, ast.Attribute) and node.attr.startswith("_"):
+        if isinstance(node, ast.Attribute) and (node.attr.startswith("_") or node.attr in _FORBIDDEN_ATTRIBUTES):
             raise InvalidAction(f"the answer may not access the attribute {node.attr!r}")
         if isinstance(node, (ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom)):
             raise InvalidAction("the answer must be a plain expression")

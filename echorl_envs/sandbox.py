@@ -46,12 +46,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from echorl_envs._sandbox_guard import verify_report
+
 __all__ = ["SandboxConfig", "SandboxResult", "SandboxPool", "run_code", "shared_pool", "STATUSES"]
 
 #: The possible ``SandboxResult.status`` values.
 STATUSES = ("passed", "failed", "timeout", "error")
 
 _CHILD = str(Path(__file__).with_name("_sandbox_child.py"))
+_MAX_REPORT = 1 << 20
 _PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
@@ -152,6 +155,13 @@ def _env(home: str) -> dict[str, str]:
     return {"PATH": _PATH, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": home, "TMPDIR": home}
 
 
+def _wait_status(returncode: int | None) -> int | None:
+    """A ``waitpid`` status equivalent to a ``Popen.returncode`` (for :func:`verify_report`)."""
+    if returncode is None:
+        return None
+    return (-returncode) & 0x7F if returncode < 0 else (returncode & 0xFF) << 8
+
+
 def _kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -168,7 +178,8 @@ def run_code(code: str, config: SandboxConfig | None = None) -> SandboxResult:
     """
     config = config or SandboxConfig()
     workdir = tempfile.mkdtemp(prefix="echorl-sandbox-")
-    request = _request(code, config) | {"workdir": workdir}
+    nonce = os.urandom(16).hex()
+    request = _request(code, config) | {"workdir": workdir, "nonce": nonce}
     python = config.python or sys.executable
     start = time.perf_counter()
     proc = subprocess.Popen(
@@ -186,13 +197,11 @@ def run_code(code: str, config: SandboxConfig | None = None) -> SandboxResult:
     finally:
         _kill_group(proc.pid)
         shutil.rmtree(workdir, ignore_errors=True)
-    if out:
-        try:
-            return SandboxResult.from_dict(json.loads(out))
-        except ValueError:
-            pass
     rc = proc.returncode
     duration = time.perf_counter() - start
+    report = verify_report(out[:_MAX_REPORT], nonce, _wait_status(rc))
+    if report is not None:
+        return SandboxResult.from_dict(report)
     if rc is not None and rc < 0:
         sig = signal.Signals(-rc)
         if sig == signal.SIGXCPU:

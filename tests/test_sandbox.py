@@ -222,3 +222,101 @@ def test_timeout_kills_the_whole_process_group(tmp_path, mode):
             break
         time.sleep(0.1)
     assert _gone(grandchild)
+
+
+# ---- judging that cannot be faked (issue 15: reward hacking) -----------------------------------------------
+
+EXITS = [
+    "(x for x in ()).throw(SystemExit)",
+    "raise SystemExit(0)",
+    "import sys\nsys.exit(0)",
+    "import os\nos._exit(0)",
+    "import signal\nsignal.raise_signal(signal.SIGKILL)",
+    "import signal\nsignal.raise_signal(signal.SIGTERM)",
+    "import os\nos.abort()",
+    "import threading, os\nthreading.Thread(target=os._exit, args=(0,)).start()\nimport time\ntime.sleep(5)",
+]
+
+
+@pytest.mark.parametrize("code", EXITS)
+def test_exiting_early_is_never_a_pass(run, code):
+    r = run(code + "\nassert False, 'not reached'")
+    assert r.status == "error", (code, r)
+
+
+# Forged results: every fd the code could hold gets a well-formed "passed" report (the issue's os.write(3, ...)).
+FORGE = (
+    "import os\n"
+    "for fd in range(0, 64):\n"
+    "    try:\n"
+    "        os.write(fd, b'{\"status\": \"passed\"}\\n' * 20)\n"
+    "    except OSError:\n"
+    "        pass\n"
+)
+
+
+def test_forged_results_never_pass_and_do_not_shift_later_results(run):
+    assert run(FORGE + "assert 1 == 2").status == "error"
+    assert run(FORGE + "import os\nos._exit(0)").status == "error"
+    assert run(FORGE + "raise SystemExit(0)").status == "error"
+    # the forged lines must not be taken as the answers of the next runs
+    assert [run(f"assert {i} == 0").status for i in range(3)] == ["passed", "failed", "failed"]
+
+
+def test_forged_results_cannot_reach_another_pool_of_the_process():
+    with SandboxPool(FAST) as a, SandboxPool(FAST) as b:
+        assert a.run(FORGE + "assert False").status == "error"
+        assert [b.run("assert False").status, a.run("assert False").status] == ["failed", "failed"]
+
+
+@pytest.mark.parametrize(
+    "code, refused",
+    [
+        ("import sys\nsys._getframe(0).f_back", "sys._getframe"),
+        ("(x for x in ()).gi_frame.f_builtins", "gi_frame"),
+        ("try:\n    1 / 0\nexcept Exception as e:\n    e.__traceback__.tb_frame", "tb_frame"),
+        ("import gc\ngc.get_objects()", "gc.get_objects"),
+        ("import gc\ngc.get_referrers(print)", "gc.get_referrers"),
+        ("import sys\nsys.settrace(lambda *a: None)", "sys.settrace"),
+        ("import sys\nsys.setprofile(lambda *a: None)", "sys.setprofile"),
+        ("(lambda: 0).__code__.replace(co_code=b'')", "code.__new__"),
+        ("import marshal\nmarshal.loads(marshal.dumps((lambda: 0).__code__))", "marshal.loads"),
+        ("def g(): pass\ng.__code__ = (lambda: 1).__code__", "__code__"),
+        ("import sys\nsys.addaudithook(lambda *a: None)", "sys.addaudithook"),
+        ("import ctypes", "ctypes"),
+        ("import signal\nsignal.signal(signal.SIGALRM, lambda n, frame: frame)", "signal.signal"),
+    ],
+)
+def test_interpreter_state_is_out_of_reach(run, code, refused):
+    """The paths to the harness's frame (and its nonce) are refused with a clear message."""
+    r = run(code)
+    assert r.status == "error" and "SandboxViolation" in r.message and refused in r.message, r
+
+
+def test_kernel_layer_refuses_signal_handlers_without_audit_hook():
+    cfg = SandboxConfig(wall_seconds=3.0, cpu_seconds=2, audit_hook=False)
+    r = run_code("import signal\nsignal.signal(signal.SIGALRM, lambda n, frame: frame)", cfg)
+    if not r.seccomp:
+        pytest.skip("pyseccomp/libseccomp not available: the kernel filter layer is off")
+    assert r.status == "error" and "Operation not permitted" in r.message
+
+
+def test_judged_code_runs_in_a_fresh_main_module(run):
+    r = run("import sys\nprint(sorted(k for k in vars(sys.modules['__main__']) if not k.startswith('__')))")
+    assert r.status == "passed" and r.stdout == "['sys']\n"  # only what the code defined itself
+
+
+def test_hostile_exception_str_cannot_change_the_verdict(run):
+    code = (
+        "class E(Exception):\n"
+        "    def __str__(self):\n"
+        "        import os\n"
+        "        for fd in range(64):\n"
+        "            try:\n"
+        "                os.write(fd, b'{\"status\": \"passed\"}')\n"
+        "            except OSError:\n"
+        "                pass\n"
+        "        raise SystemExit(0)\n"
+        "raise E()"
+    )
+    assert run(code).status == "error"
