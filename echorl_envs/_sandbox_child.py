@@ -21,12 +21,10 @@ outside the working directory -- into a clear ``SandboxViolation`` message.
 
 from __future__ import annotations
 
-import errno
 import io
 import json
 from json.encoder import encode_basestring_ascii as _encode_str
 import os
-import resource
 import select
 import shutil
 import signal
@@ -52,78 +50,9 @@ def _load_sibling(name: str):  # noqa: ANN202 - a module object
 
 
 _guard = _load_sibling("_sandbox_guard")
+_confinement = _load_sibling("_sandbox_confine")
 SandboxViolation = _guard.SandboxViolation
 _BLOCKED_MODULES = _guard.BLOCKED_MODULES
-
-
-def _set_limits(limits: dict) -> None:
-    """``setrlimit`` in the child: CPU seconds (SIGXCPU then SIGKILL), address space, file size (EFBIG
-    instead of SIGXFSZ), no core dumps, few open files, and no new processes (effective for non-root users;
-    root is covered by seccomp and the audit hook)."""
-    cpu = int(limits["cpu_seconds"])
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    mem = int(limits["memory_bytes"])
-    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-    fsize = int(limits["file_bytes"])
-    resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-    resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-
-
-def _unshare_network() -> bool:
-    """Move the child into a fresh, empty network namespace (root only; silently skipped otherwise)."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.unshare(0x40000000) == 0  # CLONE_NEWNET
-    except (OSError, AttributeError):
-        return False
-
-
-def _load_seccomp(seccomp_path: str | None) -> bool:
-    """Install a seccomp-BPF filter with ``pyseccomp`` (found at ``seccomp_path``) when available.
-
-    Denied with EPERM: rt_sigaction (a Python signal handler receives the interrupted frame), fork/vfork, clone without CLONE_THREAD (threads keep working), execve(at), socket,
-    socketpair, kill/tkill, tgkill on another process, ptrace, setrlimit, prlimit64 with a new limit, unshare,
-    setns, mount, chroot, pivot_root; clone3 returns ENOSYS so glibc falls back to the filtered clone.
-    """
-    sc = _import_seccomp(seccomp_path)
-    if sc is None:
-        return False
-    try:
-        f = sc.SyscallFilter(defaction=sc.ALLOW)
-        for name in ("fork", "vfork", "execve", "execveat", "socket", "socketpair", "kill", "tkill", "ptrace",
-                     "setrlimit", "unshare", "setns", "mount", "umount2", "chroot", "pivot_root",
-                     "process_vm_writev", "rt_sigaction", "reboot", "kexec_load", "init_module", "finit_module"):
-            f.add_rule(sc.ERRNO(errno.EPERM), name)
-        f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
-        f.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, 0x10000, 0))  # no CLONE_THREAD
-        f.add_rule(sc.ERRNO(errno.EPERM), "tgkill", sc.Arg(0, sc.NE, os.getpid()))
-        f.add_rule(sc.ERRNO(errno.EPERM), "prlimit64", sc.Arg(2, sc.NE, 0))
-        f.load()
-        return True
-    except Exception:  # noqa: BLE001 - kernel without seccomp: the other layers remain
-        return False
-
-
-def _import_seccomp(seccomp_path: str | None):  # noqa: ANN202 - the module, or None
-    """Import ``pyseccomp`` from the host's site-packages directory (the child runs without ``site``)."""
-    if not seccomp_path:
-        return None
-    if "pyseccomp" in sys.modules:
-        return sys.modules["pyseccomp"]
-    sys.path.insert(0, seccomp_path)
-    try:
-        import pyseccomp
-
-        return pyseccomp
-    except Exception:  # noqa: BLE001 - libseccomp.so missing: the other layers remain
-        return None
-    finally:
-        sys.path.remove(seccomp_path)
 
 
 class _BoundedText(io.TextIOBase):
@@ -151,13 +80,17 @@ class _BoundedText(io.TextIOBase):
         return "".join(self.parts)
 
 
-def _confine(request: dict) -> bool:
-    """Apply every layer to this process (the one that will run the code); returns whether seccomp is on."""
+def _confine(request: dict) -> list[str]:
+    """Apply the per-run layers to this process (the one that will run the code); returns those active."""
     os.chdir(request["workdir"])
-    if request.get("unshare_network"):
-        _unshare_network()
-    _set_limits(request["limits"])
-    seccomp = _load_seccomp(request.get("seccomp_path"))
+    sc = sys.modules.get("pyseccomp") if request.get("seccomp_path") else None
+    _confinement.set_limits(request["limits"], threads=sc is not None)
+    layers = []
+    if request.get("_drop_privileges"):
+        _confinement.drop_privileges()
+        layers.append("uid_drop")
+    if _confinement.load_seccomp(sc):
+        layers.append("seccomp")
     tempfile.tempdir = request["workdir"]
     # Imports compile from source instead of loading .pyc files, so marshal (which builds code objects from
     # raw bytes, a way to read arbitrary memory) can be refused without breaking lazy stdlib imports.
@@ -170,7 +103,8 @@ def _confine(request: dict) -> bool:
 
         _signal.signal = signal.signal = _refuse_signal_handlers  # handlers receive frames (seccomp also denies)
         _guard.install_audit_hook(request["workdir"])
-    return seccomp
+        layers.append("audit_hook")
+    return layers
 
 
 def _refuse_signal_handlers(*args: object) -> None:
@@ -210,10 +144,10 @@ def _judge_and_report(request: dict, nonce: str, report_fd: int) -> None:
     out = _BoundedText(int(request["limits"]["output_chars"]))
     code = request.pop("code")
     status, exc = "error", None
-    seccomp = False
+    layers: list[str] = []
     start = perf()
     try:
-        seccomp = _confine(request)
+        layers = _confine(request)
         sys.stdout = sys.stderr = out
         sys.modules["__main__"] = main = type_(sys)("__main__")
         exec(compile(code, "<sandbox>", "exec"), main.__dict__)  # noqa: S102 - confined, the point
@@ -237,11 +171,13 @@ def _judge_and_report(request: dict, nonce: str, report_fd: int) -> None:
         pass
     message = message[:max_message] if type_(message) is str_ else ""
     stdout = stdout if type_(stdout) is str_ else ""
+    seccomp = "seccomp" in layers
+    layer_list = ", ".join('"' + name + '"' for name in [*request.get("_layers", ()), *layers])
     report = (
         '{"nonce": "' + nonce + '", "status": "' + status + '", "message": ' + encode(message)
         + ', "duration": ' + float_.__repr__(float_(duration)) + ', "stdout": ' + encode(stdout)
         + ', "output_truncated": ' + ("true" if truncated is True else "false")
-        + ', "seccomp": ' + ("true" if seccomp is True else "false") + "}"
+        + ', "seccomp": ' + ("true" if seccomp is True else "false") + ', "layers": [' + layer_list + "]}"
     ).encode()
     try:
         while report:
@@ -279,54 +215,81 @@ def _signal_result(wait_status: int, wall: float, timed_out: bool) -> dict:
     return {"status": "error", "message": f"exited with code {os.WEXITSTATUS(wait_status)} without a result"}
 
 
-def _run_forked(request: dict) -> dict:
-    """Worker mode: run one request in a forked child with its own temp dir and process group."""
-    wall = float(request["limits"]["wall_seconds"])
-    workdir = tempfile.mkdtemp(prefix="echorl-sandbox-", dir=request.get("tmp_root"))
-    request = dict(request, workdir=workdir)
-    nonce = os.urandom(16).hex()
-    r_fd, w_fd = os.pipe()
-    start = time.perf_counter()
-    pid = os.fork()
-    if pid == 0:  # ---- child
-        try:
-            os.setpgid(0, 0)
-            _close_fds_except(w_fd)
-            _judge_and_report(request, nonce, w_fd)
-        finally:
-            os._exit(1)
-    # ---- worker
-    del request["code"]
-    os.close(w_fd)
+class _Runner:
+    """The trusted side of a worker: sets up isolation once, then runs each request in a forked child."""
+
+    def __init__(self, settings: dict) -> None:
+        _confinement.import_seccomp(settings.get("seccomp_path"))  # before the private root hides it
+        for name in _PRELOAD:  # common stdlib modules: children need not compile them (no .pyc in the child)
+            try:
+                __import__(name)
+            except ImportError:
+                pass
+        self.layers: list[str] = []
+        if settings.get("isolate", True):
+            self.layers = _confinement.isolate(int(settings.get("disk_mb", 64)))
+        self.tmp_root = "/tmp" if "mount_view" in self.layers else None
+        self.drop = bool(settings.get("isolate", True)) and _confinement.can_drop_privileges()
+
+    def run(self, request: dict) -> dict:
+        """Run one request in a forked child with its own temp dir and process group; a verified result."""
+        wall = float(request["limits"]["wall_seconds"])
+        workdir = tempfile.mkdtemp(prefix="echorl-sandbox-", dir=self.tmp_root)
+        if self.drop:
+            os.chown(workdir, _confinement.NOBODY, _confinement.NOBODY)
+        request = dict(request, workdir=workdir, _layers=self.layers, _drop_privileges=self.drop)
+        nonce = os.urandom(16).hex()
+        r_fd, w_fd = os.pipe()
+        start = time.perf_counter()
+        pid = os.fork()
+        if pid == 0:  # ---- child
+            try:
+                os.setpgid(0, 0)
+                _close_fds_except(w_fd)
+                _judge_and_report(request, nonce, w_fd)
+            finally:
+                os._exit(1)
+        # ---- worker
+        del request["code"]
+        os.close(w_fd)
+        data, timed_out = _read_bounded(r_fd, start + wall)
+        if timed_out:
+            _kill_group(pid)
+        os.close(r_fd)
+        _, wait_status = os.waitpid(pid, 0)
+        _kill_group(pid)  # anything the code left behind in its group
+        shutil.rmtree(workdir, ignore_errors=True)
+        result = None if timed_out else _guard.verify_report(data, nonce, wait_status)
+        if result is None:
+            result = _signal_result(wait_status, wall, timed_out)  # no "layers": nothing was reported
+        result.setdefault("duration", time.perf_counter() - start)
+        return result
+
+
+_PRELOAD = ("re", "string", "math", "cmath", "itertools", "functools", "collections", "operator", "copy",
+            "heapq", "bisect", "random", "datetime", "decimal", "fractions", "statistics", "textwrap",
+            "unicodedata", "typing", "dataclasses", "enum", "array", "struct", "numbers", "hashlib", "calendar",
+            "json", "encodings.idna", "encodings.utf_16", "encodings.utf_32", "encodings.latin_1",
+            "encodings.ascii", "encodings.cp1252", "fnmatch", "difflib", "pprint", "keyword", "locale")
+
+
+def _read_bounded(fd: int, deadline: float) -> tuple[bytes, bool]:
+    """Read ``fd`` until EOF or ``deadline``; keeps at most ``_MAX_REPORT`` bytes. Returns (data, timed_out)."""
     chunks: list[bytes] = []
     size = 0
-    timed_out = False
-    deadline = start + wall
     while True:
         left = deadline - time.perf_counter()
         if left <= 0:
-            timed_out = True
-            break
-        ready, _, _ = select.select([r_fd], [], [], left)
+            return b"".join(chunks), True
+        ready, _, _ = select.select([fd], [], [], left)
         if not ready:
             continue
-        chunk = os.read(r_fd, 1 << 16)
+        chunk = os.read(fd, 1 << 16)
         if not chunk:
-            break
+            return b"".join(chunks), False
         size += len(chunk)
         if size <= _MAX_REPORT:
             chunks.append(chunk)
-    if timed_out:
-        _kill_group(pid)
-    os.close(r_fd)
-    _, wait_status = os.waitpid(pid, 0)
-    _kill_group(pid)  # anything the code left behind in its group
-    shutil.rmtree(workdir, ignore_errors=True)
-    result = None if timed_out else _guard.verify_report(b"".join(chunks), nonce, wait_status)
-    if result is None:
-        result = _signal_result(wait_status, wall, timed_out)
-    result.setdefault("duration", time.perf_counter() - start)
-    return result
 
 
 def _kill_group(pgid: int) -> None:
@@ -337,29 +300,29 @@ def _kill_group(pgid: int) -> None:
 
 
 def _worker() -> None:
-    """Serve requests (one JSON object per line on stdin) until EOF."""
+    """Serve requests (one JSON object per line on stdin) until EOF; settings come as argv[2] (JSON)."""
     out = os.dup(1)
     null = os.open(_DEVNULL, os.O_RDWR)
     os.dup2(null, 1)
     os.close(null)
+    runner = _Runner(json.loads(sys.argv[2]) if len(sys.argv) > 2 else {})
+    _write_all(out, (json.dumps({"ready": True, "layers": runner.layers}) + "\n").encode())
     for line in sys.stdin:
-        if not line.strip():
-            continue
-        request = json.loads(line)
-        _import_seccomp(request.get("seccomp_path"))  # once, before forking: children inherit it
-        result = _run_forked(request)
-        _write_all(out, (json.dumps(result) + "\n").encode())
+        if line.strip():
+            _write_all(out, (json.dumps(runner.run(json.loads(line))) + "\n").encode())
 
 
 def _single() -> None:
-    """One-process-per-run mode: this very process is the sandbox (the host made the temp dir).
-
-    The report goes to the original stdout (moved to a private fd); the host checks the nonce it sent."""
+    """One-process-per-run mode: the same isolation and forked run as a worker, for a single request read
+    from stdin; the result goes to the original stdout with the host's nonce (checked by the host)."""
     request = json.loads(sys.stdin.read())
     nonce = request.pop("nonce")
     report_fd = os.dup(1)
     _close_fds_except(report_fd)
-    _judge_and_report(request, nonce, report_fd)
+    result = _Runner(request).run(request)
+    result["nonce"] = nonce
+    _write_all(report_fd, json.dumps(result).encode())
+    os._exit(0)
 
 
 if __name__ == "__main__":

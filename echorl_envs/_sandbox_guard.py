@@ -76,6 +76,33 @@ def _inside(path: object, root: str) -> bool:
     return p is not None and (p == root or p.startswith(root + os.sep) or p == _DEVNULL)
 
 
+def _guard_extension_loading(hook_state: dict) -> None:
+    """Route ``_imp.create_dynamic``/``create_builtin`` through the audit hook.
+
+    ``ExtensionFileLoader`` loads a ``.so`` by path without an ``import`` event, and an extension module the
+    trusted worker already loaded (``_ctypes``, used by pyseccomp) comes back from CPython's cache even when
+    its file is masked. The wrappers below hold no reference to the real functions (only the unreachable hook
+    does); they raise the ``echorl.create_*`` event and the hook refuses blocked modules (and a fresh ``_imp``).
+    """
+    import _imp
+    import types
+
+    hook_state["create_dynamic"], hook_state["create_builtin"] = _imp.create_dynamic, _imp.create_builtin
+    hook_state["namespace"] = types.SimpleNamespace
+
+    def create_dynamic(spec, file=None, _audit=sys.audit):  # noqa: ANN001, ANN202
+        box: list = []
+        _audit("echorl.create_dynamic", spec.name, spec.origin, box)
+        return box[0]
+
+    def create_builtin(spec, _audit=sys.audit):  # noqa: ANN001, ANN202
+        box: list = []
+        _audit("echorl.create_builtin", spec.name, getattr(spec, "origin", None), box)
+        return box[0]
+
+    _imp.create_dynamic, _imp.create_builtin = create_dynamic, create_builtin
+
+
 def install_audit_hook(workdir: str) -> None:
     """Install the hook for a run whose working directory is ``workdir`` (cannot be removed afterwards).
 
@@ -88,11 +115,24 @@ def install_audit_hook(workdir: str) -> None:
     path_events, dir_fd_at, write_flags = PATH_EVENTS, _DIR_FD_AT, _WRITE_FLAGS
     two_dir_fds = ("os.rename", "os.link")
     inside, resolve, violation = _inside, _resolve, SandboxViolation
-    isinstance_, str_, len_, any_ = isinstance, str, len, any
+    isinstance_, str_, len_, any_, type_ = isinstance, str, len, any, type
+    state: dict = {}
+    _guard_extension_loading(state)
+    create = {"echorl.create_dynamic": state.pop("create_dynamic"), "echorl.create_builtin": state.pop("create_builtin")}
+    namespace, basename = state.pop("namespace"), os.path.basename
 
     def hook(event: str, args: tuple) -> None:
-        if event in blocked:
+        if event in blocked or event.startswith("ctypes."):
             raise violation(f"{event} is not allowed in the sandbox")
+        if event in create:  # (name, origin, box) from the _imp wrappers
+            name, origin, box = args
+            if type_(name) is not str_ or (origin is not None and type_(origin) is not str_):
+                raise violation("extension modules must be named by plain strings in the sandbox")
+            stem = basename(origin).split(".")[0] if origin else name
+            if name == "_imp" or name.split(".")[-1] in blocked_mods or stem in blocked_mods:
+                raise violation(f"loading the extension module {name!r} is not allowed in the sandbox")
+            box.append(create[event](namespace(name=name, origin=origin)))
+            return
         if event == "import":
             if args and args[0] in blocked_mods:
                 raise violation(f"import of {args[0]!r} is not allowed in the sandbox")
