@@ -231,12 +231,12 @@ def test_hostile_actions_never_raise(env_id):
         env.close()
 
 
-@pytest.mark.parametrize("options", [{1: 2}, "x", [], 3, ("index", 0)])
-def test_bad_reset_options_are_a_clear_value_error(env_id, options):
+def test_bad_reset_options_are_a_clear_value_error(env_id):
     env = make(env_id)
     try:
-        with pytest.raises(ValueError, match="option"):
-            env.reset(options=options)
+        for options in ({1: 2}, "x", [], 3, ("index", 0)):
+            with pytest.raises(ValueError, match="option"):
+                env.reset(options=options)
         obs, _ = env.reset(seed=0, options={})  # still usable, and {} / None mean "no options"
         assert isinstance(obs, str)
     finally:
