@@ -218,10 +218,10 @@ def _signal_result(wait_status: int, wall: float, timed_out: bool) -> dict:
 class _Runner:
     """The trusted side of a worker: sets up isolation once, then runs each request in a forked child."""
 
-    def __init__(self, settings: dict) -> None:
+    def __init__(self, settings: dict, preload: bool = True) -> None:
         _confinement.import_seccomp(settings.get("seccomp_path"))  # before the private root hides it
-        for name in _PRELOAD:  # common stdlib modules: children need not compile them (no .pyc in the child)
-            try:
+        for name in _PRELOAD if preload else ():  # common stdlib modules: forked children need not compile
+            try:                                  # them again (no .pyc is loaded in the child)
                 __import__(name)
             except ImportError:
                 pass
@@ -319,7 +319,7 @@ def _single() -> None:
     nonce = request.pop("nonce")
     report_fd = os.dup(1)
     _close_fds_except(report_fd)
-    result = _Runner(request).run(request)
+    result = _Runner(request, preload=False).run(request)
     result["nonce"] = nonce
     _write_all(report_fd, json.dumps(result).encode())
     os._exit(0)
