@@ -201,6 +201,7 @@ _DENIED = (
     "open_tree", "mount_setattr", "setuid", "setgid", "setreuid", "setregid", "setresuid", "setresgid",
     "setgroups", "setfsuid", "setfsgid", "capset", "seccomp", "settimeofday", "clock_settime", "clock_adjtime",
     "adjtimex", "sethostname", "setdomainname", "swapon", "swapoff", "acct", "quotactl", "syslog",
+    "fchmod", "fchown",  # fd-based: the fd may name any file the code could open read-only
 )
 # *at syscalls that modify a path: denied when the directory fd is not AT_FDCWD (index of that argument).
 _AT_WRITES = {"mkdirat": (0,), "unlinkat": (0,), "renameat": (0, 2), "renameat2": (0, 2), "linkat": (0, 2),
