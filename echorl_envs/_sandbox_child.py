@@ -1,22 +1,22 @@
 """The confined side of :mod:`echorl_envs.sandbox` (standard library only; runs as ``python -I -S``).
 
 This file is executed as a script by the host, never imported by the library, so it must not import
-``echorl_envs`` (the child runs without ``site``: no site-packages). Two modes:
+``echorl_envs`` (the child runs without ``site``: no site-packages); its two helpers, ``_sandbox_guard.py``
+(audit hook, report check) and ``_sandbox_confine.py`` (namespaces, private root, rlimits, uid drop,
+seccomp), are loaded by path and kept out of ``sys.modules``. Two modes, one code path:
 
-* ``python -I -S _sandbox_child.py`` -- read one JSON request from stdin, confine *this* process, run the
-  code, write one JSON result to the original stdout (the one-process-per-run path);
-* ``python -I -S _sandbox_child.py --worker`` -- a reusable worker: for each JSON request line on stdin it
-  makes a fresh temporary directory, ``fork()``s a child that confines itself and runs the code, enforces the
-  wall-clock limit by killing the child's process group, removes the directory and answers one JSON line on
-  stdout. Forking an already-started interpreter costs ~1 ms instead of a full interpreter start-up, which
-  is what makes judging 800 CRUXEval items in one go cheap.
+* ``python -I -S _sandbox_child.py --worker SETTINGS`` -- a reusable worker: sets up isolation once
+  (:func:`_sandbox_confine.isolate`: it then runs as init of a fresh PID namespace inside a private root),
+  answers a ``{"ready": ..., "layers": [...]}`` line, then for each JSON request line on stdin makes a fresh
+  work directory, ``fork()``s a child that confines itself and runs the code, enforces the wall-clock limit by
+  killing the child's process group, checks the child's report (:func:`_sandbox_guard.verify_report`),
+  removes the directory and answers one JSON line. Forking a warm interpreter costs ~1 ms instead of a full
+  start-up, which is what makes judging 800 CRUXEval items in one go cheap;
+* ``python -I -S _sandbox_child.py`` -- the same for one request read from stdin (``run_code``); the answer
+  carries the host's nonce.
 
-Layers of confinement applied in the child, in order (each documented at its function):
-``setrlimit`` (CPU, address space, file size, no core files, open files, processes), an optional network
-namespace, a seccomp-BPF syscall filter (via ``pyseccomp`` when the host passes its location; blocks
-fork/exec/socket/kill/ptrace/rlimit changes at the kernel level, which also holds when running as root, where
-``RLIMIT_NPROC`` is ignored), and a ``sys.addaudithook`` hook that turns the same operations -- plus writes
-outside the working directory -- into a clear ``SandboxViolation`` message.
+The forked child holds exactly one fd besides ``/dev/null``: the write end of its report pipe. See
+:func:`_judge_and_report` for why the judged code cannot forge a pass through it.
 """
 
 from __future__ import annotations

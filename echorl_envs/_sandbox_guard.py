@@ -82,7 +82,8 @@ def _guard_extension_loading(hook_state: dict) -> None:
     ``ExtensionFileLoader`` loads a ``.so`` by path without an ``import`` event, and an extension module the
     trusted worker already loaded (``_ctypes``, used by pyseccomp) comes back from CPython's cache even when
     its file is masked. The wrappers below hold no reference to the real functions (only the unreachable hook
-    does); they raise the ``echorl.create_*`` event and the hook refuses blocked modules (and a fresh ``_imp``).
+    does); they raise the ``echorl.create_*`` event and the hook refuses blocked modules and fresh copies of ``_imp``
+    and ``_signal`` (which would bring back the functions the child replaced).
     """
     import _imp
     import types
@@ -129,7 +130,7 @@ def install_audit_hook(workdir: str) -> None:
             if type_(name) is not str_ or (origin is not None and type_(origin) is not str_):
                 raise violation("extension modules must be named by plain strings in the sandbox")
             stem = basename(origin).split(".")[0] if origin else name
-            if name == "_imp" or name.split(".")[-1] in blocked_mods or stem in blocked_mods:
+            if name in ("_imp", "_signal") or name.split(".")[-1] in blocked_mods or stem in blocked_mods:
                 raise violation(f"loading the extension module {name!r} is not allowed in the sandbox")
             box.append(create[event](namespace(name=name, origin=origin)))
             return

@@ -453,6 +453,8 @@ def test_ctypes_cannot_come_back_through_extension_file_loader(run):
     assert r.status == "error" and "_ctypes" in r.message, r
     fresh_imp = run("import importlib.util\nimportlib.util.module_from_spec(importlib.util.find_spec('_imp'))")
     assert fresh_imp.status == "error" and "_imp" in fresh_imp.message
+    fresh_signal = run("import importlib.util\nimportlib.util.module_from_spec(importlib.util.find_spec('_signal'))")
+    assert fresh_signal.status == "error" and "_signal" in fresh_signal.message
     assert run("import sys\nsys.modules.pop('math')\nimport math\nassert math.sqrt(4) == 2").passed
 
 
