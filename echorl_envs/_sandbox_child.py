@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import io
 import json
-from json.encoder import encode_basestring_ascii as _encode_str
 import os
 import select
 import shutil
@@ -31,6 +30,7 @@ import signal
 import sys
 import tempfile
 import time
+from json.encoder import encode_basestring_ascii as _encode_str
 
 _DEVNULL = "/dev/null"
 _MAX_MESSAGE = 2000

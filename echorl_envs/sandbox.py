@@ -42,7 +42,6 @@ import json
 import os
 import queue
 import select
-import shutil
 import signal
 import subprocess
 import sys

@@ -4,8 +4,8 @@ the offline generator is correct by construction, and the env's attempts/feedbac
 from __future__ import annotations
 
 import ast
-import os
 import json
+import os
 import random
 from pathlib import Path
 
