@@ -102,9 +102,14 @@ def _confine(request: dict) -> list[str]:
         import _signal
 
         _signal.signal = signal.signal = _refuse_signal_handlers  # handlers receive frames (seccomp also denies)
+        sys._getframe = _no_frames  # namedtuple/Enum/typing catch ValueError here (the real one is refused)
         _guard.install_audit_hook(request["workdir"])
         layers.append("audit_hook")
     return layers
+
+
+def _no_frames(depth: int = 0) -> None:
+    raise ValueError("call stack frames are not available in the sandbox")
 
 
 def _refuse_signal_handlers(*args: object) -> None:
