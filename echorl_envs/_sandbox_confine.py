@@ -34,7 +34,7 @@ _AT_FDCWD = -100 & 0xFFFFFFFF  # as the kernel hands a 32-bit int argument to th
 # their import, but ``ExtensionFileLoader`` can load a file by path).
 _MASKED_EXTENSIONS = ("_ctypes", "_ctypes_test", "_testcapi", "_testinternalcapi", "_testbuffer",
                       "_testmultiphase", "_testimportmultiple", "_testsinglephase", "_xxsubinterpreters",
-                      "_xxinterpchannels", "_xxtestfuzz", "xxlimited", "xxlimited_35", "xxsubtype", "_ctypes_test")
+                      "_xxinterpchannels", "_xxtestfuzz", "xxlimited", "xxlimited_35", "xxsubtype")
 
 
 def _libc():  # noqa: ANN202 - a ctypes CDLL (only in the trusted worker, before any untrusted code runs)
