@@ -69,7 +69,7 @@ def run(method: str, seed: int, args) -> None:
     cfg = LLMTrainConfig(
         env_id=args.env, method="ppo" if method == "frozen" else method,
         train_steps=0 if method in ("frozen", "bc") else args.train_steps, bc_episodes=args.bc_episodes,
-        bc_epochs=args.bc_epochs, seed=seed, history=args.history, max_episode_steps=args.max_steps,
+        bc_epochs=args.bc_epochs, bc_learning_rate=args.bc_lr, bc_batch_size=args.bc_batch_size, seed=seed, history=args.history, max_episode_steps=args.max_steps,
         n_steps=args.n_steps, batch_size=args.batch_size, n_epochs=args.n_epochs, learning_rate=args.lr,
         policy_kwargs=dict(POLICY), out=str(out))
     model = train_llm(cfg)
@@ -131,16 +131,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--env", default="EchoRL/MiniGrid-Empty-Random-5x5-v0")
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    ap.add_argument("--train-steps", type=int, default=256)
-    ap.add_argument("--bc-episodes", type=int, default=8)
-    ap.add_argument("--bc-epochs", type=int, default=3)
+    ap.add_argument("--train-steps", type=int, default=128)
+    ap.add_argument("--bc-episodes", type=int, default=12)
+    ap.add_argument("--bc-epochs", type=int, default=20)
+    ap.add_argument("--bc-lr", type=float, default=2e-3)
+    ap.add_argument("--bc-batch-size", type=int, default=8)
     ap.add_argument("--history", type=int, default=0)
-    ap.add_argument("--max-steps", type=int, default=24, help="step budget per episode, training and evaluation")
+    ap.add_argument("--max-steps", type=int, default=16, help="step budget per episode, training and evaluation")
     ap.add_argument("--n-steps", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--n-epochs", type=int, default=2)
     ap.add_argument("--lr", type=float, default=3e-4)
-    ap.add_argument("--eval-episodes", type=int, default=10)
+    ap.add_argument("--eval-episodes", type=int, default=6)
     ap.add_argument("--out", default="benchmarks/results/llm_rl_learning")
     ap.add_argument("--summary", action="store_true", help="only print the table of what is in --out")
     args = ap.parse_args(argv)

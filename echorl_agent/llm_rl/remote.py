@@ -40,7 +40,7 @@ class RemoteRollout:
         self.adapter_name = adapter_name
         self._own_dir = adapter_dir is None
         self.dir = Path(adapter_dir or tempfile.mkdtemp(prefix="echorl-adapters-"))
-        self.backend = OpenAICompatibleBackend(self.base_url, model=adapter_name, tokenizer=tokenizer)
+        self.backend = OpenAICompatibleBackend(self.base_url, model=adapter_name, tokenizer=tokenizer, timeout=600.0)
         self.http = httpx.Client(timeout=300.0)
         self.version = 0
 

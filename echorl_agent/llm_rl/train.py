@@ -43,6 +43,10 @@ class LLMTrainConfig:
     bc_episodes: int = 8
     """Expert episodes for the BC warm start (``bc``, ``bc+ppo``, ``echoppo``); oracle answers for ``grpo``."""
     bc_epochs: int = 3
+    bc_learning_rate: float | None = None
+    """Learning rate of the BC warm start (None: ``learning_rate``)."""
+    bc_batch_size: int | None = None
+    """Minibatch of the BC warm start (None: ``batch_size``)."""
     seed: int = 0
     history: int = 0
     """History window k of the prompts."""
@@ -154,8 +158,13 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None):
     if cfg.method in ("bc", "bc+ppo", "echoppo"):
         data = collect_expert_states(lambda: make_llm_env(cfg.env_id, cfg.history, cfg.max_episode_steps),
                                      cfg.bc_episodes, seed=10_000 + cfg.seed)
-        losses = behaviour_clone(model.policy, data, epochs=cfg.bc_epochs, batch_size=cfg.batch_size,
+        groups = model.policy.optimizer.param_groups
+        for g in groups:
+            g["lr"] = cfg.bc_learning_rate or cfg.learning_rate
+        losses = behaviour_clone(model.policy, data, epochs=cfg.bc_epochs, batch_size=cfg.bc_batch_size or cfg.batch_size,
                                  seed=cfg.seed, progress=cfg.progress)
+        for g in groups:  # PPO's own schedule sets it again at every update
+            g["lr"] = cfg.learning_rate
         if out is not None:
             (out / "bc.json").write_text(json.dumps({"losses": losses, "transitions": len(data.actions),
                                                      "episodes": data.episodes, "expert_wins": data.successes}))
