@@ -72,7 +72,9 @@ class LLMEngine:
         self.config = config or EngineConfig()
         pc = self.config.prefix_cache
         num_blocks = pc.num_blocks(ModelRunner.kv_bytes_per_token(self.llm.model))
-        self.runner = ModelRunner(self.llm.model, num_blocks, pc.block_size, self.config.attention_backend)
+        self.runner = ModelRunner(
+            self.llm.model, num_blocks, pc.block_size, self.config.attention_backend, self.config.weight_dtype
+        )
         self.cache = PrefixCache(num_blocks, pc)
         self.scheduler = Scheduler(self.config.scheduler)
         self.eos_token_ids = tuple(self.llm.eos_token_ids)
