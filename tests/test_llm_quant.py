@@ -149,3 +149,23 @@ def test_refresh_after_weight_change_equals_engine_built_from_scratch(llm):
     (b,) = fresh.runner.forward([SeqChunk(ids, 0, blocks, all_logits=True)])
     assert torch.equal(a, b)
     assert eng.runner.refresh_weights(["model.norm.weight"]) == []  # not a quantized linear
+
+
+@needs_model
+def test_engine_update_weights_repacks_and_drops_cache(llm):
+    from echorl_agent.llm import LoadedModel, SamplingParams
+
+    own = LoadedModel(model=copy.deepcopy(llm.model), tokenizer=llm.tokenizer, name=llm.name)
+    eng = _engine(own, "int4")
+    ids = llm.chat_ids([{"role": "user", "content": "Name a color."}])
+    sp = SamplingParams(max_tokens=6)
+    eng.generate([ids], sp)
+    w = own.model.get_parameter("model.layers.0.mlp.down_proj.weight")
+    new = w.detach() * 1.5
+    assert eng.update_weights({"model.layers.0.mlp.down_proj.weight": new}) == eng.weight_version == 1
+    assert torch.equal(w, new)
+    r = eng.generate([ids], sp)[0]
+    assert r.num_cached_tokens == 0  # KV of the old weights is never served
+    assert r.token_ids == _engine(own, "int4").generate([ids], sp)[0].token_ids
+    with pytest.raises(ValueError, match="did you mean"):
+        eng.update_weights({"model.layers.0.mlp.down_proj.weigth": new})

@@ -19,10 +19,11 @@ One engine serves many actors (one per env). Actors call :meth:`LLMEngine.submit
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -88,6 +89,7 @@ class LLMEngine:
         self._stop = False
         self.num_steps = 0
         self.num_generated_tokens = 0
+        self._weight_version = 0
 
     # ------------------------------------------------------------------ public API
     @property
@@ -177,6 +179,48 @@ class LLMEngine:
         cands = [self.llm.encode(c) if isinstance(c, str) else [int(t) for t in c] for c in candidates]
         with self._lock:
             return score_candidates(self.runner, self.cache, p, cands, share_prefix)
+
+    # ------------------------------------------------------------------ weights (RL)
+    @property
+    def weight_version(self) -> int:
+        """Bumped by every :meth:`update_weights`; KV computed under older weights is never served."""
+        return self._weight_version
+
+    def update_weights(self, state: Mapping[str, torch.Tensor]) -> int:
+        """Copy new weights into the engine's model (a learner update), re-pack quantized copies, drop the cache.
+
+        Args:
+            state: parameter name (as in ``model.named_parameters()``) -> new tensor of the same shape.
+
+        Returns:
+            The new weight version.
+
+        Raises:
+            RuntimeError: requests are in flight (their KV would mix old and new weights).
+            ValueError: an unknown parameter name or a shape mismatch.
+        """
+        params = dict(self.llm.model.named_parameters())
+        for name, t in state.items():
+            if name not in params:
+                hint = difflib.get_close_matches(name, list(params), n=1)
+                raise ValueError(f"unknown parameter {name!r}" + (f"; did you mean {hint[0]!r}?" if hint else ""))
+            if tuple(params[name].shape) != tuple(t.shape):
+                raise ValueError(f"shape of {name!r}: engine {tuple(params[name].shape)}, given {tuple(t.shape)}")
+        with self._lock:
+            if self.has_work():
+                raise RuntimeError("update_weights while requests are in flight; wait for them to finish")
+            with torch.no_grad():
+                for name, t in state.items():
+                    params[name].copy_(t.to(params[name].dtype))
+            self.on_weights_updated(list(state))
+            # no sequence holds blocks now, so a fresh cache forgets every block computed with the old weights
+            self.cache = PrefixCache(self.cache.num_blocks, self.config.prefix_cache)
+            self._weight_version += 1
+            return self._weight_version
+
+    def on_weights_updated(self, names: list[str]) -> None:
+        """Hook run after :meth:`update_weights` copied ``names``: re-packs the changed quantized linears."""
+        self.runner.refresh_weights(names)
 
     # ------------------------------------------------------------------ loop
     def _loop(self) -> None:

@@ -155,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-cached-tokens", type=int, default=16384, help="KV pool budget in tokens")
     p.add_argument("--no-prefix-cache", action="store_true", help="disable prefix caching (baseline)")
     p.add_argument("--policy", default="priority", choices=["priority", "bandwidth", "fcfs"])
+    p.add_argument("--weight-dtype", default="float32", choices=["float32", "int8", "int4"],
+                   help="decode weights: float32 (exact), int8 (fast on CPU) or int4 (smallest)")
     return p
 
 
@@ -171,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         scheduler=SchedulerConfig(policy=args.policy),
         max_num_seqs=args.max_num_seqs,
+        weight_dtype=args.weight_dtype,
     )
     engine = LLMEngine(load_model(args.model), cfg).start()
     try:
