@@ -33,6 +33,7 @@ class EnvEntry(NamedTuple):
 ENVS: list[EnvEntry] = [
     # --- MiniGrid / BabyAI (echorl_envs.minigrid) ---
     EnvEntry("EchoRL/MiniGrid-Empty-5x5-v0", "echorl_envs.minigrid:MiniGridTextEnv", 100, {"env_id": "MiniGrid-Empty-5x5-v0"}, "minigrid", "choice", "engine"),
+    EnvEntry("EchoRL/MiniGrid-Empty-Random-5x5-v0", "echorl_envs.minigrid:MiniGridTextEnv", 100, {"env_id": "MiniGrid-Empty-Random-5x5-v0"}, "minigrid", "choice", "engine"),
     EnvEntry("EchoRL/MiniGrid-DoorKey-5x5-v0", "echorl_envs.minigrid:MiniGridTextEnv", 250, {"env_id": "MiniGrid-DoorKey-5x5-v0"}, "minigrid", "choice", "engine"),
     EnvEntry("EchoRL/MiniGrid-FourRooms-v0", "echorl_envs.minigrid:MiniGridTextEnv", 100, {"env_id": "MiniGrid-FourRooms-v0"}, "minigrid", "choice", "engine"),
     EnvEntry("EchoRL/MiniGrid-MultiRoom-N2-S4-v0", "echorl_envs.minigrid:MiniGridTextEnv", 40, {"env_id": "MiniGrid-MultiRoom-N2-S4-v0"}, "minigrid", "choice", "engine"),

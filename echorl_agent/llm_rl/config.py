@@ -54,6 +54,9 @@ class LLMPolicyConfig:
     """Prefix cache of the rollout engine (False: the cache-off baseline)."""
     show_admissible: bool = True
     """List the admissible actions in each observation turn (off: shorter prompts when the set never changes)."""
+    rollout_url: str | None = None
+    """Score rollouts on this OpenAI-compatible server (``.../v1``) instead of the local engine; the learner pushes
+    its adapter there after every update (:class:`~echorl_agent.llm_rl.remote.RemoteRollout`)."""
     system_prompt: str = (
         "You are an agent in a text game. Reply with the single best action from the admissible actions."
     )
@@ -81,6 +84,9 @@ class LLMPolicyConfig:
             self.planning = PlanningConfig.from_kwargs(self.planning)
         if self.planning.window is None:
             self.planning.window = 2
+        if self.rollout_url is not None and (self.plan_tokens or not self.lora_rank):
+            raise ValueError(f"rollout_url needs lora_rank > 0 and plan_tokens=0 (adapters travel by name, soft tokens "
+                             f"cannot), got lora_rank={self.lora_rank}, plan_tokens={self.plan_tokens}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got device={self.device!r}")
 
