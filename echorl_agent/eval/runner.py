@@ -14,6 +14,7 @@ import platform
 import sys
 import time
 import warnings
+import zlib
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
@@ -58,8 +59,8 @@ class BenchConfig:
     exclude: list[str] = field(default_factory=list)
     """(task, agent) pairs not to run, as "TASK_GLOB:AGENT_GLOB" patterns, e.g. "EchoRL/ALFWorld*:ppo"."""
     env_urls: list[str] = field(default_factory=list)
-    """``echorl serve-env`` servers to play on instead of in-process envs; episode ``e`` of a cell group runs on
-    ``env_urls[e % len(env_urls)]`` with the same env seed, so the table does not depend on how many there are."""
+    """``echorl serve-env`` servers to play on instead of in-process envs; the episodes of a cell group go round-robin
+    over them with the same env seeds, so the table does not depend on how many servers there are."""
 
     def validate(self) -> None:
         import echorl_envs
@@ -130,7 +131,8 @@ def run_job(task: str, agent_name: str, seed: int, episodes: list[int], options:
 
     def env_for(ep: int) -> gym.Env:
         """The in-process env, or the served one of episode ``ep`` (one session per server, opened lazily)."""
-        url = env_urls[ep % len(env_urls)] if env_urls else None
+        # offset by the cell group so concurrent workers start on different servers (results do not depend on it)
+        url = env_urls[(ep + zlib.crc32(f"{task}|{agent_name}|{seed}".encode())) % len(env_urls)] if env_urls else None
         if url not in envs:
             limit = {"max_episode_steps": max_steps} if max_steps else {}
             envs[url] = gym.make(task, **limit) if url is None else \
