@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -148,3 +150,43 @@ def test_bench_over_two_servers_equals_one_server_and_local(tmp_path):
     assert len(one[0]) == 2 * 2 * 2 * 3 and any(r[6] for r in one[0])  # expert wins some episodes
     with pytest.raises(ValueError, match="env_urls entries must start with http"):
         BenchConfig(tasks=tasks, agents=["random"], env_urls=["localhost:8000"]).validate()
+
+
+def test_http_routes_schema_and_cli_bench_env_url(tmp_path):
+    import httpx
+
+    from echorl_agent import cli
+
+    env_id = "EchoRL/MiniGrid-Empty-5x5-v0"
+    local = gym.make(env_id)
+    obs, _ = local.reset(seed=4)
+    local.close()
+    with running_server([env_id]) as url:
+        assert httpx.get(url + "/health").json()["status"] == "healthy"
+        schema = httpx.get(url + "/schema").json()
+        assert schema["action"]["required"] == ["action"]
+        assert {"text", "admissible_actions", "task", "won", "invalid_action", "reward", "done",
+                "metadata"} <= set(schema["observation"]["properties"])
+        reply = httpx.post(url + "/reset", json={"seed": 4, "task": env_id}).json()  # OpenEnv's stateless route
+        assert reply["observation"]["text"] == obs and reply["done"] is False
+        out = tmp_path / "bench"
+        assert cli.main(["bench", "--tasks", env_id, "--agents", "expert", "--seeds", "1", "--episodes", "2",
+                         "--workers", "1", "--env-url", url, "--out", str(out), "--quiet"]) == 0
+    rows = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    assert [(r["env_seed"], r["success"]) for r in rows] == [(0, True), (1, True)]
+    assert json.loads((out / "run.json").read_text())["config"]["env_urls"] == [url]
+
+
+def test_sb3_ppo_trains_on_remote_envs():
+    from stable_baselines3 import PPO
+
+    from echorl_envs.wrappers.sb3 import make_sb3_env
+
+    env_id = "EchoRL/MiniGrid-Empty-5x5-v0"
+    with running_server([env_id], max_sessions=3) as url:
+        vec = make_sb3_env("EchoRL/Remote-v0", n_envs=2, seed=0, env_kwargs={"base_url": url, "task": env_id},
+                           max_actions=7)
+        model = PPO("MlpPolicy", vec, n_steps=64, batch_size=64, n_epochs=1, seed=0, device="cpu")
+        model.learn(128)
+        assert model.num_timesteps == 128
+        vec.close()
