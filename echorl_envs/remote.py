@@ -14,7 +14,9 @@ The client is OpenEnv's ``GenericEnvClient`` driven on an event loop owned by th
 thread. (``GenericEnvClient(...).sync()`` hands every call to a background loop thread and back; on a busy
 2-core machine those two thread switches per step cost ~3.7x the steps/s of this path: see
 benchmarks/RESULTS.md.) Hence the env, like any gymnasium env, is called from synchronous code, not from inside
-a running event loop.
+a running event loop. The loop runs only inside ``reset``/``step``, so the session sends no keepalive pings
+(``echorl serve-env`` sends none either): an env idle for longer than the server's ``--session-timeout``
+(default 300 s) loses its session.
 """
 
 from __future__ import annotations
@@ -66,8 +68,10 @@ class RemoteTextEnv(gym.Env[str, str]):
         self.observation_space = text_space(MAX_TEXT)
         self.action_space = text_space(MAX_TEXT)
         self._loop = asyncio.new_event_loop()
+        # no keepalive pings: the loop runs only inside reset/step, so it could not answer them between calls
         self._client: Any = GenericEnvClient(base_url=base_url, connect_timeout_s=connect_timeout_s,
-                                             message_timeout_s=message_timeout_s)
+                                             message_timeout_s=message_timeout_s, websocket_ping_interval_s=None,
+                                             websocket_ping_timeout_s=None)
         self._last_obs = ""
         self._run(self._client.connect)  # claim the session now: a full server fails here, not mid-rollout
 

@@ -45,7 +45,7 @@ from pydantic import Field
 import echorl_envs
 
 __all__ = ["EchoRLAction", "EchoRLObservation", "EchoRLState", "EchoRLEnvironment", "build_app", "serve",
-           "to_wire", "open_envs", "RESERVED_METADATA"]
+           "to_wire", "open_envs", "uvicorn_config", "RESERVED_METADATA"]
 
 log = logging.getLogger(__name__)
 
@@ -277,6 +277,20 @@ def build_app(tasks: Sequence[str], max_sessions: int = 8, session_timeout: floa
     return app
 
 
+def uvicorn_config(app: Any, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> Any:
+    """uvicorn's config for ``app``: no server-side WebSocket pings, 5 s graceful shutdown.
+
+    ``EchoRL/Remote-v0`` runs its client loop only inside ``reset``/``step`` (the fast path), so it cannot answer
+    pings while the learner is busy between steps; a pinging server would drop such a session after ~40 s.
+    Dead clients are still found: a closed socket ends the session at once, a vanished host when the idle
+    ``session_timeout`` reaps it.
+    """
+    import uvicorn
+
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, ws_ping_interval=None,
+                          timeout_graceful_shutdown=5)
+
+
 def serve(tasks: Sequence[str], host: str = "127.0.0.1", port: int = 8000, max_sessions: int = 8,
           session_timeout: float | None = 300.0, web: bool = True,
           make_kwargs: Mapping[str, Mapping[str, Any]] | None = None, log_level: str = "info") -> None:
@@ -285,5 +299,4 @@ def serve(tasks: Sequence[str], host: str = "127.0.0.1", port: int = 8000, max_s
 
     app = build_app(tasks, max_sessions=max_sessions, session_timeout=session_timeout, web=web,
                     make_kwargs=make_kwargs)
-    uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, ws_ping_interval=20.0,
-                                  timeout_graceful_shutdown=5)).run()
+    uvicorn.Server(uvicorn_config(app, host=host, port=port, log_level=log_level)).run()

@@ -32,12 +32,11 @@ def running_server(tasks: list[str], max_sessions: int = 8, session_timeout: flo
     """Serve ``tasks`` in a uvicorn thread; yields the base URL and stops the server on exit."""
     import uvicorn
 
-    from echorl_envs.serve import build_app
+    from echorl_envs.serve import build_app, uvicorn_config
 
     port = free_port()
     app = build_app(tasks, max_sessions=max_sessions, session_timeout=session_timeout, web=web)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           timeout_graceful_shutdown=5))
+    server = uvicorn.Server(uvicorn_config(app, port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60

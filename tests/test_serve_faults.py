@@ -13,7 +13,7 @@ import pytest
 
 from tests.openenv_server import running_server, server_process
 
-from echorl_envs import serve  # noqa: E402 - after the importorskip in tests.openenv_server
+serve = pytest.importorskip("echorl_envs.serve", reason="the openenv extra is not installed")
 
 MINIGRID = "EchoRL/MiniGrid-DoorKey-5x5-v0"
 
@@ -189,3 +189,15 @@ def test_sigterm_closes_every_env_and_exits_promptly():
         assert "shutting down: closing" in out, out
         for c in clients:
             c.close()
+
+
+@pytest.mark.slow
+def test_remote_env_keeps_its_session_while_the_learner_is_busy():
+    """45 s without a call (past websockets' 20 s ping + 20 s pong defaults) must not cost the episode."""
+    with server_process([MINIGRID]) as (proc, url):
+        remote, local = gym.make("EchoRL/Remote-v0", base_url=url, task=MINIGRID), gym.make(MINIGRID)
+        assert remote.reset(seed=3)[0] == local.reset(seed=3)[0]
+        time.sleep(45)
+        assert remote.step("turn right")[:4] == local.step("turn right")[:4]
+        remote.close()
+        local.close()
