@@ -14,14 +14,14 @@ CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER),
-                       reason="needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)"),
+                       reason="needs Debian's chromium and chromium-driver (make install-browser)"),
 ]
 MINIGRID = "EchoRL/MiniGrid-DoorKey-5x5-v0"
 
 
 @pytest.fixture
 def browser():
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (the dev extra)")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (the miniwob extra)")
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
     profile = tempfile.mkdtemp(prefix="echorl-chromium-")
