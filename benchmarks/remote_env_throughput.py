@@ -55,7 +55,7 @@ def server(tasks: list[str], max_sessions: int = 8):
                 if httpx.get(url + "/health", timeout=2).status_code == 200:
                     break
             time.sleep(0.2)
-        yield url
+        yield url, proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -69,11 +69,23 @@ def policy(info: dict, rng: np.random.Generator, expert_p: float = 0.7) -> str:
     return str(int(rng.integers(100)))
 
 
-def run_steps(env: gym.Env, n: int, seed: int, expert_p: float = 0.7) -> float:
-    """Steps/s of ``n`` ``step`` calls (resets between episodes are not timed: ALFWorld/TextWorld load games)."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_steps(env: gym.Env, n: int, seed: int, expert_p: float = 0.7, cpu: dict | None = None,
+              server_pid: int | None = None) -> float:
+    """Steps/s of ``n`` ``step`` calls (resets between episodes are not timed: ALFWorld/TextWorld load games).
+
+    With ``cpu``, adds the CPU ms per step of this process and of ``server_pid`` (resets included) to it.
+    """
     rng = np.random.default_rng(seed)
     _, info = env.reset(seed=seed)
     spent = 0.0
+    c0, s0 = time.process_time(), cpu_seconds(server_pid) if server_pid else 0.0
     for i in range(n):
         action = policy(info, rng, expert_p)
         t0 = time.perf_counter()
@@ -81,23 +93,31 @@ def run_steps(env: gym.Env, n: int, seed: int, expert_p: float = 0.7) -> float:
         spent += time.perf_counter() - t0
         if term or trunc:
             _, info = env.reset(seed=seed + i + 1)
+    if cpu is not None:
+        cpu.setdefault("client", []).append((time.process_time() - c0) / n * 1e3)
+        if server_pid:
+            cpu.setdefault("server", []).append((cpu_seconds(server_pid) - s0) / n * 1e3)
     return n / spent
 
 
 def remote_vs_local(env_id: str, n: int, rounds: int) -> dict:
-    with server([env_id]) as url:
+    with server([env_id]) as (url, pid):
         local = gym.make(env_id)
         remote = gym.make("EchoRL/Remote-v0", base_url=url, task=env_id)
-        run_steps(local, max(4, n // 10), 0)
-        run_steps(remote, max(4, n // 10), 0)  # warm-up: engines load their first games
-        loc, rem = [], []
+        for r in range(rounds):  # warm-up on the measured seeds: engines generate/load those games once
+            run_steps(local, max(4, n // 10), 100 + r)
+            run_steps(remote, max(4, n // 10), 100 + r)
+        loc, rem, cpu_l, cpu_r = [], [], {}, {}
         for r in range(rounds):
-            loc.append(run_steps(local, n, 100 + r))
-            rem.append(run_steps(remote, n, 100 + r))
+            loc.append(run_steps(local, n, 100 + r, cpu=cpu_l))
+            rem.append(run_steps(remote, n, 100 + r, cpu=cpu_r, server_pid=pid))
         local.close()
         remote.close()
     lo, re_ = statistics.median(loc), statistics.median(rem)
-    return {"env": env_id, "in-process steps/s": lo, "remote steps/s": re_, "ratio": re_ / lo}
+    return {"env": env_id, "in-process steps/s": lo, "remote steps/s": re_, "ratio": re_ / lo,
+            "cpu ms/step in-process": statistics.median(cpu_l["client"]),
+            "cpu ms/step client": statistics.median(cpu_r["client"]),
+            "cpu ms/step server": statistics.median(cpu_r["server"])}
 
 
 def concurrent(env_id: str, n: int, rounds: int, sessions: int = 8) -> dict:
@@ -116,7 +136,7 @@ def concurrent(env_id: str, n: int, rounds: int, sessions: int = 8) -> dict:
             t.join()
         return len(envs) * n / (time.perf_counter() - t0)
 
-    with server([env_id], max_sessions=sessions) as url:
+    with server([env_id], max_sessions=sessions) as (url, _):
         envs = [gym.make("EchoRL/Remote-v0", base_url=url, task=env_id) for _ in range(sessions)]
         for e in envs:
             run_steps(e, 4, 0, expert_p=0.0)
@@ -143,7 +163,7 @@ def bench_servers(tasks: list[str], episodes: int, rounds: int) -> dict:
         return took, sorted((r["task"], r["agent"], r["seed"], r["episode"], r["success"], r["return"], r["steps"])
                             for r in rows)
 
-    with server(tasks) as a, server(tasks) as b:
+    with server(tasks) as (a, _), server(tasks) as (b, _):
         run([a, b])  # warm-up: both servers generate/load their games once
         one, two, tables = [], [], []
         for _ in range(rounds):
@@ -156,27 +176,75 @@ def bench_servers(tasks: list[str], episodes: int, rounds: int) -> dict:
     return {"tasks": tasks, "1 server s": o, "2 servers s": t, "speed-up (1/2)": o / t, "same table": all(tables)}
 
 
+class _SyncWrapperClient:
+    """``GenericEnvClient(...).sync()`` behind the calls ``RemoteTextEnv`` makes (for the client comparison)."""
+
+    def __init__(self, url: str) -> None:
+        from openenv.core.generic_client import GenericEnvClient
+
+        self.client = GenericEnvClient(base_url=url).sync()
+        self.client.connect()
+
+    def reset(self, **fields):
+        return self.client.reset(**fields)
+
+    def step(self, action):
+        return self.client.step(action)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def client_paths(env_id: str, n: int, rounds: int) -> dict:
+    """Remote-v0's own-loop client vs OpenEnv's ``.sync()`` wrapper, same server, alternating rounds."""
+    from echorl_envs.remote import RemoteTextEnv
+
+    with server([env_id]) as (url, pid):
+        own = RemoteTextEnv(url, env_id)
+        wrapped = RemoteTextEnv(url, env_id)
+        wrapped._run(wrapped._client.close)
+        wrapped._client = _SyncWrapperClient(url)
+        wrapped._run = lambda call, loop=None: call()  # the .sync() client blocks by itself
+        rates: dict[str, list] = {"own loop": [], ".sync()": []}
+        cpus: dict[str, dict] = {"own loop": {}, ".sync()": {}}
+        for r in range(rounds):
+            rates["own loop"].append(run_steps(own, n, r, 0.0, cpus["own loop"], pid))
+            rates[".sync()"].append(run_steps(wrapped, n, r, 0.0, cpus[".sync()"], pid))
+        own.close()
+        wrapped._client.close()
+    return {k: (statistics.median(rates[k]), statistics.median(cpus[k]["client"]),
+                statistics.median(cpus[k]["server"])) for k in rates}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="fewer steps (a smoke run)")
+    p.add_argument("--clients", action="store_true", help="only compare Remote-v0's client with OpenEnv's .sync()")
     args = p.parse_args()
     import torch
 
     torch.set_num_threads(1)
     k = 0.2 if args.quick else 1.0
+    if args.clients:
+        for name, (rate, c_ms, s_ms) in client_paths("EchoRL/MiniGrid-DoorKey-5x5-v0", max(50, int(500 * k)),
+                                                     args.rounds).items():
+            print(f"client {name}: {rate:.1f} steps/s, CPU ms/step client {c_ms:.2f} + server {s_ms:.2f}")
+        return
     print(f"# remote_env_throughput (rounds={args.rounds}, medians; server = separate process, loopback)")
-    for env_id, n in [("EchoRL/MiniGrid-DoorKey-5x5-v0", 600), ("EchoRL/ALFWorld-PickAndPlace-v0", 150),
-                      ("EchoRL/CRUXEval-O-v0", 60)]:
+    for env_id, n in [("EchoRL/MiniGrid-DoorKey-5x5-v0", 600), ("EchoRL/ALFWorld-PickAndPlace-v0", 100),
+                      ("EchoRL/CRUXEval-O-v0", 40)]:
         r = remote_vs_local(env_id, max(10, int(n * k)), args.rounds)
         print(f"1 session  {r['env']}: in-process {r['in-process steps/s']:.1f} steps/s, remote "
-              f"{r['remote steps/s']:.1f} steps/s, ratio {r['ratio']:.2f}", flush=True)
-    for env_id, n in [("EchoRL/MiniGrid-DoorKey-5x5-v0", 200), ("EchoRL/ALFWorld-PickAndPlace-v0", 40)]:
+              f"{r['remote steps/s']:.1f} steps/s, ratio {r['ratio']:.2f}; CPU ms/step in-process "
+              f"{r['cpu ms/step in-process']:.2f}, remote client {r['cpu ms/step client']:.2f} + server "
+              f"{r['cpu ms/step server']:.2f}", flush=True)
+    for env_id, n in [("EchoRL/MiniGrid-DoorKey-5x5-v0", 150), ("EchoRL/ALFWorld-PickAndPlace-v0", 20)]:
         r = concurrent(env_id, max(5, int(n * k)), args.rounds)
         print(f"8 sessions {r['env']}: 1 session {r['1 session steps/s']:.1f} steps/s, 8 sessions "
               f"{r['8 sessions steps/s']:.1f} steps/s, ratio {r['ratio']:.2f}", flush=True)
     r = bench_servers(["EchoRL/ALFWorld-PickAndPlace-v0", "EchoRL/MiniGrid-DoorKey-5x5-v0"],
-                      episodes=max(2, int(4 * k)), rounds=args.rounds)
+                      episodes=max(2, int(3 * k)), rounds=args.rounds)
     print(f"bench {', '.join(r['tasks'])}: 1 server {r['1 server s']:.1f} s, 2 servers {r['2 servers s']:.1f} s, "
           f"speed-up {r['speed-up (1/2)']:.2f}, same table: {r['same table']}", flush=True)
 
