@@ -221,6 +221,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="fewer steps (a smoke run)")
     p.add_argument("--clients", action="store_true", help="only compare Remote-v0's client with OpenEnv's .sync()")
+    p.add_argument("--parts", nargs="+", default=["bench", "single", "sessions"],
+                   choices=["bench", "single", "sessions"], help="which figures, in this order")
     args = p.parse_args()
     import torch
 
@@ -232,22 +234,26 @@ def main() -> None:
             print(f"client {name}: {rate:.1f} steps/s, CPU ms/step client {c_ms:.2f} + server {s_ms:.2f}")
         return
     print(f"# remote_env_throughput (rounds={args.rounds}, medians; server = separate process, loopback)")
-    for env_id, n in [("EchoRL/MiniGrid-DoorKey-5x5-v0", 600), ("EchoRL/ALFWorld-PickAndPlace-v0", 100),
-                      ("EchoRL/CRUXEval-O-v0", 40)]:
-        r = remote_vs_local(env_id, max(10, int(n * k)), args.rounds)
-        print(f"1 session  {r['env']}: in-process {r['in-process steps/s']:.1f} steps/s, remote "
-              f"{r['remote steps/s']:.1f} steps/s, ratio {r['ratio']:.2f}; CPU ms/step in-process "
-              f"{r['cpu ms/step in-process']:.2f}, remote client {r['cpu ms/step client']:.2f} + server "
-              f"{r['cpu ms/step server']:.2f}", flush=True)
-    for env_id, n in [("EchoRL/MiniGrid-DoorKey-5x5-v0", 150), ("EchoRL/ALFWorld-PickAndPlace-v0", 20)]:
-        r = concurrent(env_id, max(5, int(n * k)), args.rounds)
-        print(f"8 sessions {r['env']}: 1 session {r['1 session steps/s']:.1f} steps/s, 8 sessions "
-              f"{r['8 sessions steps/s']:.1f} steps/s, ratio {r['ratio']:.2f}", flush=True)
-    r = bench_servers(["EchoRL/ALFWorld-PickAndPlace-v0", "EchoRL/MiniGrid-DoorKey-5x5-v0"],
-                      episodes=max(2, int(3 * k)), rounds=args.rounds)
-    print(f"bench {', '.join(r['tasks'])}: 1 server {r['1 server s']:.1f} s, 2 servers {r['2 servers s']:.1f} s, "
-          f"speed-up {r['speed-up (1/2)']:.2f}, same table: {r['same table']}", flush=True)
-
+    for part in args.parts:
+        if part == "single":
+            for env_id, n in [("EchoRL/MiniGrid-DoorKey-5x5-v0", 600), ("EchoRL/ALFWorld-PickAndPlace-v0", 100),
+                              ("EchoRL/CRUXEval-O-v0", 40)]:
+                r = remote_vs_local(env_id, max(10, int(n * k)), args.rounds)
+                print(f"1 session  {r['env']}: in-process {r['in-process steps/s']:.1f} steps/s, remote "
+                      f"{r['remote steps/s']:.1f} steps/s, ratio {r['ratio']:.2f}; CPU ms/step in-process "
+                      f"{r['cpu ms/step in-process']:.2f}, remote client {r['cpu ms/step client']:.2f} + server "
+                      f"{r['cpu ms/step server']:.2f}", flush=True)
+        elif part == "sessions":
+            for env_id, n in [("EchoRL/MiniGrid-DoorKey-5x5-v0", 150), ("EchoRL/ALFWorld-PickAndPlace-v0", 20)]:
+                r = concurrent(env_id, max(5, int(n * k)), args.rounds)
+                print(f"8 sessions {r['env']}: 1 session {r['1 session steps/s']:.1f} steps/s, 8 sessions "
+                      f"{r['8 sessions steps/s']:.1f} steps/s, ratio {r['ratio']:.2f}", flush=True)
+        else:
+            r = bench_servers(["EchoRL/ALFWorld-PickAndPlace-v0", "EchoRL/MiniGrid-DoorKey-5x5-v0"],
+                              episodes=max(2, int(3 * k)), rounds=args.rounds)
+            print(f"bench {', '.join(r['tasks'])}: 1 server {r['1 server s']:.1f} s, 2 servers "
+                  f"{r['2 servers s']:.1f} s, speed-up {r['speed-up (1/2)']:.2f}, same table: {r['same table']}",
+                  flush=True)
 
 if __name__ == "__main__":
     main()
