@@ -8,6 +8,7 @@
     echorl record --task EchoRL/MiniGrid-Empty-5x5-v0 --agent expert --episodes 10 --format minari --out runs/data
     echorl serve --port 8000 --model smollm2-135m
     echorl serve --help
+    echorl serve-env --task EchoRL/ALFWorld-v0 --task EchoRL/MiniGrid-DoorKey-5x5-v0 --port 8001 --max-sessions 8
 """
 
 from __future__ import annotations
@@ -135,6 +136,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                           episodes=args.episodes, workers=args.workers, backend=args.backend,
                           train_steps=args.train_steps, max_steps=args.max_steps,
                           price_per_mtok=args.price_per_mtok, agent_options=opts, exclude=args.exclude)
+    cfg.env_urls = list(args.env_url or [])  # play on `echorl serve-env` servers instead of in-process envs
     from echorl_agent.eval.runner import skipped_pairs
 
     skipped = skipped_pairs(cfg)
@@ -223,6 +225,23 @@ def cmd_record(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve_env(args: argparse.Namespace) -> int:
+    import logging
+
+    import echorl_envs
+
+    _check_choices(args.task, echorl_envs.env_ids(), "task")
+    try:
+        from echorl_envs.serve import serve
+    except ImportError as e:
+        raise SystemExit(f"echorl serve-env: {e}") from e
+    make_kwargs = json.loads(args.env_kwargs) if args.env_kwargs else None
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    serve(args.task, host=args.host, port=args.port, max_sessions=args.max_sessions,
+          session_timeout=args.session_timeout or None, web=args.web, make_kwargs=make_kwargs)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="echorl", description="echorl: text environments and EchoRL agents.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -251,6 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--agent-options", help='JSON, e.g. \'{"react": {"model": "smollm2-135m"}}\'')
     s.add_argument("--exclude", nargs="*", default=[], help='pairs not to run, e.g. "EchoRL/ALFWorld*:ppo"')
     s.add_argument("--out", default="runs/bench")
+    s.add_argument("--env-url", action="append", default=[], metavar="URL",
+                   help="an `echorl serve-env` server to play on (repeat to spread episodes over several)")
     s.add_argument("--quiet", action="store_true")
     s.set_defaults(func=cmd_bench)
 
@@ -291,6 +312,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="runs/train-llm")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
     s.set_defaults(func=cmd_train_llm)
+
+    s = sub.add_parser("serve-env", help="serve environments over OpenEnv (HTTP + WebSocket + /web page)")
+    s.add_argument("--task", action="append", required=True,
+                   help="an env id to serve (repeat for several; clients pick one with reset(task=ID))")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--max-sessions", type=int, default=8, help="concurrent sessions, one env each")
+    s.add_argument("--session-timeout", type=float, default=300.0,
+                   help="close a session idle this many seconds (0: never)")
+    s.add_argument("--env-kwargs", help='JSON of extra gym.make arguments per id, e.g. '
+                   '\'{"EchoRL/GSM8K-v0": {"data_path": "test.jsonl"}}\'')
+    s.add_argument("--web", action=argparse.BooleanOptionalAction, default=True,
+                   help="serve the browser page at /web (default: on)")
+    s.set_defaults(func=cmd_serve_env)
     return p
 
 
