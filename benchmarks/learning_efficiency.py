@@ -116,17 +116,29 @@ def main() -> None:
         return
     arms = ["PPO", *[a for a in args.arms if a != "PPO"]]
     seeds = range(args.first_seed, args.first_seed + args.seeds)
-    jobs = [(e, a, s, args.quick) for e in args.envs for s in seeds for a in arms]
-    from tqdm import tqdm
-
-    with ProcessPoolExecutor(args.workers) as pool:
-        rows = list(tqdm(pool.map(run_one, jobs), total=len(jobs), desc="runs"))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    # Rows are appended as runs finish, so an interrupted study keeps its runs; rerunning resumes (runs are
+    # deterministic, so a run already in the file is not repeated).
+    rows = [r for r in _read_rows([str(out)]) if r["seed"] in seeds] if out.exists() else []
+    have = {(r["env"], r["algo"], r["seed"]) for r in rows}
+    jobs = [(e, a, s, args.quick) for e in args.envs for s in seeds for a in arms if (e, a, s) not in have]
+    from concurrent.futures import as_completed
+
+    from tqdm import tqdm
+
+    fields = ["env", "algo", "seed", "steps", "reached", "budget", "episodes", "final_success", "seconds"]
+    new_file = not out.exists()
+    with ProcessPoolExecutor(args.workers) as pool, out.open("a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        if new_file:
+            w.writeheader()
+        futs = [pool.submit(run_one, j) for j in jobs]
+        for fut in tqdm(as_completed(futs), total=len(futs), desc="runs"):
+            row = fut.result()
+            w.writerow(row)
+            f.flush()
+            rows.append(row)
     print(summary_table(rows, args.envs, arms))
     print(f"\n{len(jobs)} runs, seeds {seeds.start}..{seeds.stop - 1}, wall {time.perf_counter() - t0:.0f} s; "
           f"per-run rows in {out}")
