@@ -131,6 +131,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.preset == "demo":
         cfg = demo_config(args.out)
+        if args.workers is not None:  # results do not depend on the number of workers, only wall time does
+            cfg.workers = args.workers
         skipped = {a: agent_registry.availability(a) for a in DEMO_AGENTS}
         for a, why in skipped.items():
             if why:
@@ -142,7 +144,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         _check_choices(args.agents, agent_registry.agent_names(), "agent")
         opts = json.loads(args.agent_options) if args.agent_options else {}
         cfg = BenchConfig(tasks=args.tasks, agents=args.agents, out=args.out, seeds=args.seeds,
-                          episodes=args.episodes, workers=args.workers, backend=args.backend,
+                          episodes=args.episodes, workers=args.workers or 2, backend=args.backend,
                           train_steps=args.train_steps, max_steps=args.max_steps,
                           price_per_mtok=args.price_per_mtok, agent_options=opts, exclude=args.exclude,
                           eval_mode=args.eval_mode, reference=args.reference)
@@ -219,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--preset", choices=["demo"], help="a predefined run ('demo': what `make demo` runs)")
     s.add_argument("--seeds", type=int, default=2)
     s.add_argument("--episodes", type=int, default=5)
-    s.add_argument("--workers", type=int, default=2)
+    s.add_argument("--workers", type=int, default=None, help="parallel workers (default 2; also for --preset)")
     s.add_argument("--backend", choices=["local", "ray"], default="local")
     s.add_argument("--train-steps", type=int, default=2048, help="budget for SB3-trained agents")
     s.add_argument("--max-steps", type=int, default=None,

@@ -228,6 +228,9 @@ def test_summarize_pairs_each_agent_with_the_reference_on_the_same_instances():
     md = markdown_table(list(summary.values()))
     assert "Δ vs random [95% CI]" in md and "+0.88 [" in md and "] *" in md and "(reference)" in md
     assert budget_notes(summarize(ref + good, reference="random")) == []
+    # the paired CI depends on the instances, not on the order the rows were written in
+    again = {(s["agent"], s["mode"]): s for s in summarize((ref + bad + good)[::-1], reference="random")}
+    assert again[("ppo", "stochastic")] == g
 
 
 def test_learned_agent_modes_and_equal_budgets(tmp_path, monkeypatch):

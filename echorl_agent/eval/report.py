@@ -48,7 +48,9 @@ def _paired(rs: list[dict], ref: list[dict]) -> dict[str, Any]:
     from echorl_agent.eval.stats import mcnemar_exact, paired_bootstrap
 
     by_ref = {(r["seed"], r["episode"]): bool(r["success"]) for r in ref}
-    pairs = [(bool(r["success"]), by_ref[(r["seed"], r["episode"])]) for r in rs if (r["seed"], r["episode"]) in by_ref]
+    # instance order, so the bootstrap CI does not depend on the order the rows were written in
+    pairs = [(bool(r["success"]), by_ref[(r["seed"], r["episode"])])
+             for r in sorted(rs, key=lambda r: (r["seed"], r["episode"])) if (r["seed"], r["episode"]) in by_ref]
     if not pairs:
         return {"paired_n": 0, "diff": None, "diff_low": None, "diff_high": None, "mcnemar_p": None,
                 "significant": None}
