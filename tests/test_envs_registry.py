@@ -17,14 +17,20 @@ from hypothesis import strategies as st
 
 import echorl_envs
 from echorl_envs.core import INFO_KEYS, normalize_action
-from tests.conftest import REGISTRY_MAKE_KWARGS
+from tests.conftest import MINIWOB_FAST_IDS, REGISTRY_MAKE_KWARGS, registry_skip_reason
 
 IDS = echorl_envs.env_ids()
+#: Browser-backed MiniWoB ids beyond MINIWOB_FAST_IDS are marked slow (each test starts real Chromiums).
+PARAMS = [
+    pytest.param(i, marks=pytest.mark.slow) if i.startswith("EchoRL/MiniWoB-") and i not in MINIWOB_FAST_IDS else i
+    for i in IDS
+]
 
 
 def make(env_id: str, **extra):
-    if env_id in REGISTRY_MAKE_KWARGS and REGISTRY_MAKE_KWARGS[env_id] is None:
-        pytest.skip(f"data for {env_id} is not available here")
+    reason = registry_skip_reason(env_id)
+    if reason is not None:
+        pytest.skip(reason)
     kwargs = dict(REGISTRY_MAKE_KWARGS.get(env_id) or {})
     kwargs.update(extra)
     return gym.make(env_id, **kwargs)
@@ -58,7 +64,7 @@ def rollout(env, seed: int, n: int = 8) -> list:
     return traj
 
 
-@pytest.fixture(params=IDS)
+@pytest.fixture(params=PARAMS)
 def env_id(request):
     return request.param
 
@@ -140,9 +146,10 @@ def test_pickle_roundtrip(env_id):
 
 
 def test_async_vector_env(env_id):
+    reason = registry_skip_reason(env_id)
+    if reason is not None:
+        pytest.skip(reason)
     kwargs = REGISTRY_MAKE_KWARGS.get(env_id, {})
-    if kwargs is None:
-        pytest.skip(f"data for {env_id} is not available here")
     venv = gym.vector.AsyncVectorEnv([lambda: gym.make(env_id, **kwargs)] * 2, shared_memory=False)
     try:
         obs, infos = venv.reset(seed=[0, 1])
@@ -192,6 +199,80 @@ def test_fuzzed_actions_never_raise(env_id):
         state["info"] = info
         if term or trunc:
             state["info"] = env.reset(seed=5)[1]
+
+    try:
+        run()
+    finally:
+        env.close()
+
+
+# Issue 15's crashing inputs (surrogates, deep nesting, huge inputs, non-ASCII digits) and a few more.
+HOSTILE = [
+    "\ud800", "a\udfffb", "-" * 3000 + "1", "go forward " * 10000, "not " * 3000 + "1", "[[" * 600 + "]]" * 600,
+    "²", "(" * 5000, "+" * 3000 + "1", "[" + "9" * 5000 + "]", "\x00", "\u202e1", "𝟙",
+]
+NON_STR = [None, 3, b"go forward", ["a"], 1.5]
+
+
+def _step_ok(env, action) -> tuple:
+    obs, r, term, trunc, info = env.step(action)
+    assert isinstance(obs, str) and env.observation_space.contains(obs)
+    assert isinstance(r, float) and all(k in info for k in INFO_KEYS)
+    return obs, r, term, trunc, info
+
+
+def test_hostile_actions_never_raise(env_id):
+    """Every hostile string and non-str action is feedback with ``invalid_action`` (or a judged answer),
+    never an exception; non-str actions are always invalid and score 0."""
+    env = make(env_id)
+    try:
+        env.reset(seed=5)
+        for action in HOSTILE:
+            *_, term, trunc, info = _step_ok(env, action)
+            if term or trunc:
+                env.reset(seed=5)
+        for action in NON_STR:
+            _, r, term, trunc, info = _step_ok(env, action)
+            assert info["invalid_action"] and r == 0.0, (action, info)
+    finally:
+        env.close()
+
+
+def test_bad_reset_options_are_a_clear_value_error(env_id):
+    env = make(env_id)
+    try:
+        for options in ({1: 2}, "x", [], 3, ("index", 0)):
+            with pytest.raises(ValueError, match="option"):
+                env.reset(options=options)
+        obs, _ = env.reset(seed=0, options={})  # still usable, and {} / None mean "no options"
+        assert isinstance(obs, str)
+    finally:
+        env.close()
+
+
+_hostile_text = st.one_of(
+    st.text(min_size=1, max_size=400),
+    st.text(alphabet=st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), min_size=1, max_size=4),
+    st.builds(lambda s, n: s * n, st.sampled_from(["[", "(", "-", "not ", "[[", "{", "lambda: ", "go "]),
+              st.integers(100, 4000)),
+    st.builds(lambda a, b: a + b, st.text(max_size=50), st.sampled_from(["²", "٣", "\ud800", "\x00", "𝟙"])),
+)
+
+
+@pytest.mark.slow
+def test_hypothesis_hostile_fuzz(env_id):
+    """A bigger fuzz (slow suite): 200 hostile strings per id, no exception."""
+    env = make(env_id)
+    state = {"n": 0}
+    env.reset(seed=1)
+
+    @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(action=_hostile_text)
+    def run(action):
+        *_, term, trunc, _ = _step_ok(env, action)
+        state["n"] += 1
+        if term or trunc:
+            env.reset(seed=1)
 
     try:
         run()

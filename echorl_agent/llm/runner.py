@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from echorl_agent.kernels.attention import decode_plan, paged_attention, paged_decode_attention
+from echorl_agent.llm.quant import QuantizedLinear, check_weight_dtype, linear_names, quantize_model_linears
 
 __all__ = ["ModelRunner", "SeqChunk", "SUPPORTED_MODEL_TYPES"]
 
@@ -44,6 +45,11 @@ class SeqChunk:
     """Pool blocks of the whole sequence (must cover ``start_pos + len(token_ids)`` tokens)."""
     all_logits: bool = False
     """Return logits for every new token (scoring) instead of only the last one."""
+    embeds: torch.Tensor | None = None
+    """``[len(token_ids), hidden]``: added to the residual stream of these tokens entering layer ``embeds_layer``
+    (soft tokens such as EchoRL's plan embeddings; the layers below see only ``token_ids``)."""
+    embeds_layer: int = 0
+    """Layer whose input ``embeds`` is added to (0 = the token embeddings)."""
 
 
 class ModelRunner:
@@ -54,9 +60,18 @@ class ModelRunner:
         num_blocks: KV pool size in blocks.
         block_size: tokens per block.
         attention_backend: ``"auto"`` (Triton on CUDA, torch reference otherwise), ``"torch"`` or ``"triton"``.
+        weight_dtype: ``"float32"`` (the model's own weights, exact), ``"int8"`` or ``"int4"`` (packed copies of
+            the projections, MLP and LM head, see :mod:`echorl_agent.llm.quant`).
     """
 
-    def __init__(self, model: torch.nn.Module, num_blocks: int, block_size: int, attention_backend: str = "auto"):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        num_blocks: int,
+        block_size: int,
+        attention_backend: str = "auto",
+        weight_dtype: str = "float32",
+    ):
         cfg = model.config
         if cfg.model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
@@ -78,6 +93,9 @@ class ModelRunner:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.attention_backend = attention_backend
+        self.weight_dtype = check_weight_dtype(weight_dtype)
+        self.quantized: dict[str, QuantizedLinear] = quantize_model_linears(model, weight_dtype)
+        self._quant_of = {model.get_submodule(name): q for name, q in self.quantized.items()}  # module -> packed
         modeling = importlib.import_module(type(self.layers[0].self_attn).__module__)
         self._apply_rope = modeling.apply_rotary_pos_emb
         p = next(model.parameters())
@@ -86,6 +104,33 @@ class ModelRunner:
         shape = (self.num_layers, num_blocks, block_size, self.num_kv_heads, self.head_dim)
         self.k_pool = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_pool = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.capture_layer: int | None = None
+        self.h_pool: torch.Tensor | None = None  # [num_blocks * block_size, hidden], see enable_capture
+
+    def enable_capture(self, layer: int | None) -> None:
+        """Keep every token's residual stream entering ``layer`` in a pool beside the KV (None: stop).
+
+        The pool is indexed by the same slots as the KV, so a prefix-cached block carries the activations of its
+        tokens as well; :meth:`gather_hidden` reads them back. A learner that trains only layers ``>= layer``
+        starts from these activations instead of recomputing the frozen layers below (exact: same weights, same
+        arithmetic as the rollout).
+        """
+        if layer is None:
+            self.capture_layer, self.h_pool = None, None
+            return
+        if not 0 <= layer < self.num_layers:
+            raise ValueError(f"capture layer must be in [0, {self.num_layers}), got layer={layer}")
+        self.capture_layer = int(layer)
+        hidden = self.model.config.hidden_size
+        self.h_pool = torch.zeros(self.num_blocks * self.block_size, hidden, dtype=self.dtype, device=self.device)
+
+    def gather_hidden(self, block_table: list[int], start: int, end: int) -> torch.Tensor:
+        """Captured activations ``[end - start, hidden]`` of tokens ``start..end-1`` of a sequence (a copy)."""
+        if self.h_pool is None:
+            raise RuntimeError("activation capture is off; call enable_capture(layer) first")
+        bs = self.block_size
+        slots = [block_table[p // bs] * bs + p % bs for p in range(start, end)]
+        return self.h_pool[torch.tensor(slots, dtype=torch.long, device=self.device)].clone()
 
     @staticmethod
     def kv_bytes_per_token(model: torch.nn.Module) -> int:
@@ -103,20 +148,59 @@ class ModelRunner:
             return False
         return self.device.type == "cuda"
 
+    def refresh_weights(self, names: list[str] | None = None) -> list[str]:
+        """Re-pack the quantized linears after the float32 weights changed (a learner update).
+
+        Args:
+            names: changed parameter names (``"model.layers.0.mlp.up_proj.weight"``) or linear names; None = all.
+                The tied embedding (``model.embed_tokens.weight``) refreshes the LM head that shares it.
+
+        Returns:
+            The linears re-packed (empty in float32 mode, which reads the model's weights directly).
+        """
+        if not self.quantized:
+            return []
+        todo = list(self.quantized) if names is None else self._linears_of(names)
+        for name in todo:
+            lin = self.model.get_submodule(name)
+            self.quantized[name].requantize(lin.weight)
+            if lin.bias is not None:
+                self.quantized[name].bias = lin.bias.detach().float().clone()
+        return todo
+
+    def _linears_of(self, names: list[str]) -> list[str]:
+        known = set(linear_names(self.model))
+        tied = self.model.lm_head.weight is self.inner.embed_tokens.weight
+        out: dict[str, None] = {}
+        for n in names:
+            base = n.rsplit(".", 1)[0] if n.endswith((".weight", ".bias")) else n
+            if base in known:
+                out[base] = None
+            elif tied and base == "model.embed_tokens":
+                out["lm_head"] = None
+        return list(out)
+
     def copy_block(self, src: int, dst: int) -> None:
         """Copy one block's KV in every layer (copy-on-write of a shared partial block)."""
         self.k_pool[:, dst] = self.k_pool[:, src]
         self.v_pool[:, dst] = self.v_pool[:, src]
+        if self.h_pool is not None:
+            bs = self.block_size
+            self.h_pool[dst * bs : (dst + 1) * bs] = self.h_pool[src * bs : (src + 1) * bs]
 
-    @staticmethod
-    def _linear(x: torch.Tensor, lin: torch.nn.Module) -> torch.Tensor:
+    def _linear(self, x: torch.Tensor, lin: torch.nn.Module) -> torch.Tensor:
         """``lin(x)`` (``x W^T + b``); for a few rows, computed over slices of the output features.
+
+        With ``weight_dtype`` int8/int4 the packed copy of ``lin`` runs instead (:mod:`echorl_agent.llm.quant`).
 
         Each output element is the same dot product either way, but with a handful of rows (a decode step) the
         CPU BLAS is markedly faster on narrow weight slices than on one wide weight (measured on SmolLM2-135M:
         the ``[8, 576] x [576, 49152]`` LM head takes about half the time in 256-row slices), so decode steps
         use slices and prefill keeps the single GEMM.
         """
+        q = self._quant_of.get(lin)
+        if q is not None:
+            return q(x).to(x.dtype)
         n_out = lin.weight.shape[0]
         if x.device.type != "cpu" or not 1 < x.shape[0] <= _SMALL_BATCH_ROWS or n_out <= _OUT_SLICE:
             return lin(x)
@@ -129,17 +213,22 @@ class ModelRunner:
 
     def _mlp(self, mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The gated MLP of Llama/Mistral/Qwen2 (``down(act(gate(x)) * up(x))``, as HF's ``LlamaMLP.forward``)."""
-        if x.device.type != "cpu" or not 1 < x.shape[0] <= _SMALL_BATCH_ROWS:
+        if not self._quant_of and (x.device.type != "cpu" or not 1 < x.shape[0] <= _SMALL_BATCH_ROWS):
             return mlp(x)
         lin = self._linear
         return lin(mlp.act_fn(lin(x, mlp.gate_proj)) * lin(x, mlp.up_proj), mlp.down_proj)
 
     @torch.inference_mode()
-    def forward(self, chunks: list[SeqChunk]) -> list[torch.Tensor]:
+    def forward(self, chunks: list[SeqChunk], return_hidden: bool = False):
         """Run one step over the new tokens of several sequences; writes their KV into the pool.
 
+        Args:
+            chunks: the new tokens of each sequence.
+            return_hidden: also return the final (normed) hidden states of the rows whose logits are returned.
+
         Returns:
-            Per chunk, float32 logits ``[vocab]`` of its last token, or ``[T, vocab]`` when ``all_logits``.
+            Per chunk, float32 logits ``[vocab]`` of its last token, or ``[T, vocab]`` when ``all_logits``; with
+            ``return_hidden``, a pair ``(logits, hidden)`` of such lists.
         """
         bs = self.block_size
         ids: list[int] = []
@@ -181,11 +270,23 @@ class ModelRunner:
             plan = decode_plan(tables, ctx_t, bs, self.num_kv_heads)
 
         x = self.inner.embed_tokens(ids_t)  # [N, hidden]
+        injections: dict[int, list[tuple[int, torch.Tensor]]] = {}
+        for i, c in enumerate(chunks):
+            if c.embeds is not None:
+                if tuple(c.embeds.shape) != (len(c.token_ids), x.shape[-1]):
+                    raise ValueError(
+                        f"SeqChunk.embeds must be [{len(c.token_ids)}, {x.shape[-1]}], got {tuple(c.embeds.shape)}"
+                    )
+                injections.setdefault(c.embeds_layer, []).append((i, c.embeds))
         cos, sin = self.inner.rotary_emb(x, pos_t[None, :])  # [1, N, D]
         cos, sin = cos[0], sin[0]
         flat = (self.num_layers, self.num_blocks * bs, self.num_kv_heads, self.head_dim)
         k_flat, v_flat = self.k_pool.view(flat), self.v_pool.view(flat)
         for li, layer in enumerate(self.layers):
+            if li == self.capture_layer:  # before injection: captured activations never depend on soft tokens
+                self.h_pool[slots_t] = x
+            for i, e in injections.get(li, ()):
+                x[cu[i] : cu[i + 1]] += e.to(device=dev, dtype=x.dtype)
             attn = layer.self_attn
             h = layer.input_layernorm(x)
             q = self._linear(h, attn.q_proj).view(n, self.num_heads, self.head_dim)
@@ -214,7 +315,8 @@ class ModelRunner:
             spans.append((lo, len(rows)))
         hidden = self.inner.norm(x[torch.tensor(rows, device=dev)])
         logits = self._linear(hidden, self.model.lm_head).float()
-        out = []
+        out, hid = [], []
         for c, (lo, hi) in zip(chunks, spans, strict=True):
             out.append(logits[lo:hi] if c.all_logits else logits[lo])
-        return out
+            hid.append(hidden[lo:hi] if c.all_logits else hidden[lo])
+        return (out, hid) if return_hidden else out
