@@ -10,6 +10,11 @@ mean(EchoPPO steps) / mean(PPO steps) with a 95% percentile-bootstrap confidence
 Usage:
     .venv/bin/python benchmarks/learning_efficiency.py                # 5 seeds, 2 envs, 2 processes
     .venv/bin/python benchmarks/learning_efficiency.py --seeds 3 --quick
+    # confirmation on seeds fixed before looking (issue 13): 15 fresh seeds 500..514, GoToLocal
+    .venv/bin/python benchmarks/learning_efficiency.py --envs gotolocal --first-seed 500 --seeds 15 \
+        --out benchmarks/results/learning_efficiency_gotolocal_s500.csv
+    # pool several per-run CSVs (no training): one CI over every seed in them
+    .venv/bin/python benchmarks/learning_efficiency.py --pool benchmarks/results/learning_efficiency*.csv
 """
 
 from __future__ import annotations
@@ -89,7 +94,9 @@ def bootstrap_ratio(echo: np.ndarray, ppo: np.ndarray, n: int = 10_000, seed: in
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--seeds", type=int, default=5, help="number of seeds")
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds are first-seed .. first-seed+seeds-1")
+    ap.add_argument("--pool", nargs="+", metavar="CSV", help="no training: summarise these per-run CSVs together")
     ap.add_argument("--envs", nargs="+", default=list(TASKS), choices=list(TASKS))
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--arms", nargs="+", default=["PPO", "EchoPPO"], choices=["PPO", "EchoPPO", "EchoPPO-noKL"],
@@ -98,30 +105,76 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "learning_efficiency.csv"))
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    arms = ["PPO", *[a for a in args.arms if a != "PPO"]]
-    jobs = [(e, a, s, args.quick) for e in args.envs for s in range(args.seeds) for a in arms]
     t0 = time.perf_counter()
-    from tqdm import tqdm
-
-    with ProcessPoolExecutor(args.workers) as pool:
-        rows = list(tqdm(pool.map(run_one, jobs), total=len(jobs), desc="runs"))
+    if args.pool:
+        rows = _read_rows(args.pool)
+        envs = [e for e in TASKS if any(r["env"] == e for r in rows)]
+        arms = ["PPO", *dict.fromkeys(r["algo"] for r in rows if r["algo"] != "PPO")]
+        print(summary_table(rows, envs, arms))
+        seeds = sorted({r["seed"] for r in rows})
+        print(f"\npooled {len(rows)} runs from {len(args.pool)} files, {len(seeds)} seeds: {seeds}")
+        return
+    arms = ["PPO", *[a for a in args.arms if a != "PPO"]]
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    # Rows are appended as runs finish, so an interrupted study keeps its runs; rerunning resumes (runs are
+    # deterministic, so a run already in the file is not repeated).
+    rows = [r for r in _read_rows([str(out)]) if r["seed"] in seeds] if out.exists() else []
+    have = {(r["env"], r["algo"], r["seed"]) for r in rows}
+    jobs = [(e, a, s, args.quick) for e in args.envs for s in seeds for a in arms if (e, a, s) not in have]
+    from concurrent.futures import as_completed
 
+    from tqdm import tqdm
+
+    fields = ["env", "algo", "seed", "steps", "reached", "budget", "episodes", "final_success", "seconds"]
+    new_file = not out.exists()
+    with ProcessPoolExecutor(args.workers) as pool, out.open("a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        if new_file:
+            w.writeheader()
+        futs = [pool.submit(run_one, j) for j in jobs]
+        for fut in tqdm(as_completed(futs), total=len(futs), desc="runs"):
+            row = fut.result()
+            w.writerow(row)
+            f.flush()
+            rows.append(row)
+    print(summary_table(rows, args.envs, arms))
+    print(f"\n{len(jobs)} runs, seeds {seeds.start}..{seeds.stop - 1}, wall {time.perf_counter() - t0:.0f} s; "
+          f"per-run rows in {out}")
+
+
+def _read_rows(paths: list[str]) -> list[dict]:
+    """Per-run rows of several CSVs; a (env, algo, seed) run present twice must agree (it is deterministic)."""
+    seen: dict[tuple, dict] = {}
+    for p in paths:
+        with open(p, newline="") as f:
+            for r in csv.DictReader(f):
+                row = {**r, "seed": int(r["seed"]), "steps": int(r["steps"]), "reached": r["reached"] == "True",
+                       "seconds": float(r["seconds"])}
+                key = (row["env"], row["algo"], row["seed"])
+                if key in seen and seen[key]["steps"] != row["steps"]:
+                    raise ValueError(f"run {key} appears twice with different steps ({seen[key]['steps']} vs "
+                                     f"{row['steps']}); pool files from the same code version")
+                seen[key] = row
+    return list(seen.values())
+
+
+def summary_table(rows: list[dict], envs: list[str], arms: list[str]) -> str:
+    """Arm ÷ PPO per env with a bootstrap CI over the seeds both arms ran (paired by seed)."""
     table = []
-    for e in args.envs:
+    for e in envs:
         task = TASKS[e]
-
-        def get(algo: str, key: str, env: str = e) -> np.ndarray:
-            return np.array([r[key] for r in rows if r["env"] == env and r["algo"] == algo], dtype=float)
-
-        ppo = get("PPO", "steps")
         for arm in arms[1:]:
-            echo = get(arm, "steps")
+            by = {(r["algo"], r["seed"]): r for r in rows if r["env"] == e}
+            common = sorted(s for (a, s) in by if a == arm and ("PPO", s) in by)
+            if not common:
+                continue
+
+            def get(algo: str, key: str, common: list[int] = common, by: dict = by) -> np.ndarray:
+                return np.array([by[(algo, s)][key] for s in common], dtype=float)
+
+            ppo, echo = get("PPO", "steps"), get(arm, "steps")
             lo, hi = bootstrap_ratio(echo, ppo)
             table.append([
                 f"{task.env_id} (success>={task.target:.0%} over 50 ep)", arm,
@@ -130,11 +183,11 @@ def main() -> None:
                 f"{echo.mean() / ppo.mean():.2f} [{lo:.2f}, {hi:.2f}]",
                 f"{np.mean(echo / ppo):.2f}",
                 f"{get('PPO', 'seconds').mean():.0f} / {get(arm, 'seconds').mean():.0f}",
+                f"{int((echo < ppo).sum())}/{len(common)}",
             ])
     headers = ["env (target)", "arm", "PPO steps (reached)", "arm steps (reached)", "arm ÷ PPO [95% CI]",
-               "mean per-seed ratio", "s/run PPO / arm"]
-    print(tabulate(table, headers=headers, tablefmt="github"))
-    print(f"\n{len(jobs)} runs, {args.seeds} seeds, wall {time.perf_counter() - t0:.0f} s; per-run rows in {out}")
+               "mean per-seed ratio", "s/run PPO / arm", "seeds arm faster"]
+    return tabulate(table, headers=headers, tablefmt="github")
 
 
 if __name__ == "__main__":

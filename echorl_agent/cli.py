@@ -31,8 +31,7 @@ DEMO_TASKS = {
     "cruxeval": "EchoRL/CRUXEval-O-v0",
     "arc": "EchoRL/ARC-v0",
 }
-#: Demo agents and the families each plays (None: all). SB3 agents train on MiniGrid only and the SmolLM2 agents
-#: play short episodes, so the whole demo stays within ~10 minutes on 2 CPU cores.
+#: Demo agents and the families each plays (None: all). SB3 agents train on MiniGrid only.
 DEMO_AGENTS: dict[str, tuple[str, ...] | None] = {
     "random": None,
     "expert": None,
@@ -41,7 +40,13 @@ DEMO_AGENTS: dict[str, tuple[str, ...] | None] = {
     "llm-score": ("minigrid",),
     "react": ("math",),
 }
-DEMO_AGENT_OPTIONS = {"llm-score": {"max_steps": 10}, "react": {"max_steps": 3}}
+#: Deliberate unequal budgets, shown in the demo table (columns "max steps" and "n") and its notes: the SmolLM2
+#: agents take ~0.5-2 s per step on 2 CPU cores, so they play 4 episodes per seed with a step cap (10 on MiniGrid,
+#: 3 attempts on Game24) while every other agent plays all episodes under the env's own limit.
+DEMO_AGENT_OPTIONS = {"llm-score": {"max_steps": 10, "episodes": 4}, "react": {"max_steps": 3, "episodes": 4}}
+#: 2 training seeds x 20 episodes = 40 paired instances per (task, agent): enough for the expert/random and
+#: EchoPPO/PPO-deterministic gaps to be significant; the table marks which differences are.
+DEMO_SEEDS, DEMO_EPISODES, DEMO_TRAIN_STEPS = 2, 20, 8192
 
 
 def _check_choices(values: list[str], known: list[str], what: str) -> None:
@@ -110,18 +115,28 @@ def demo_config(out: str):
     agents = [a for a in DEMO_AGENTS if availability(a) is None]
     exclude = [f"{t}:{a}" for a in agents for t in tasks
                if DEMO_AGENTS[a] is not None and echorl_envs.entry(t).family not in DEMO_AGENTS[a]]
-    return BenchConfig(tasks=tasks, agents=agents, out=out, seeds=2, episodes=3, workers=2, train_steps=8192,
+    return BenchConfig(tasks=tasks, agents=agents, out=out, seeds=DEMO_SEEDS, episodes=DEMO_EPISODES, workers=2,
+                       train_steps=DEMO_TRAIN_STEPS, eval_mode="both", reference="random" if "random" in agents else None,
                        agent_options={a: o for a, o in DEMO_AGENT_OPTIONS.items() if a in agents}, exclude=exclude)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     import echorl_envs
     from echorl_agent.eval import agents as agent_registry
-    from echorl_agent.eval.report import markdown_table, plot_curves, plot_success, summarize, write_summary
+    from echorl_agent.eval.report import (
+        markdown_table,
+        notes,
+        plot_curves,
+        plot_success,
+        summarize,
+        write_summary,
+    )
     from echorl_agent.eval.runner import BenchConfig, run_bench
 
     if args.preset == "demo":
         cfg = demo_config(args.out)
+        if args.workers is not None:  # results do not depend on the number of workers, only wall time does
+            cfg.workers = args.workers
         skipped = {a: agent_registry.availability(a) for a in DEMO_AGENTS}
         for a, why in skipped.items():
             if why:
@@ -133,9 +148,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         _check_choices(args.agents, agent_registry.agent_names(), "agent")
         opts = json.loads(args.agent_options) if args.agent_options else {}
         cfg = BenchConfig(tasks=args.tasks, agents=args.agents, out=args.out, seeds=args.seeds,
-                          episodes=args.episodes, workers=args.workers, backend=args.backend,
+                          episodes=args.episodes, workers=args.workers or 2, backend=args.backend,
                           train_steps=args.train_steps, max_steps=args.max_steps,
-                          price_per_mtok=args.price_per_mtok, agent_options=opts, exclude=args.exclude)
+                          price_per_mtok=args.price_per_mtok, agent_options=opts, exclude=args.exclude,
+                          eval_mode=args.eval_mode, reference=args.reference)
     cfg.env_urls = list(args.env_url or [])  # play on `echorl serve-env` servers instead of in-process envs
     from echorl_agent.eval.runner import skipped_pairs
 
@@ -150,7 +166,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         rows = run_bench(cfg, progress=not args.quiet)
     except ValueError as e:
         raise SystemExit(f"echorl bench: {e}") from e
-    summary = summarize(rows, cfg.price_per_mtok)
+    ref = cfg.reference_agent()
+    summary = summarize(rows, cfg.price_per_mtok, reference=ref)
     paths = write_summary(summary, cfg.out)
     plot_success(summary, Path(cfg.out) / "success.png")
     curves = plot_curves(cfg.out, Path(cfg.out) / "learning_curves.png")
@@ -158,17 +175,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from rich.console import Console
         from rich.table import Table
 
+        from echorl_agent.eval.report import _diff_cell
+
         table = Table(title=f"echorl bench ({len(rows)} episodes)")
-        for col in ["task", "agent", "n", "Success@1 [95% CI]", "return", "steps", "ep/s", "KV reuse"]:
+        for col in ["task", "agent", "mode", "max steps", "n", "Success@1 [95% CI]", f"Δ vs {ref} [95% CI]",
+                    "McNemar p", "return", "steps", "ep/s", "KV reuse"]:
             table.add_column(col)
         for s in summary:
-            table.add_row(s["task"].replace("EchoRL/", ""), s["agent"], str(s["episodes"]),
-                          f"{s['success']:.2f} [{s['ci_low']:.2f}, {s['ci_high']:.2f}]", f"{s['mean_return']:.2f}",
-                          f"{s['mean_steps']:.1f}", f"{s['episodes_per_s']:.2f}",
+            table.add_row(s["task"].replace("EchoRL/", ""), s["agent"], s["mode"], str(s["max_steps"]),
+                          str(s["episodes"]), f"{s['success']:.2f} [{s['ci_low']:.2f}, {s['ci_high']:.2f}]",
+                          _diff_cell(s), "-" if s["mcnemar_p"] is None else f"{s['mcnemar_p']:.2g}",
+                          f"{s['mean_return']:.2f}", f"{s['mean_steps']:.1f}", f"{s['episodes_per_s']:.2f}",
                           "-" if s["kv_reuse"] is None else f"{s['kv_reuse']:.2f}")
-        Console(width=max(Console().width, 132)).print(table)
+        Console(width=max(Console().width, 160)).print(table)
     except ImportError:  # rich is a dependency; tabulate is the fallback for trimmed installs
         print(markdown_table(summary))
+    print(notes(summary))
     print(f"\nwrote {paths['md']}, {paths['csv']}, {paths['json']}, {Path(cfg.out) / 'success.png'}"
           + (f", {curves}" if curves else ""))
     return 0
@@ -262,10 +284,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--preset", choices=["demo"], help="a predefined run ('demo': what `make demo` runs)")
     s.add_argument("--seeds", type=int, default=2)
     s.add_argument("--episodes", type=int, default=5)
-    s.add_argument("--workers", type=int, default=2)
+    s.add_argument("--workers", type=int, default=None, help="parallel workers (default 2; also for --preset)")
     s.add_argument("--backend", choices=["local", "ray"], default="local")
     s.add_argument("--train-steps", type=int, default=2048, help="budget for SB3-trained agents")
-    s.add_argument("--max-steps", type=int, default=None, help="cap on steps per episode")
+    s.add_argument("--max-steps", type=int, default=None,
+                   help="cap on steps per episode, the same for every agent (default: each id's own limit)")
+    s.add_argument("--eval-mode", choices=["deterministic", "stochastic", "both"], default="both",
+                   help="how learned agents (ppo, echoppo, dqn, ...) act at evaluation; 'both' gives one row each")
+    s.add_argument("--reference", default=None,
+                   help="agent the others are compared with on the same instances (default: random when it runs)")
     s.add_argument("--price-per-mtok", type=float, default=0.0, help="price per million LLM tokens")
     s.add_argument("--agent-options", help='JSON, e.g. \'{"react": {"model": "smollm2-135m"}}\'')
     s.add_argument("--exclude", nargs="*", default=[], help='pairs not to run, e.g. "EchoRL/ALFWorld*:ppo"')

@@ -137,7 +137,9 @@ def test_sb3_agent_trains_and_acts_through_the_same_wrappers(tmp_path):
     cfg = BenchConfig(tasks=["EchoRL/MiniGrid-Empty-5x5-v0"], agents=["ppo", "echoppo"], seeds=1, episodes=2,
                       workers=1, train_steps=256, out=str(tmp_path))
     rows = run_bench(cfg, progress=False)
-    assert sorted((r["agent"], r["episode"]) for r in rows) == [("echoppo", 0), ("echoppo", 1), ("ppo", 0), ("ppo", 1)]
+    # eval_mode="both" (default): each trained policy plays every instance greedily and by sampling
+    assert sorted((r["agent"], r["mode"], r["episode"]) for r in rows) == [
+        (a, m, e) for a in ("echoppo", "ppo") for m in ("deterministic", "stochastic") for e in (0, 1)]
     for r in rows:
         assert r["steps"] >= 1 and r["invalid_actions"] == 0  # masked or positional slots map to real actions
     curve = tmp_path / "training" / "ppo" / "EchoRL_MiniGrid-Empty-5x5-v0" / "seed0" / "curve.csv"
@@ -176,3 +178,184 @@ def test_random_agent_searches_on_a_search_page_and_answers_free_text():
     answers = {a.act("", {"admissible_actions": [], "task": "t"}) for _ in range(50)}
     assert all(0 <= int(x) <= 100 for x in answers) and len(answers) > 10
     assert a.act("", {"admissible_actions": ["a", "b"]}) in ("a", "b")
+
+
+# --- paired statistics, eval modes, budgets, reproducibility, README drift (issue 13) ---------------------------
+
+
+def test_mcnemar_exact_and_paired_bootstrap_hand_values():
+    from echorl_agent.eval.stats import mcnemar_exact, paired_bootstrap
+
+    # 5 discordant pairs all one way: p = 2 * 0.5**5 = 0.0625; 6 pairs: 2 * 0.5**6 = 0.03125
+    assert mcnemar_exact([1] * 5 + [0, 1], [0] * 5 + [0, 1]) == pytest.approx(0.0625)
+    assert mcnemar_exact([1] * 6, [0] * 6) == pytest.approx(0.03125)
+    # n10 = 3, n01 = 1: p = 2 * (C(4,0) + C(4,1)) / 16 = 0.625; no discordant pair: 1
+    assert mcnemar_exact([1, 1, 1, 0], [0, 0, 0, 1]) == pytest.approx(0.625)
+    assert mcnemar_exact([1, 0], [1, 0]) == 1.0
+    with pytest.raises(ValueError, match="len"):
+        mcnemar_exact([1], [1, 0])
+    assert paired_bootstrap([0.5] * 7) == (0.5, 0.5, 0.5)
+    d = [1, 0, 0, 1, 1, 0, 1, 1, 0, 1]
+    mean, lo, hi = paired_bootstrap(d)
+    assert mean == 0.6 and lo < 0.6 < hi and paired_bootstrap(d) == (mean, lo, hi)  # fixed seed: same CI
+
+
+def _row(agent, seed, ep, success, mode="-", cap=100):
+    return {"task": "t", "agent": agent, "mode": mode, "seed": seed, "episode": ep, "success": success,
+            "return": float(success), "steps": 3, "seconds": 1.0, "max_steps": cap}
+
+
+def test_summarize_pairs_each_agent_with_the_reference_on_the_same_instances():
+    ref = [_row("random", 0, e, e == 0) for e in range(8)]
+    good = [_row("ppo", 0, e, True, "stochastic") for e in range(8)]
+    bad = [_row("ppo", 0, e, e == 0, "deterministic") for e in range(8)]
+    extra = [_row("expert", 0, e, True, cap=10) for e in range(4)] + [_row("expert", 1, 0, True, cap=10)]
+    summary = {(s["agent"], s["mode"]): s for s in summarize(ref + good + bad + extra, reference="random")}
+    r = summary[("random", "-")]
+    assert r["reference"] == "random" and r["diff"] is None and r["paired_n"] is None
+    g = summary[("ppo", "stochastic")]
+    # 7 discordant pairs all won by ppo: diff 7/8, McNemar p = 2 / 2**7
+    assert g["paired_n"] == 8 and g["diff"] == pytest.approx(7 / 8) and g["mcnemar_p"] == pytest.approx(2 / 128)
+    assert g["significant"] and 0 < g["diff_low"] <= g["diff"] <= g["diff_high"] <= 1
+    b = summary[("ppo", "deterministic")]
+    assert b["diff"] == 0 and b["mcnemar_p"] == 1.0 and not b["significant"]
+    e = summary[("expert", "-")]
+    assert e["episodes"] == 5 and e["paired_n"] == 4  # (seed 1, ep 0) has no reference partner
+    from echorl_agent.eval.report import budget_notes, markdown_table
+
+    (note,) = budget_notes(list(summary.values()))
+    assert note.startswith("Unequal budgets on t: max steps per episode random 100, ppo 100, expert 10")
+    md = markdown_table(list(summary.values()))
+    assert "Δ vs random [95% CI]" in md and "+0.88 [" in md and "] *" in md and "(reference)" in md
+    assert budget_notes(summarize(ref + good, reference="random")) == []
+    # the paired CI depends on the instances, not on the order the rows were written in
+    again = {(s["agent"], s["mode"]): s for s in summarize((ref + bad + good)[::-1], reference="random")}
+    assert again[("ppo", "stochastic")] == g
+
+
+def test_learned_agent_modes_and_equal_budgets(tmp_path, monkeypatch):
+    """A learned agent (spec.learned) is evaluated in each mode with its ``deterministic`` attribute set."""
+    from echorl_agent.eval import agents as reg
+
+    class CoinAgent(reg.Agent):
+        name = "coin"
+
+        def __init__(self, deterministic: bool = True) -> None:
+            self.deterministic = deterministic
+
+        def act(self, obs, info):
+            import numpy as np
+
+            adm = info["admissible_actions"]
+            return adm[0] if self.deterministic else adm[int(np.random.randint(len(adm)))]
+
+    spec_ = reg.AgentSpec("coin", "first action or a random one", lambda env_id, **kw: CoinAgent(**kw),
+                          learned=True)
+    monkeypatch.setitem(reg.AGENTS, "coin", spec_)
+    task = "EchoRL/MiniGrid-Empty-5x5-v0"
+    if task not in echorl_envs.env_ids():
+        pytest.skip("text MiniGrid not registered")
+    cfg = BenchConfig(tasks=[task], agents=["random", "coin"], seeds=1, episodes=2, workers=1, out=str(tmp_path))
+    rows = run_bench(cfg, progress=False)
+    assert [(r["agent"], r["mode"], r["episode"]) for r in rows] == [
+        ("random", "-", 0), ("random", "-", 1), ("coin", "deterministic", 0), ("coin", "deterministic", 1),
+        ("coin", "stochastic", 0), ("coin", "stochastic", 1)]
+    assert {r["max_steps"] for r in rows} == {echorl_envs.entry(task).max_episode_steps}  # equal budgets
+    det = [r for r in rows if r["mode"] == "deterministic"]
+    assert all(r["steps"] == r["max_steps"] and not r["success"] for r in det)  # "turn left" forever
+    assert reg.eval_modes("coin", "stochastic") == ["stochastic"] and reg.eval_modes("random", "both") == ["-"]
+    with pytest.raises(ValueError, match="eval_mode must be one of"):
+        BenchConfig(tasks=[task], agents=["coin"], eval_mode="greedy", out=str(tmp_path)).validate()
+    with pytest.raises(ValueError, match="reference must be one of the agents"):
+        BenchConfig(tasks=[task], agents=["coin"], reference="random", out=str(tmp_path)).validate()
+    # a deliberate per-agent cap and episode limit: recorded per row, in run.json, and in the notes
+    capped = BenchConfig(tasks=[task], agents=["random", "expert"], seeds=1, episodes=3, workers=1,
+                         agent_options={"expert": {"max_steps": 7, "episodes": 2}}, out=str(tmp_path / "c"))
+    rows = run_bench(capped, progress=False)
+    assert [(r["agent"], r["max_steps"]) for r in rows] == [("random", 100), ("random", 100), ("random", 100),
+                                                            ("expert", 7), ("expert", 7)]
+    meta = json.loads((tmp_path / "c" / "run.json").read_text())
+    assert meta["budgets"][task]["expert"] == {"max_steps": 7, "episodes_per_seed": 2, "train_steps": None,
+                                               "eval_modes": ["-"]}
+    from echorl_agent.eval.report import notes
+
+    assert "Unequal budgets on " + task in notes(summarize(rows, reference="random"))
+
+
+def _comparable(rows):
+    return [{k: v for k, v in r.items() if k not in ("seconds", "setup_seconds")} for r in rows]
+
+
+def test_same_command_twice_gives_identical_results(tmp_path):
+    """random, expert and a short PPO training (both eval modes), run twice from scratch: same rows, same
+    summary (timings aside), and run.json records what is needed to rerun."""
+    pytest.importorskip("echorl_envs.wrappers")
+    task = "EchoRL/MiniGrid-Empty-5x5-v0"
+    if task not in echorl_envs.env_ids():
+        pytest.skip("text MiniGrid not registered")
+    from echorl_agent.eval.report import TIMING_COLUMNS
+
+    runs = []
+    for name in ("a", "b"):
+        cfg = BenchConfig(tasks=[task], agents=["random", "expert", "ppo"], seeds=1, episodes=3, workers=1,
+                          train_steps=128, out=str(tmp_path / name))
+        rows = run_bench(cfg, progress=False)
+        summary = [{k: v for k, v in s.items() if k not in TIMING_COLUMNS}
+                   for s in summarize(rows, reference=cfg.reference_agent())]
+        runs.append((_comparable(rows), summary))
+    assert runs[0] == runs[1]
+    rows = runs[0][0]
+    assert len(rows) == 3 + 3 + 6
+    sto = [r for r in rows if r["mode"] == "stochastic"]
+    det = [r for r in rows if r["mode"] == "deterministic"]
+    assert [r["env_seed"] for r in sto] == [r["env_seed"] for r in det]  # same instances in both modes
+    meta = json.loads((tmp_path / "a" / "run.json").read_text())
+    assert meta["seeds"]["run_seeds"] == [0] and meta["seeds"]["bootstrap"] == {"seed": 0, "resamples": 10_000}
+    assert meta["budgets"][task]["ppo"]["train_steps"] == 128 and meta["threads"]["torch_per_worker"] == 1
+    assert meta["versions"]["torch"] != "not installed" and "commit" in meta["git"]
+    assert meta["reference"] == "random" and meta["config"]["eval_mode"] == "both"
+
+
+def _check_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "check_readme_demo.py"
+    mod_spec = importlib.util.spec_from_file_location("check_readme_demo", path)
+    mod = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(mod)
+    return mod
+
+
+def test_readme_check_catches_drift():
+    chk = _check_module()
+    summary = chk.parse_table("| task | agent | mode | n | Success@1 [95% CI] | ep/s |\n|--|--|--|--|--|--|\n"
+                              "| t | random | - | 40 | 0.10 [0.04, 0.23] | 12.5 |\n"
+                              "| t | ppo | stochastic | 40 | 0.80 [0.65, 0.90] | 3.1 |")
+    ok = chk.readme_table(chk.readme_markdown(summary))
+    assert chk.compare(ok, summary) == []
+    ok[1]["ep/s"] = "9.9"  # timings may differ
+    assert chk.compare(ok, summary) == []
+    ok[1]["Success@1 [95% CI]"] = "1.00 [0.91, 1.00]"
+    assert chk.compare(ok, summary) == [
+        "('t', 'ppo', 'stochastic') Success@1 [95% CI]: README '1.00 [0.91, 1.00]', summary '0.80 [0.65, 0.90]'"]
+    assert chk.compare(ok[:1], summary)[-1] == "summary row ('t', 'ppo', 'stochastic') is missing from README"
+    with pytest.raises(ValueError, match="no demo table"):
+        chk.readme_table("no table here")
+
+
+def test_readme_demo_table_is_the_committed_demo_run():
+    """README's demo table equals the committed demo summary, and that summary comes from the current preset."""
+    from pathlib import Path
+
+    from echorl_agent.cli import DEMO_EPISODES, DEMO_SEEDS, DEMO_TRAIN_STEPS
+
+    chk = _check_module()
+    root = Path(__file__).resolve().parents[1]
+    base = root / "benchmarks" / "baselines" / "demo"
+    problems = chk.compare(chk.readme_table((root / "README.md").read_text()),
+                           chk.parse_table((base / "summary.md").read_text()))
+    assert problems == []
+    cfg = json.loads((base / "run.json").read_text())["config"]
+    assert (cfg["seeds"], cfg["episodes"], cfg["train_steps"], cfg["eval_mode"]) == (
+        DEMO_SEEDS, DEMO_EPISODES, DEMO_TRAIN_STEPS, "both")

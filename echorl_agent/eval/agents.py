@@ -1,7 +1,10 @@
 """The agent registry of the evaluation runner: one short name per baseline.
 
 Every agent follows the same small protocol (:class:`Agent`): ``reset`` at the start of an episode, ``act`` once per
-step, ``stats`` for counters the summary reports (LLM tokens, KV reuse...). Agents that need a part that is not
+step, ``stats`` for counters the summary reports (LLM tokens, KV reuse...). A *learned* agent (``AgentSpec.learned``:
+PPO, EchoPPO, DQN..., and any policy with a sampling temperature) takes a ``deterministic: bool`` factory option and
+exposes a writable ``deterministic`` attribute; the runner sets it per evaluation mode (``--eval-mode``), so one
+trained policy is evaluated both greedily and by sampling. Agents that need a part that is not
 installed or not built are listed as unavailable with the reason (:func:`availability`), never faked.
 """
 
@@ -15,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Agent", "AgentSpec", "AGENTS", "availability", "incompatibility", "make_agent", "agent_names", "RandomAgent", "ExpertAgent"]
+__all__ = ["Agent", "AgentSpec", "AGENTS", "EVAL_MODES", "eval_modes", "availability", "incompatibility", "make_agent", "agent_names", "RandomAgent", "ExpertAgent"]
 
 
 class Agent:
@@ -93,7 +96,12 @@ class AgentSpec:
     #: "none", "sb3" (trained for a budget) or "llm"
     kind: str = "none"
     options: dict[str, Any] = field(default_factory=dict)
+    #: a learned policy evaluated greedily and/or by sampling: its factory takes ``deterministic: bool`` and the
+    #: agent has a writable ``deterministic`` attribute (see the module docstring)
+    learned: bool = False
 
+
+EVAL_MODES = ("deterministic", "stochastic", "both")
 
 AGENTS: dict[str, AgentSpec] = {
     s.name: s
@@ -101,13 +109,15 @@ AGENTS: dict[str, AgentSpec] = {
         AgentSpec("random", "uniform over admissible actions", lambda env_id: RandomAgent()),
         AgentSpec("expert", "the env's expert/oracle (upper bound)", lambda env_id: ExpertAgent()),
         AgentSpec("ppo", "SB3 PPO (MlpPolicy) on the encoded text env", "echorl_agent.eval.sb3_agents:make_ppo",
-                  ("stable_baselines3", "echorl_envs.wrappers"), "sb3"),
+                  ("stable_baselines3", "echorl_envs.wrappers"), "sb3", learned=True),
         AgentSpec("maskable-ppo", "sb3-contrib MaskablePPO with admissible-action masks",
-                  "echorl_agent.eval.sb3_agents:make_maskable_ppo", ("sb3_contrib", "echorl_envs.wrappers"), "sb3"),
+                  "echorl_agent.eval.sb3_agents:make_maskable_ppo", ("sb3_contrib", "echorl_envs.wrappers"), "sb3",
+                  learned=True),
         AgentSpec("dqn", "SB3 DQN on the encoded text env", "echorl_agent.eval.sb3_agents:make_dqn",
-                  ("stable_baselines3", "echorl_envs.wrappers"), "sb3"),
+                  ("stable_baselines3", "echorl_envs.wrappers"), "sb3", learned=True),
         AgentSpec("echoppo", "EchoPPO with EchoPolicy (latent planning)", "echorl_agent.eval.sb3_agents:make_echoppo",
-                  ("echorl_agent.algorithms", "echorl_envs.wrappers"), "sb3"),
+                  ("echorl_agent.algorithms", "echorl_envs.wrappers"), "sb3",
+                  learned=True),
         AgentSpec("react", "generative ReAct LLM agent (SmolLM2 by default)", "echorl_agent.eval.llm_agents:make_react",
                   ("transformers", "echorl_agent.llm.agents"), "llm"),
         AgentSpec("llm-score", "LLM scoring of admissible actions (shared-prefix KV)",
@@ -117,19 +127,29 @@ AGENTS: dict[str, AgentSpec] = {
         AgentSpec("echorl", "LLM + latent plan + KV-aware engine + experience", "echorl_agent.eval.llm_agents:make_echorl",
                   ("transformers", "echorl_agent.llm.agents"), "llm"),
         AgentSpec("llm-bc", "SmolLM2 behaviour-cloned on the expert (LoRA, LLMPolicy)",
-                  "echorl_agent.eval.llm_rl_agents:make_llm_bc", ("peft", "echorl_agent.llm_rl.policy"), "sb3"),
+                  "echorl_agent.eval.llm_rl_agents:make_llm_bc", ("peft", "echorl_agent.llm_rl.policy"), "sb3", learned=True),
         AgentSpec("llm-ppo", "SmolLM2 trained by PPO (LLMPolicy: LoRA, engine rollouts, activation reuse)",
-                  "echorl_agent.eval.llm_rl_agents:make_llm_ppo", ("peft", "echorl_agent.llm_rl.policy"), "sb3"),
+                  "echorl_agent.eval.llm_rl_agents:make_llm_ppo", ("peft", "echorl_agent.llm_rl.policy"), "sb3", learned=True),
         AgentSpec("llm-echoppo", "SmolLM2, BC warm start + EchoPPO with the latent plan (soft tokens, plan KL)",
-                  "echorl_agent.eval.llm_rl_agents:make_llm_echoppo", ("peft", "echorl_agent.llm_rl.policy"), "sb3"),
+                  "echorl_agent.eval.llm_rl_agents:make_llm_echoppo", ("peft", "echorl_agent.llm_rl.policy"), "sb3", learned=True),
         AgentSpec("llm-grpo", "SmolLM2 trained by GRPO on free-text envs (oracle warm start, group sampling)",
-                  "echorl_agent.eval.llm_rl_agents:make_llm_grpo", ("peft", "echorl_agent.llm_rl.grpo"), "sb3"),
+                  "echorl_agent.eval.llm_rl_agents:make_llm_grpo", ("peft", "echorl_agent.llm_rl.grpo"), "sb3", learned=True),
     ]
 }
 
 
 def agent_names() -> list[str]:
     return list(AGENTS)
+
+
+def eval_modes(name: str, eval_mode: str) -> list[str]:
+    """The evaluation modes agent ``name`` is run in: ``["-"]`` for agents that are not learned, else
+    ``["deterministic"]``, ``["stochastic"]`` or both (``eval_mode="both"``)."""
+    if eval_mode not in EVAL_MODES:
+        raise ValueError(f"eval_mode must be one of {EVAL_MODES}, got eval_mode={eval_mode!r}")
+    if not spec(name).learned:
+        return ["-"]
+    return ["deterministic", "stochastic"] if eval_mode == "both" else [eval_mode]
 
 
 def spec(name: str) -> AgentSpec:

@@ -2,7 +2,13 @@
 
 Results are one JSON line per episode in ``<out>/episodes.jsonl``; re-running with the same ``out`` skips the
 cells already there. Jobs are grouped per (task, agent, seed) so a trained agent (PPO, EchoPPO...) is trained once
-per seed and then evaluated on its episodes. Backends: inline (``workers=1``), a local process pool (default), or
+per seed and then evaluated on its episodes, in every evaluation mode asked for (deterministic and/or stochastic).
+
+Fairness and reproducibility: every agent of a task plays the same instances (env seed
+``episode_seed(seed, episode)``) under the same step cap (the id's ``max_episode_steps`` or ``max_steps``);
+a per-agent cap (``agent_options[name]["max_steps"]``) is recorded in every row and shown by the report. Before each
+episode the global RNGs (``random``, numpy, torch) are seeded from the env seed, so stochastic policies replay
+exactly and the same command gives the same rows (timings aside). Backends: inline (``workers=1``), a local process pool (default), or
 Ray (``backend="ray"``) for users who outgrow one machine.
 """
 
@@ -50,12 +56,18 @@ class BenchConfig:
     train_steps: int = 2048
     """Env-step budget for SB3-trained agents (ppo, maskable-ppo, dqn, echoppo)."""
     max_steps: int | None = None
-    """Cap on steps per episode (default: the id's max_episode_steps)."""
+    """Cap on steps per episode for every agent (default: the id's max_episode_steps)."""
+    eval_mode: str = "both"
+    """How learned agents (PPO, EchoPPO, DQN...) act at evaluation: 'deterministic' (greedy), 'stochastic'
+    (sampled) or 'both' (one row each; agents that are not learned get mode '-')."""
+    reference: str | None = None
+    """Agent every other agent is compared with, instance by instance (default: 'random' when it runs)."""
     price_per_mtok: float = 0.0
     """Price per million LLM tokens, for cost per success."""
     agent_options: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Per-agent keyword options, e.g. {"react": {"model": "smollm2-135m", "max_steps": 10}} ("max_steps" caps
-    that agent's episodes)."""
+    """Per-agent keyword options, e.g. {"react": {"model": "smollm2-135m", "max_steps": 10}}. Two are the runner's:
+    "max_steps" caps that agent's episodes and "episodes" runs only the first that many episodes per seed (slow
+    agents); both are deliberate unequal budgets, recorded in run.json and shown in the table (max steps, n)."""
     exclude: list[str] = field(default_factory=list)
     """(task, agent) pairs not to run, as "TASK_GLOB:AGENT_GLOB" patterns, e.g. "EchoRL/ALFWorld*:ppo"."""
     env_urls: list[str] = field(default_factory=list)
@@ -81,6 +93,10 @@ class BenchConfig:
             raise ValueError(f"backend must be one of {BACKENDS}, got backend={self.backend!r}")
         if self.train_steps < 1:
             raise ValueError(f"train_steps must be >= 1, got train_steps={self.train_steps}")
+        for a, opts in self.agent_options.items():
+            for k in ("max_steps", "episodes"):
+                if k in opts and (not isinstance(opts[k], int) or opts[k] < 1):
+                    raise ValueError(f"agent_options[{a!r}][{k!r}] must be an int >= 1, got {opts[k]!r}")
         for pat in self.exclude:
             if pat.count(":") != 1:
                 raise ValueError(f"exclude patterns look like 'TASK_GLOB:AGENT_GLOB', got exclude entry {pat!r}")
@@ -89,6 +105,26 @@ class BenchConfig:
         for url in self.env_urls:
             if not isinstance(url, str) or not url.startswith(("http://", "https://", "ws://", "wss://")):
                 raise ValueError(f"env_urls entries must start with http://, https://, ws:// or wss://, got {url!r}")
+        if self.eval_mode not in agent_registry.EVAL_MODES:
+            raise ValueError(f"eval_mode must be one of {agent_registry.EVAL_MODES}, got eval_mode={self.eval_mode!r}")
+        if self.reference is not None and self.reference not in self.agents:
+            raise ValueError(f"reference must be one of the agents {self.agents}, got reference={self.reference!r}; "
+                             "add it to agents or leave reference unset")
+
+    def reference_agent(self) -> str | None:
+        """The reference of the paired comparisons: ``reference``, else 'random' when it runs, else None."""
+        return self.reference if self.reference is not None else ("random" if "random" in self.agents else None)
+
+    def episodes_of(self, agent: str) -> int:
+        """Episodes per seed ``agent`` plays: ``episodes``, or fewer if its options say so."""
+        return min(self.episodes, int(self.agent_options.get(agent, {}).get("episodes", self.episodes)))
+
+    def budget(self, task: str, agent: str) -> int:
+        """The step cap of ``agent`` on ``task``: its own ``max_steps`` option, else ``max_steps``, else the id's."""
+        import echorl_envs
+
+        cap = self.agent_options.get(agent, {}).get("max_steps", self.max_steps)
+        return int(cap) if cap else int(echorl_envs.entry(task).max_episode_steps)
 
 
 def episode_seed(seed: int, episode: int) -> int:
@@ -108,21 +144,43 @@ def versions() -> dict[str, str]:
     return out
 
 
-def run_job(task: str, agent_name: str, seed: int, episodes: list[int], options: dict[str, Any]) -> list[dict]:
-    """Run the given episodes of one (task, agent, seed) cell group; returns one row per episode."""
+def _seed_everything(seed: int) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def run_job(task: str, agent_name: str, seed: int, episodes: list[int] | list[tuple[str, int]],
+            options: dict[str, Any]) -> list[dict]:
+    """Run the given episodes of one (task, agent, seed) cell group; returns one row per (mode, episode).
+
+    Args:
+        episodes: episode indices (run in every mode of ``options["eval_mode"]``) or ``(mode, episode)`` pairs.
+        options: runner options (train_steps, max_steps, eval_mode, out, agent_options).
+    """
     import gymnasium as gym
     import torch
 
     import echorl_envs  # noqa: F401 - registers the ids in worker processes
 
     torch.set_num_threads(1)
+    modes = agent_registry.eval_modes(agent_name, options.get("eval_mode", "both"))
+    cells = [(m, e) for m in modes for e in episodes] if all(isinstance(e, int) for e in episodes) else \
+        [(str(m), int(e)) for m, e in episodes]
     max_steps = options.pop("max_steps", None)
     agent_opts = dict(options.get("agent_options", {}).get(agent_name, {}))
     max_steps = agent_opts.pop("max_steps", max_steps)  # a per-agent cap (e.g. slow LLM agents) wins
+    agent_opts.pop("episodes", None)  # the runner's (see BenchConfig.agent_options)
     if agent_registry.spec(agent_name).kind == "sb3":
         agent_opts.setdefault("train_steps", options.get("train_steps", 2048))
         agent_opts.setdefault("seed", seed)
         agent_opts.setdefault("log_dir", os.path.join(options.get("out", "."), "training", f"{agent_name}", task.replace("/", "_"), f"seed{seed}"))
+    _seed_everything(seed)  # training and model initialisation depend only on the run seed
     t0 = time.perf_counter()
     agent = agent_registry.make_agent(agent_name, task, **agent_opts)
     setup_s = time.perf_counter() - t0
@@ -139,11 +197,15 @@ def run_job(task: str, agent_name: str, seed: int, episodes: list[int], options:
                 gym.make("EchoRL/Remote-v0", base_url=url, task=task, time_limit=max_steps)
         return envs[url]
 
+    cap = int(max_steps) if max_steps else int(echorl_envs.entry(task).max_episode_steps)
     rows = []
     try:
-        for ep in episodes:
+        for i, (mode, ep) in enumerate(cells):
             env = env_for(ep)
+            if mode != "-":
+                agent.deterministic = mode == "deterministic"
             es = episode_seed(seed, ep)
+            _seed_everything(es)
             before = agent.stats()
             t0 = time.perf_counter()
             obs, info = env.reset(seed=es)
@@ -159,10 +221,10 @@ def run_job(task: str, agent_name: str, seed: int, episodes: list[int], options:
                 invalid += int(info.get("invalid_action", False))
             after = agent.stats()
             row = {
-                "task": task, "agent": agent_name, "seed": seed, "episode": ep, "env_seed": es,
-                "task_id": info.get("task_id"), "success": bool(info.get("won", False)), "return": ret,
-                "steps": steps, "invalid_actions": invalid, "seconds": time.perf_counter() - t0,
-                "setup_seconds": setup_s if ep == episodes[0] else 0.0,
+                "task": task, "agent": agent_name, "mode": mode, "seed": seed, "episode": ep, "env_seed": es,
+                "max_steps": cap, "task_id": info.get("task_id"), "success": bool(info.get("won", False)),
+                "return": ret, "steps": steps, "invalid_actions": invalid, "seconds": time.perf_counter() - t0,
+                "setup_seconds": setup_s if i == 0 else 0.0,
             }
             for k, v in after.items():
                 row[k] = v - before.get(k, 0.0)
@@ -208,8 +270,10 @@ def _jobs(cfg: BenchConfig, done: set[tuple]) -> Iterator[tuple[str, str, int, l
         for agent in cfg.agents:
             if (task, agent) in skip:
                 continue
+            modes = agent_registry.eval_modes(agent, cfg.eval_mode)
             for seed in range(cfg.seeds):
-                todo = [e for e in range(cfg.episodes) if (task, agent, seed, e) not in done]
+                todo = [(m, e) for m in modes for e in range(cfg.episodes_of(agent))
+                        if (task, agent, m, seed, e) not in done]
                 if todo:
                     yield task, agent, seed, todo
 
@@ -228,14 +292,12 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> list[dict]:
 
     models = {a: cfg.agent_options.get(a, {}).get("model", DEFAULT_MODEL) for a in cfg.agents
               if agent_registry.spec(a).kind == "llm"}
-    (out / "run.json").write_text(json.dumps({"config": asdict(cfg), "versions": versions(), "skipped": skipped,
-                                              "models": models,
-                                              "started": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=2))
+    (out / "run.json").write_text(json.dumps(run_record(cfg, skipped, models), indent=2))
     existing = load_rows(out)
-    done = {(r["task"], r["agent"], r["seed"], r["episode"]) for r in existing}
+    done = {(r["task"], r["agent"], r.get("mode", "-"), r["seed"], r["episode"]) for r in existing}
     jobs = list(_jobs(cfg, done))
     options = {"train_steps": cfg.train_steps, "max_steps": cfg.max_steps, "out": str(out),
-               "agent_options": cfg.agent_options, "env_urls": list(cfg.env_urls)}
+               "agent_options": cfg.agent_options, "eval_mode": cfg.eval_mode, "env_urls": list(cfg.env_urls)}
     total = sum(len(j[3]) for j in jobs)
     from tqdm.auto import tqdm
 
@@ -256,9 +318,57 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> list[dict]:
             f.flush()
             bar.update(len(rows))
     bar.close()
-    wanted = {(t, a) for t in cfg.tasks for a in cfg.agents}
-    return [r for r in load_rows(out) if (r["task"], r["agent"]) in wanted and r["seed"] < cfg.seeds
-            and r["episode"] < cfg.episodes]
+    wanted = {(t, a, m) for t in cfg.tasks for a in cfg.agents for m in agent_registry.eval_modes(a, cfg.eval_mode)}
+    rows = [r for r in load_rows(out) if (r["task"], r["agent"], r.get("mode", "-")) in wanted
+            and r["seed"] < cfg.seeds and r["episode"] < cfg.episodes_of(r["agent"])]
+    # canonical order (workers finish in any order): the same command gives the same summary, row for row
+    order = {(t, a): i for i, (t, a) in enumerate((t, a) for t in cfg.tasks for a in cfg.agents)}
+    mode_rank = {"-": 0, "deterministic": 1, "stochastic": 2}
+    return sorted(rows, key=lambda r: (order[(r["task"], r["agent"])], mode_rank.get(r.get("mode", "-"), 3),
+                                       r["seed"], r["episode"]))
+
+
+def _git_commit() -> dict[str, Any]:
+    """The git commit of the package source and whether the work tree had changes (None outside a checkout)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+    return {"commit": head, "dirty": bool(dirty)}
+
+
+def run_record(cfg: BenchConfig, skipped: list[dict], models: dict[str, str]) -> dict[str, Any]:
+    """Everything needed to rerun ``cfg`` and check it (written to ``run.json``)."""
+    from echorl_agent.eval.stats import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED
+
+    skip = {(s["task"], s["agent"]) for s in skipped}
+    return {
+        "config": asdict(cfg),
+        "command": sys.argv,
+        "git": _git_commit(),
+        "versions": versions(),
+        "seeds": {"run_seeds": list(range(cfg.seeds)), "episodes": cfg.episodes,
+                  "env_seed": "seed * 100003 + episode", "rng": "random/numpy/torch seeded with the run seed "
+                  "before training and with the env seed before every episode",
+                  "bootstrap": {"seed": BOOTSTRAP_SEED, "resamples": BOOTSTRAP_RESAMPLES}},
+        "budgets": {t: {a: {"max_steps": cfg.budget(t, a), "episodes_per_seed": cfg.episodes_of(a), "train_steps": cfg.train_steps
+                            if agent_registry.spec(a).kind == "sb3" else None,
+                            "eval_modes": agent_registry.eval_modes(a, cfg.eval_mode)}
+                        for a in cfg.agents if (t, a) not in skip} for t in cfg.tasks},
+        "reference": cfg.reference_agent(),
+        "threads": {"torch_per_worker": 1, "workers": cfg.workers, "backend": cfg.backend,
+                    "cpu_count": os.cpu_count(),
+                    **{k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCH_NUM_THREADS")}},
+        "skipped": skipped,
+        "models": models,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
 
 
 def _execute(cfg: BenchConfig, jobs: list, options: dict) -> Iterator[tuple[tuple, list[dict] | BaseException]]:
