@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from echorl_envs.alfworld.games import cache_root
-from echorl_envs.core import ReplayPickledEnv, Transition
+from echorl_envs.core import EngineCaller, EngineTimeout, ReplayPickledEnv, Transition, timeout_transition
 
 __all__ = ["TextWorldEnv", "CHALLENGE_SETTINGS", "generate_textworld_game"]
 
@@ -129,7 +129,9 @@ class TextWorldEnv(ReplayPickledEnv):
     Info:
         ``task``, ``admissible_actions``, ``won``, ``invalid_action``, ``step``, ``task_id``, ``score``,
         ``max_score``, ``lost`` and ``expert_action`` (the first command of textworld's current winning policy,
-        which is the walkthrough from the start state and is re-planned after a detour).
+        which is the walkthrough from the start state and is re-planned after a detour). A step whose engine
+        call exceeds ``step_timeout`` ends the episode truncated with ``info["error"]`` (the game is restarted
+        in a fresh engine at the next reset).
 
     Registered ids:
         ``EchoRL/TextWorld-Simple-v0``, ``EchoRL/TextWorld-CoinCollector-v0``,
@@ -142,6 +144,10 @@ class TextWorldEnv(ReplayPickledEnv):
         split: ``"train"`` or ``"eval"``.
         num_games: size of the pool (games are generated on first use).
         cache_dir: where compiled games are cached (default ``$ECHORL_CACHE_DIR`` or the user cache dir).
+        step_timeout: seconds one engine step may take before it is abandoned
+            (:class:`~echorl_envs.core.EngineCaller`); None runs engine calls without a timeout.
+        reset_timeout: the same for a reset, which may load and compile a new game (used unless
+            ``step_timeout`` is None).
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
@@ -155,10 +161,15 @@ class TextWorldEnv(ReplayPickledEnv):
         num_games: int = 16,
         cache_dir: str | os.PathLike | None = None,
         render_mode: str | None = None,
+        step_timeout: float | None = 30.0,
+        reset_timeout: float = 300.0,
     ) -> None:
         super().__init__(render_mode=render_mode)
         self._ctor = dict(challenge=challenge, difficulty=difficulty, challenge_args=challenge_args, split=split,
-                          num_games=num_games, cache_dir=cache_dir, render_mode=render_mode)
+                          num_games=num_games, cache_dir=cache_dir, render_mode=render_mode,
+                          step_timeout=step_timeout, reset_timeout=reset_timeout)
+        self._call = EngineCaller(step_timeout, name="echorl-textworld-engine")
+        self._reset_timeout = reset_timeout
         if challenge not in CHALLENGE_SETTINGS:
             hint = difflib.get_close_matches(challenge, CHALLENGE_SETTINGS, n=1)
             raise ValueError(f"challenge must be one of {sorted(CHALLENGE_SETTINGS)}, got challenge={challenge!r}"
@@ -180,6 +191,7 @@ class TextWorldEnv(ReplayPickledEnv):
         self._paths: dict[int, Path] = {}
         self._env: Any = None
         self._loaded: Path | None = None
+        self._game: Path | None = None
         self._state: Any = None
         self._score = 0
         self._index: int | None = None
@@ -208,10 +220,20 @@ class TextWorldEnv(ReplayPickledEnv):
 
     # ------------------------------------------------------------------ hooks
     def _reset_episode(self, options: dict[str, Any]) -> Transition:
-        import textworld
-
         index = self._select_index(options)
         path = self.game_path(index)
+        try:
+            self._state = self._call(self._start_and_reset, path, timeout=self._reset_timeout)
+        except EngineTimeout:  # one retry on a fresh engine, then the error reaches the caller
+            self._drop_engine()
+            self._state = self._call(self._start_and_reset, path, timeout=self._reset_timeout)
+        self._score = int(self._state["score"] or 0)
+        self._index, self._history, self._game = index, [], path
+        return Transition(self._state["feedback"])
+
+    def _start_and_reset(self, path: Path) -> Any:
+        import textworld
+
         if self._loaded != path:
             if self._env is not None:
                 self._env.close()
@@ -223,13 +245,18 @@ class TextWorldEnv(ReplayPickledEnv):
                 warnings.filterwarnings("ignore", message=".*not fully supported.*")
                 self._env = textworld.start(str(path), request_infos=infos)
             self._loaded = path
-        self._state = self._env.reset()
-        self._score = int(self._state["score"] or 0)
-        self._index, self._history = index, []
-        return Transition(self._state["feedback"])
+        return self._env.reset()
+
+    def _drop_engine(self) -> None:
+        """Forget an engine whose call was abandoned (it may still be running in its worker thread)."""
+        self._env, self._loaded = None, None
 
     def _apply(self, action: str) -> Transition:
-        self._state, _score, _done = self._env.step(action)
+        try:
+            self._state, _score, _done = self._call(self._env.step, action)
+        except EngineTimeout as e:
+            self._drop_engine()
+            return timeout_transition(e)
         score = int(self._state["score"] or 0)
         reward, self._score = float(score - self._score), score
         won, lost = bool(self._state["won"]), bool(self._state["lost"])
@@ -249,7 +276,7 @@ class TextWorldEnv(ReplayPickledEnv):
     def _info(self, invalid: bool, extra: dict[str, Any]) -> dict[str, Any]:
         st = self._state
         more = {
-            "task_id": f"{self.challenge}/{self._loaded.parent.name}" if self._loaded else "",
+            "task_id": f"{self.challenge}/{self._game.parent.name}" if self._game else "",
             "score": self._score,
             "max_score": int(st["max_score"]) if st is not None else 0,
             "lost": bool(st["lost"]) if st is not None else False,
@@ -262,4 +289,5 @@ class TextWorldEnv(ReplayPickledEnv):
             self._env.close()
         self._env = None
         self._loaded = None
+        self._call.close()
         super().close()

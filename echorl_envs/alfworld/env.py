@@ -13,7 +13,7 @@ from echorl_envs.alfworld.engine import AlfredEngine
 from echorl_envs.alfworld.games import GeneratedPool, find_games, normalize_split
 from echorl_envs.alfworld.generator import DIFFICULTIES, GeneratorConfig
 from echorl_envs.alfworld.scenes import TASK_TYPES
-from echorl_envs.core import ReplayPickledEnv, Transition
+from echorl_envs.core import EngineCaller, EngineTimeout, ReplayPickledEnv, Transition, timeout_transition
 
 __all__ = ["ALFWorldEnv", "resolve_task_types"]
 
@@ -77,7 +77,8 @@ class ALFWorldEnv(ReplayPickledEnv):
     Info:
         ``task``, ``admissible_actions``, ``won``, ``invalid_action``, ``step``, ``task_id`` (game dir),
         ``task_type``, ``gamefile`` and, unless ``expert=False``, ``expert_action`` (alfworld's handcoded
-        expert, as ``AlfredExpert`` computes it).
+        expert, as ``AlfredExpert`` computes it). A step whose engine call exceeds ``step_timeout`` ends the
+        episode truncated with ``info["error"]`` (the engine is replaced at the next reset).
 
     Registered ids:
         ``EchoRL/ALFWorld-v0`` (all six types) and ``EchoRL/ALFWorld-<Type>-v0`` for ``PickAndPlace``,
@@ -95,6 +96,10 @@ class ALFWorldEnv(ReplayPickledEnv):
         data_path: downloaded ALFWorld data root; when set, games are discovered there instead of generated.
         cache_dir: where generated games are cached.
         expert: compute ``info["expert_action"]`` (about doubles the cost of a step).
+        step_timeout: seconds one engine step may take before it is abandoned
+            (:class:`~echorl_envs.core.EngineCaller`); None runs engine calls without a timeout.
+        reset_timeout: the same for a reset, which may load and compile a new game (used unless
+            ``step_timeout`` is None).
     """
 
     def __init__(
@@ -108,13 +113,17 @@ class ALFWorldEnv(ReplayPickledEnv):
         cache_dir: str | os.PathLike | None = None,
         expert: bool = True,
         render_mode: str | None = None,
+        step_timeout: float | None = 30.0,
+        reset_timeout: float = 300.0,
     ) -> None:
         super().__init__(render_mode=render_mode)
         self._ctor = dict(
             task_types=task_types, split=split, num_games=num_games, difficulty=difficulty,
             generator_config=generator_config, data_path=data_path, cache_dir=cache_dir, expert=expert,
-            render_mode=render_mode,
+            render_mode=render_mode, step_timeout=step_timeout, reset_timeout=reset_timeout,
         )
+        self._call = EngineCaller(step_timeout, name="echorl-alfworld-engine")
+        self._reset_timeout = reset_timeout
         self.task_types = resolve_task_types(task_types)
         self.split = normalize_split(split)
         if generator_config is None:
@@ -163,20 +172,35 @@ class ALFWorldEnv(ReplayPickledEnv):
     def _reset_episode(self, options: dict[str, Any]) -> Transition:
         index = self._select_index(options)
         game = self.game_path(index)
-        if self._engine is None:
-            self._engine = AlfredEngine(expert=self.expert)
-        if self._loaded != game:
-            self._engine.load(game)
-            self._loaded = game
-        self._state = self._engine.reset()
+        try:
+            self._state = self._call(self._load_and_reset, game, timeout=self._reset_timeout)
+        except EngineTimeout:  # one retry on a fresh engine, then the error reaches the caller
+            self._drop_engine()
+            self._state = self._call(self._load_and_reset, game, timeout=self._reset_timeout)
         self._index, self._game, self._history = index, game, []
         m = _TASK_RE.search(self._state["feedback"])
         self._task_text = m.group(1).strip() if m else ""
         return Transition(self._state["feedback"], won=self._state["won"])
 
+    def _load_and_reset(self, game: Path) -> dict[str, Any]:
+        if self._engine is None:
+            self._engine = AlfredEngine(expert=self.expert)
+        if self._loaded != game:
+            self._engine.load(game)
+            self._loaded = game
+        return self._engine.reset()
+
+    def _drop_engine(self) -> None:
+        """Forget an engine whose call was abandoned (it may still be running in its worker thread)."""
+        self._engine, self._loaded = None, None
+
     def _apply(self, action: str) -> Transition:
         assert self._engine is not None
-        self._state = self._engine.step(action)
+        try:
+            self._state = self._call(self._engine.step, action)
+        except EngineTimeout as e:
+            self._drop_engine()
+            return timeout_transition(e)
         won = self._state["won"]
         return Transition(self._state["feedback"], reward=1.0 if won else 0.0, terminated=won, won=won)
 
@@ -219,4 +243,5 @@ class ALFWorldEnv(ReplayPickledEnv):
             self._engine.close()
         self._engine = None
         self._loaded = None
+        self._call.close()
         super().close()

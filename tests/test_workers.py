@@ -1,0 +1,181 @@
+"""Workers that fail: engine step timeouts (ALFWorld/TextWorld) and RobustAsyncVectorEnv (issue 15, Vector envs)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from echorl_envs.core import EngineCaller, EngineTimeout
+from echorl_envs.wrappers import RobustAsyncVectorEnv
+
+
+# ------------------------------------------------------------------------------------------------ EngineCaller
+def test_engine_caller_returns_raises_and_abandons_a_hung_call():
+    call = EngineCaller(0.3)
+    assert call(sum, [1, 2, 3]) == 6
+    with pytest.raises(ZeroDivisionError):
+        call(lambda: 1 / 0)
+    gate = threading.Event()
+    t0 = time.monotonic()
+    with pytest.raises(EngineTimeout, match="step_timeout=0.3"):
+        call(gate.wait)
+    assert 0.25 < time.monotonic() - t0 < 3.0 and call.num_abandoned == 1
+    assert call(lambda: threading.current_thread().name) == "echorl-engine"  # a fresh worker answers
+    gate.set()
+    call.close()
+    assert EngineCaller(None)(lambda: threading.current_thread()) is threading.current_thread()
+    with pytest.raises(ValueError, match="step_timeout"):
+        EngineCaller(0)
+
+
+def _hang_engine_call(obj, name: str, gate: threading.Event) -> None:
+    """Make the real engine's ``name`` method block until ``gate`` is set (a hung engine step)."""
+    real = getattr(obj, name)
+
+    def hung(*args):
+        gate.wait()
+        return real(*args)
+
+    setattr(obj, name, hung)
+
+
+def _plays_normally(env, steps: int = 3) -> bool:
+    """After a reset, expert steps run on the (new) engine without errors or truncation."""
+    _, info = env.reset(options={"index": 0})
+    for _ in range(steps):
+        obs, _, _, trunc, info = env.step(info["expert_action"])
+        if trunc or "error" in info or info["invalid_action"] or not obs:
+            return False
+    return True
+
+
+def test_alfworld_hung_engine_step_truncates_and_env_recovers():
+    from echorl_envs.alfworld import ALFWorldEnv
+
+    env = ALFWorldEnv(task_types="PickAndPlace", num_games=1, step_timeout=0.5)
+    gate = threading.Event()
+    try:
+        _, info = env.reset(options={"index": 0})
+        hung = env._engine
+        _hang_engine_call(hung, "step", gate)
+        t0 = time.monotonic()
+        obs, r, term, trunc, info = env.step(info["expert_action"])
+        assert time.monotonic() - t0 < 5.0
+        assert trunc and not term and r == 0.0 and "step_timeout=0.5" in info["error"] and "truncated" in obs
+        assert info["task_id"] and info["admissible_actions"] == []
+        _, _, _, _, info = env.step("look")
+        assert info["invalid_action"] and "error" not in info  # the episode is over until reset
+        assert _plays_normally(env) and env._engine is not hung  # a fresh engine took over
+    finally:
+        gate.set()
+        env.close()
+
+
+def test_textworld_hung_engine_step_truncates_and_env_recovers():
+    from echorl_envs.textworld import TextWorldEnv
+
+    env = TextWorldEnv(challenge="tw-coin_collector", difficulty="easy", num_games=1, step_timeout=0.5)
+    gate = threading.Event()
+    try:
+        _, info = env.reset(options={"index": 0})
+        hung = env._env
+        _hang_engine_call(hung, "step", gate)
+        obs, r, term, trunc, info = env.step(info["expert_action"])
+        assert trunc and not term and "step_timeout=0.5" in info["error"] and info["task_id"]
+        assert _plays_normally(env) and env._env is not hung
+    finally:
+        gate.set()
+        env.close()
+
+
+# ------------------------------------------------------------------------------------------------ vector env
+class _SlowCartPole(gym.Wrapper):
+    """CartPole whose step takes ``delay`` s (time to kill a worker mid-step, or a hang)."""
+
+    def __init__(self, delay: float = 0.2) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+        self.delay = delay
+
+    def step(self, action):
+        time.sleep(self.delay)
+        return self.env.step(action)
+
+
+def _slow_cartpole():
+    return _SlowCartPole()
+
+
+def _boom_cartpole():
+    class Boom(_SlowCartPole):
+        def step(self, action):
+            raise RuntimeError("engine exploded")
+
+    return Boom(0.0)
+
+
+@pytest.mark.parametrize("shared_memory", [False, True])
+def test_sigkilled_worker_is_restarted_and_its_episode_truncated(shared_memory):
+    venv = RobustAsyncVectorEnv([_slow_cartpole] * 2, shared_memory=shared_memory)
+    try:
+        obs0, _ = venv.reset(seed=0)
+        venv.step_async(np.array([0, 1]))
+        time.sleep(0.05)  # both workers are inside their 0.2 s step
+        victim = venv.processes[1].pid
+        os.kill(victim, signal.SIGKILL)
+        obs, r, term, trunc, info = venv.step_wait()
+        assert list(trunc) == [False, True] and r[1] == 0.0 and not term[1]
+        assert "worker 1 died (exit code -9)" in info["error"][1] and list(info["_error"]) == [False, True]
+        np.testing.assert_array_equal(obs[1], obs0[1])  # the last observation it returned
+        assert venv.processes[1].pid != victim and venv.num_restarts == [0, 1]
+        obs, r, term, trunc, info = venv.step(np.array([0, 1]))  # env 1: its autoreset step
+        assert r[1] == 0.0 and not trunc.any() and "error" not in info
+        for _ in range(3):
+            _, r, _, _, _ = venv.step(np.array([1, 1]))
+            assert (r == 1.0).all()
+    finally:
+        t0 = time.monotonic()
+        venv.close()
+        assert time.monotonic() - t0 < 5.0
+
+
+def test_hung_worker_is_killed_after_step_timeout_and_close_is_bounded():
+    venv = RobustAsyncVectorEnv([_slow_cartpole] * 2, step_timeout=1.5, close_timeout=2.0)
+    try:
+        venv.reset(seed=0)
+        venv.set_attr("delay", [3600.0, 0.0])  # worker 0's next step hangs
+        hung = venv.processes[0].pid
+        t0 = time.monotonic()
+        _, _, _, trunc, info = venv.step(np.array([0, 0]))
+        assert 1.0 < time.monotonic() - t0 < 6.0
+        assert list(trunc) == [True, False] and "did not answer within step_timeout=1.5" in info["error"][0]
+        assert venv.processes[0].pid != hung and venv.num_restarts == [1, 0]
+        _, _, _, trunc, _ = venv.step(np.array([0, 0]))  # the fresh worker's env has the default delay
+        assert not trunc.any()
+        # without a step timeout a hung step waits, but close() still returns within close_timeout
+        venv.step_timeout = None
+        venv.set_attr("delay", [0.0, 3600.0])
+        venv.step_async(np.array([0, 0]))
+        time.sleep(0.3)
+    finally:
+        t0 = time.monotonic()
+        venv.close()
+        assert time.monotonic() - t0 < 5.0
+    assert not any(p.is_alive() for p in venv.processes)
+
+
+def test_env_exception_restarts_the_worker_with_the_error_in_info():
+    venv = RobustAsyncVectorEnv([_slow_cartpole, _boom_cartpole], shared_memory=False)
+    try:
+        venv.reset(seed=0)
+        _, _, _, trunc, info = venv.step(np.array([0, 0]))
+        assert list(trunc) == [False, True] and "raised RuntimeError: engine exploded" in info["error"][1]
+        _, r, _, trunc, _ = venv.step(np.array([0, 0]))  # autoreset step of the restarted worker
+        assert not trunc.any() and r[1] == 0.0
+    finally:
+        venv.close()
