@@ -80,7 +80,7 @@ def test_alfworld_hung_engine_step_truncates_and_env_recovers():
 def test_textworld_hung_engine_step_truncates_and_env_recovers():
     from echorl_envs.textworld import TextWorldEnv
 
-    env = TextWorldEnv(challenge="tw-coin_collector", difficulty="easy", num_games=1, step_timeout=0.5)
+    env = TextWorldEnv(challenge="tw-coin_collector", difficulty="medium", num_games=1, step_timeout=0.5)
     gate = threading.Event()
     try:
         _, info = env.reset(options={"index": 0})
