@@ -179,3 +179,37 @@ def test_env_exception_restarts_the_worker_with_the_error_in_info():
         assert not trunc.any() and r[1] == 0.0
     finally:
         venv.close()
+
+
+def test_text_env_worker_killed_between_steps_is_replaced():
+    import echorl_envs  # noqa: F401  (registers the ids)
+
+    venv = RobustAsyncVectorEnv([lambda: gym.make("EchoRL/MiniGrid-Empty-5x5-v0")] * 2, shared_memory=False)
+    try:
+        obs0, info = venv.reset(seed=0)
+        os.kill(venv.processes[0].pid, signal.SIGKILL)
+        venv.processes[0].join(5)
+        obs, r, term, trunc, info = venv.step(("turn left", "turn left"))
+        assert list(trunc) == [True, False] and "worker 0 died (exit code -9)" in info["error"][0]
+        assert obs[0] == obs0[0] and isinstance(obs[1], str) and obs[1] != ""
+        obs, r, term, trunc, info = venv.step(("turn left", "turn left"))  # env 0 autoresets in the new worker
+        assert not trunc.any() and not info["invalid_action"].any() and "error" not in info
+        assert obs[0].startswith(obs0[0][:20])
+    finally:
+        venv.close()
+
+
+@pytest.mark.slow
+def test_soak_harness_counts_steps_and_resources():
+    import importlib.util
+
+    pytest.importorskip("psutil")
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("soak", Path(__file__).parents[1] / "benchmarks" / "soak.py")
+    soak = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(soak)
+    r = soak.soak_one("EchoRL/Arithmetic-v0", 1.0, seed=0)
+    assert r["steps"]["random"] > 0 and r["steps"]["expert"] > 0 and r["errors"] == {}
+    assert r["wins"]["expert"] == r["episodes"]["expert"] or r["wins"]["expert"] == r["episodes"]["expert"] - 1
+    assert r["start"]["fds"] > 0 and r["end"]["rss_mb"] > 0
