@@ -68,7 +68,6 @@ def _random_action(rng: Any, info: dict[str, Any]) -> str:
 
 def soak_one(env_id: str, seconds: float, seed: int) -> dict[str, Any]:
     """Run one id for ``seconds`` in this process and return its figures."""
-    import gymnasium as gym
     import numpy as np
 
     import echorl_envs

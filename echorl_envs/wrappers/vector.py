@@ -218,7 +218,7 @@ class RobustAsyncVectorEnv(AsyncVectorEnv):
             results.append(reply)
         self._state = AsyncState.DEFAULT
         infos: dict[str, Any] = {}
-        for i, (obs, info) in enumerate(results):
+        for i, (_obs, info) in enumerate(results):
             infos = self._add_info(infos, info, i)
         if not self.shared_memory:
             self._last_obs = [obs for obs, _ in results]
@@ -277,7 +277,7 @@ class RobustAsyncVectorEnv(AsyncVectorEnv):
         budget = 0.0 if terminate else (self.close_timeout if timeout is None else timeout)
         deadline = time.perf_counter() + budget
         live = []
-        for pipe, proc in zip(self.parent_pipes, self.processes):
+        for pipe, proc in zip(self.parent_pipes, self.processes, strict=True):
             if pipe is None or pipe.closed or not proc.is_alive() or terminate:
                 continue
             try:
