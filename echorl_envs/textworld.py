@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from echorl_envs.alfworld.games import cache_root
-from echorl_envs.core import EngineCaller, EngineTimeout, ReplayPickledEnv, Transition, timeout_transition
+from echorl_envs.core import EngineError, EngineProcess, ReplayPickledEnv, Transition, timeout_transition
 
 __all__ = ["TextWorldEnv", "CHALLENGE_SETTINGS", "generate_textworld_game"]
 
@@ -102,6 +102,47 @@ def generate_textworld_game(challenge: str, args: Sequence[str], split: str, see
     return game_file
 
 
+_STATE_KEYS = ("feedback", "score", "max_score", "won", "lost", "admissible_commands", "policy_commands", "objective")
+
+
+class _TextWorldEngine:
+    """``textworld.start`` on one compiled game, its states exported as plain dicts (they cross a process pipe)."""
+
+    def __init__(self) -> None:
+        self.env: Any = None
+
+    def start(self, path: Path) -> None:
+        import textworld
+
+        self.close()
+        infos = textworld.EnvInfos(admissible_commands=True, policy_commands=True, won=True, lost=True,
+                                   score=True, max_score=True, objective=True)
+        with warnings.catch_warnings():
+            # Jericho flags every TextWorld-compiled game as "not fully supported" (it lacks a per-game
+            # score table); textworld's own wrapper tracks score and state, so the warning is noise.
+            warnings.filterwarnings("ignore", message=".*not fully supported.*")
+            self.env = textworld.start(str(path), request_infos=infos)
+
+    @staticmethod
+    def _export(state: Any) -> dict[str, Any]:
+        out = {k: state[k] for k in _STATE_KEYS}
+        for k in ("admissible_commands", "policy_commands"):
+            out[k] = list(out[k]) if out[k] is not None else None
+        return out
+
+    def reset(self) -> dict[str, Any]:
+        return self._export(self.env.reset())
+
+    def step(self, action: str) -> dict[str, Any]:
+        state, _score, _done = self.env.step(action)
+        return self._export(state)
+
+    def close(self) -> None:
+        if self.env is not None:
+            self.env.close()
+        self.env = None
+
+
 class TextWorldEnv(ReplayPickledEnv):
     """A TextWorld challenge (Cote et al., 2018) generated offline and played on textworld's engine.
 
@@ -144,8 +185,9 @@ class TextWorldEnv(ReplayPickledEnv):
         split: ``"train"`` or ``"eval"``.
         num_games: size of the pool (games are generated on first use).
         cache_dir: where compiled games are cached (default ``$ECHORL_CACHE_DIR`` or the user cache dir).
-        step_timeout: seconds one engine step may take before it is abandoned
-            (:class:`~echorl_envs.core.EngineCaller`); None runs engine calls without a timeout.
+        step_timeout: seconds one engine step may take; the engine then runs in its own process
+            (:class:`~echorl_envs.core.EngineProcess`), killed when a call exceeds it. None runs the engine in
+            this process without a timeout.
         reset_timeout: the same for a reset, which may load and compile a new game (used unless
             ``step_timeout`` is None).
     """
@@ -168,7 +210,7 @@ class TextWorldEnv(ReplayPickledEnv):
         self._ctor = dict(challenge=challenge, difficulty=difficulty, challenge_args=challenge_args, split=split,
                           num_games=num_games, cache_dir=cache_dir, render_mode=render_mode,
                           step_timeout=step_timeout, reset_timeout=reset_timeout)
-        self._call = EngineCaller(step_timeout, name="echorl-textworld-engine")
+        self._host = EngineProcess(_TextWorldEngine, step_timeout, name="echorl-textworld-engine")
         self._reset_timeout = reset_timeout
         if challenge not in CHALLENGE_SETTINGS:
             hint = difflib.get_close_matches(challenge, CHALLENGE_SETTINGS, n=1)
@@ -189,7 +231,6 @@ class TextWorldEnv(ReplayPickledEnv):
         key = hashlib.sha1(json.dumps([_GEN_VERSION, self.challenge_args]).encode()).hexdigest()[:10]
         self.root = cache_root(cache_dir) / "textworld" / challenge / key / split
         self._paths: dict[int, Path] = {}
-        self._env: Any = None
         self._loaded: Path | None = None
         self._game: Path | None = None
         self._state: Any = None
@@ -223,39 +264,25 @@ class TextWorldEnv(ReplayPickledEnv):
         index = self._select_index(options)
         path = self.game_path(index)
         try:
-            self._state = self._call(self._start_and_reset, path, timeout=self._reset_timeout)
-        except EngineTimeout:  # one retry on a fresh engine, then the error reaches the caller
-            self._drop_engine()
-            self._state = self._call(self._start_and_reset, path, timeout=self._reset_timeout)
+            self._state = self._start_and_reset(path)
+        except EngineError:  # one retry on a fresh engine process, then the error reaches the caller
+            self._loaded = None
+            self._state = self._start_and_reset(path)
         self._score = int(self._state["score"] or 0)
         self._index, self._history, self._game = index, [], path
         return Transition(self._state["feedback"])
 
-    def _start_and_reset(self, path: Path) -> Any:
-        import textworld
-
+    def _start_and_reset(self, path: Path) -> dict[str, Any]:
         if self._loaded != path:
-            if self._env is not None:
-                self._env.close()
-            infos = textworld.EnvInfos(admissible_commands=True, policy_commands=True, won=True, lost=True,
-                                       score=True, max_score=True, objective=True)
-            with warnings.catch_warnings():
-                # Jericho flags every TextWorld-compiled game as "not fully supported" (it lacks a per-game
-                # score table); textworld's own wrapper tracks score and state, so the warning is noise.
-                warnings.filterwarnings("ignore", message=".*not fully supported.*")
-                self._env = textworld.start(str(path), request_infos=infos)
+            self._host.call("start", path, timeout=self._reset_timeout)
             self._loaded = path
-        return self._env.reset()
-
-    def _drop_engine(self) -> None:
-        """Forget an engine whose call was abandoned (it may still be running in its worker thread)."""
-        self._env, self._loaded = None, None
+        return self._host.call("reset", timeout=self._reset_timeout)
 
     def _apply(self, action: str) -> Transition:
         try:
-            self._state, _score, _done = self._call(self._env.step, action)
-        except EngineTimeout as e:
-            self._drop_engine()
+            self._state = self._host.call("step", action)
+        except EngineError as e:  # the engine process was killed or died: a fresh one starts at reset
+            self._loaded = None
             return timeout_transition(e)
         score = int(self._state["score"] or 0)
         reward, self._score = float(score - self._score), score
@@ -285,9 +312,6 @@ class TextWorldEnv(ReplayPickledEnv):
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
-        if self._env is not None:
-            self._env.close()
-        self._env = None
+        self._host.close()
         self._loaded = None
-        self._call.close()
         super().close()

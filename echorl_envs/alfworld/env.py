@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import re
 from collections.abc import Sequence
@@ -13,7 +14,7 @@ from echorl_envs.alfworld.engine import AlfredEngine
 from echorl_envs.alfworld.games import GeneratedPool, find_games, normalize_split
 from echorl_envs.alfworld.generator import DIFFICULTIES, GeneratorConfig
 from echorl_envs.alfworld.scenes import TASK_TYPES
-from echorl_envs.core import EngineCaller, EngineTimeout, ReplayPickledEnv, Transition, timeout_transition
+from echorl_envs.core import EngineError, EngineProcess, ReplayPickledEnv, Transition, timeout_transition
 
 __all__ = ["ALFWorldEnv", "resolve_task_types"]
 
@@ -96,8 +97,9 @@ class ALFWorldEnv(ReplayPickledEnv):
         data_path: downloaded ALFWorld data root; when set, games are discovered there instead of generated.
         cache_dir: where generated games are cached.
         expert: compute ``info["expert_action"]`` (about doubles the cost of a step).
-        step_timeout: seconds one engine step may take before it is abandoned
-            (:class:`~echorl_envs.core.EngineCaller`); None runs engine calls without a timeout.
+        step_timeout: seconds one engine step may take; the engine then runs in its own process
+            (:class:`~echorl_envs.core.EngineProcess`), killed when a call exceeds it. None runs the engine in
+            this process without a timeout.
         reset_timeout: the same for a reset, which may load and compile a new game (used unless
             ``step_timeout`` is None).
     """
@@ -122,7 +124,8 @@ class ALFWorldEnv(ReplayPickledEnv):
             generator_config=generator_config, data_path=data_path, cache_dir=cache_dir, expert=expert,
             render_mode=render_mode, step_timeout=step_timeout, reset_timeout=reset_timeout,
         )
-        self._call = EngineCaller(step_timeout, name="echorl-alfworld-engine")
+        self._host = EngineProcess(functools.partial(AlfredEngine, expert=expert), step_timeout,
+                                   name="echorl-alfworld-engine")
         self._reset_timeout = reset_timeout
         self.task_types = resolve_task_types(task_types)
         self.split = normalize_split(split)
@@ -151,7 +154,6 @@ class ALFWorldEnv(ReplayPickledEnv):
         else:
             self._pool = GeneratedPool(self.task_types, self.split, num_games, cfg, cache_dir)
         self.expert = expert
-        self._engine: AlfredEngine | None = None
         self._loaded: Path | None = None
         self._state: dict[str, Any] = {}
         self._task_text = ""
@@ -173,33 +175,26 @@ class ALFWorldEnv(ReplayPickledEnv):
         index = self._select_index(options)
         game = self.game_path(index)
         try:
-            self._state = self._call(self._load_and_reset, game, timeout=self._reset_timeout)
-        except EngineTimeout:  # one retry on a fresh engine, then the error reaches the caller
-            self._drop_engine()
-            self._state = self._call(self._load_and_reset, game, timeout=self._reset_timeout)
+            self._state = self._load_and_reset(game)
+        except EngineError:  # one retry on a fresh engine process, then the error reaches the caller
+            self._loaded = None
+            self._state = self._load_and_reset(game)
         self._index, self._game, self._history = index, game, []
         m = _TASK_RE.search(self._state["feedback"])
         self._task_text = m.group(1).strip() if m else ""
         return Transition(self._state["feedback"], won=self._state["won"])
 
     def _load_and_reset(self, game: Path) -> dict[str, Any]:
-        if self._engine is None:
-            self._engine = AlfredEngine(expert=self.expert)
         if self._loaded != game:
-            self._engine.load(game)
+            self._host.call("load", game, timeout=self._reset_timeout)
             self._loaded = game
-        return self._engine.reset()
-
-    def _drop_engine(self) -> None:
-        """Forget an engine whose call was abandoned (it may still be running in its worker thread)."""
-        self._engine, self._loaded = None, None
+        return self._host.call("reset", timeout=self._reset_timeout)
 
     def _apply(self, action: str) -> Transition:
-        assert self._engine is not None
         try:
-            self._state = self._call(self._engine.step, action)
-        except EngineTimeout as e:
-            self._drop_engine()
+            self._state = self._host.call("step", action)
+        except EngineError as e:  # the engine process was killed or died: a fresh one starts at reset
+            self._loaded = None
             return timeout_transition(e)
         won = self._state["won"]
         return Transition(self._state["feedback"], reward=1.0 if won else 0.0, terminated=won, won=won)
@@ -239,9 +234,6 @@ class ALFWorldEnv(ReplayPickledEnv):
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
-        if self._engine is not None:
-            self._engine.close()
-        self._engine = None
+        self._host.close()
         self._loaded = None
-        self._call.close()
         super().close()

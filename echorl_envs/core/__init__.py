@@ -10,7 +10,7 @@ from echorl_envs.core.base import (
     Transition,
     text_space,
 )
-from echorl_envs.core.engine_calls import EngineCaller, EngineTimeout, timeout_transition
+from echorl_envs.core.engine_calls import EngineError, EngineProcess, EngineTimeout, timeout_transition
 from echorl_envs.core.replay_pickle import ReplayPickledEnv
 
 __all__ = [
@@ -18,7 +18,8 @@ __all__ = [
     "MAX_TEXT",
     "ActionMatch",
     "DatasetTextEnv",
-    "EngineCaller",
+    "EngineError",
+    "EngineProcess",
     "EngineTimeout",
     "InvalidAction",
     "ReplayPickledEnv",

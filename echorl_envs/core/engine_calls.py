@@ -1,104 +1,159 @@
-"""Per-call timeouts for engine-backed envs (ALFWorld's PDDL engine, TextWorld's Jericho): a hung call is abandoned.
+"""Engine calls with a timeout for engine-backed envs (ALFWorld's PDDL engine, TextWorld's Jericho).
 
-An engine call runs on one long-lived daemon worker thread and the env waits for it at most ``timeout`` seconds.
-When the call does not return in time the worker (and the engine object it is using) is abandoned: the env drops
-its engine, ends the episode as truncated with ``info["error"]`` and builds a fresh engine at the next ``reset``.
-The hand-off costs a few tens of microseconds per call, against milliseconds per engine step.
+:class:`EngineProcess` keeps the engine object in a child process and calls its methods through a pipe. A call
+that does not answer within the timeout -- or a child that dies (segfault, out of memory) -- is abandoned for
+real: the child is killed, the env ends the episode truncated with ``info["error"]`` and the next ``reset``
+starts a fresh engine process. A thread could not do this safely: an abandoned thread cannot be killed, and when
+a slow call finally returns it runs concurrently with the new engine (textworld's module-level parser is not
+thread-safe: this corrupted later games in our tests).
 
-Limits, stated plainly: an abandoned thread cannot be killed; it finishes (or hangs) in the background holding
-its engine's memory, and a native call that never releases the GIL would stall the whole process. For those, run
-the env in :class:`echorl_envs.wrappers.RobustAsyncVectorEnv` with ``step_timeout``: it kills and restarts a
-worker process that does not answer.
+Cost: one pipe round trip (the engine's state is exported as a plain dict) per call, a small fraction of an
+engine step (benchmarks/RESULTS.md, "step_timeout on / off"). With ``timeout=None`` the engine runs in-process
+with no overhead and no protection.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
+import multiprocessing
+import os
+import pickle
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
-__all__ = ["EngineTimeout", "EngineCaller"]
-
-T = TypeVar("T")
+__all__ = ["EngineError", "EngineTimeout", "EngineProcess", "timeout_transition"]
 
 
-class EngineTimeout(RuntimeError):
-    """An engine call did not return within the env's ``step_timeout``."""
+class EngineError(RuntimeError):
+    """The engine process died or did not answer; the engine is gone (a fresh one starts at the next reset)."""
 
 
-class _Job:
-    __slots__ = ("fn", "args", "done", "result", "error")
-
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        self.fn, self.args = fn, args
-        self.done = threading.Event()
-        self.result: Any = None
-        self.error: BaseException | None = None
+class EngineTimeout(EngineError):
+    """An engine call did not return within its timeout."""
 
 
-def _serve(jobs: queue.SimpleQueue) -> None:
+def _serve(factory: Callable[[], Any], conn: Any, other_end: Any, parent: int) -> None:
+    """Child process: build the engine, then answer ``(method, args)`` calls until told to stop."""
+    other_end.close()
+    engine = None
     while True:
-        job = jobs.get()
-        if job is None:
-            return
+        if not conn.poll(1.0):
+            if os.getppid() != parent:  # the env's process died: do not outlive it
+                return
+            continue
         try:
-            job.result = job.fn(*job.args)
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-            job.error = e
-        job.done.set()
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg is None:
+            break
+        method, args = msg
+        try:
+            if engine is None:
+                engine = factory()
+            reply = ("ok", getattr(engine, method)(*args))
+        except Exception as e:  # noqa: BLE001 - re-raised in the env's process
+            reply = ("err", e)
+        try:
+            conn.send(reply)
+        except (pickle.PicklingError, TypeError, AttributeError) as e:  # an unpicklable result or exception
+            conn.send(("err", RuntimeError(f"engine {method} returned something unpicklable: {e!r}")))
+    if engine is not None and hasattr(engine, "close"):
+        engine.close()
 
 
-class EngineCaller:
-    """Runs engine calls on a worker thread and gives up on a call after ``timeout`` seconds.
+class EngineProcess:
+    """One engine object in a child process, built lazily by ``factory``; method calls with a timeout.
 
     Args:
-        timeout: seconds to wait for one call; None calls directly in the caller's thread (no timeout, no cost,
-            also for calls that pass their own ``timeout``).
-        name: thread name (shows up in stack dumps of a hung engine).
+        factory: builds the engine (called in the child; with the ``fork`` start method a closure is fine).
+        timeout: default seconds per call; None keeps the engine in this process (no timeout, no overhead).
+        name: process name (visible in ``ps``).
     """
 
-    def __init__(self, timeout: float | None, name: str = "echorl-engine") -> None:
+    def __init__(self, factory: Callable[[], Any], timeout: float | None, name: str = "echorl-engine") -> None:
         if timeout is not None and not timeout > 0:
             raise ValueError(f"step_timeout must be a positive number of seconds or None, got step_timeout={timeout!r}")
-        self.timeout = timeout
-        self.name = name
-        self._jobs: queue.SimpleQueue | None = None
-        self.num_abandoned = 0
+        self.factory, self.timeout, self.name = factory, timeout, name
+        self._local: Any = None
+        self._proc: Any = None
+        self._conn: Any = None
+        self.num_killed = 0
 
-    def __call__(self, fn: Callable[..., T], *args: Any, timeout: float | None = None) -> T:
-        """``fn(*args)`` within ``timeout`` (default: the caller's); raises :class:`EngineTimeout` (the worker is
-        then abandoned)."""
-        limit = self.timeout if timeout is None else timeout
+    @property
+    def pid(self) -> int | None:
+        """The engine process's pid (None before the first call or in-process)."""
+        return self._proc.pid if self._proc is not None else None
+
+    def _start(self) -> None:
+        ctx = multiprocessing.get_context("fork")
+        ours, theirs = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(self.factory, theirs, ours, os.getpid()), name=self.name,
+                                 daemon=True)
+        self._proc.start()
+        theirs.close()
+        self._conn = ours
+
+    def call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
+        """``engine.method(*args)`` within ``timeout`` (default: this host's); the engine's exceptions propagate.
+
+        Raises:
+            EngineTimeout: no answer in time (the engine process was killed).
+            EngineError: the engine process died during the call.
+        """
         if self.timeout is None:
-            return fn(*args)
-        if self._jobs is None:
-            self._jobs = queue.SimpleQueue()
-            threading.Thread(target=_serve, args=(self._jobs,), name=self.name, daemon=True).start()
-        job = _Job(fn, args)
-        self._jobs.put(job)
-        if not job.done.wait(limit):
-            self._jobs = None  # the hung worker keeps its queue; the next call starts a fresh worker
-            self.num_abandoned += 1
-            raise EngineTimeout(f"the engine call {getattr(fn, '__qualname__', fn)!s} did not return within "
-                                f"{'step_timeout' if limit == self.timeout else 'reset_timeout'}={limit} s and was abandoned")
-        if job.error is not None:
-            raise job.error
-        return job.result
+            if self._local is None:
+                self._local = self.factory()
+            return getattr(self._local, method)(*args)
+        limit = self.timeout if timeout is None else timeout
+        if self._proc is None:
+            self._start()
+        try:
+            self._conn.send((method, args))
+            ready = self._conn.poll(limit)
+            status, value = self._conn.recv() if ready else (None, None)
+        except (EOFError, OSError):
+            self._kill()
+            raise EngineError(f"the engine process died during {method} (exit code {self._exitcode})") from None
+        if status is None:
+            self._kill()
+            raise EngineTimeout(f"the engine call {method} did not return within {limit} s; its process was killed")
+        if status == "err":
+            raise value
+        return value
+
+    def _kill(self) -> None:
+        proc, self._proc = self._proc, None
+        self._exitcode = None
+        if proc is not None:
+            if proc.is_alive():
+                proc.kill()
+                self.num_killed += 1
+            proc.join(timeout=5.0)
+            self._exitcode = proc.exitcode
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
     def close(self) -> None:
-        """Stop the worker thread (after the call it is running, if any)."""
-        if self._jobs is not None:
-            self._jobs.put(None)
-            self._jobs = None
+        """Stop the engine (it closes itself in its process); kill it if it does not exit within 5 s."""
+        if self._local is not None:
+            if hasattr(self._local, "close"):
+                self._local.close()
+            self._local = None
+        if self._proc is not None:
+            try:
+                self._conn.send(None)
+            except OSError:
+                pass
+            self._proc.join(timeout=5.0)
+            self._kill()
 
 
-def timeout_transition(error: EngineTimeout) -> Any:
-    """The step result of a timed-out engine call: the episode ends truncated, ``info["error"]`` says why."""
+def timeout_transition(error: EngineError) -> Any:
+    """The step result of a failed engine call: the episode ends truncated, ``info["error"]`` says why."""
     from echorl_envs.core.base import Transition
 
     return Transition(
-        f"The game engine did not respond in time ({error}). The episode was truncated; call reset() to start "
-        "a new one.",
+        f"The game engine failed ({error}). The episode was truncated; call reset() to start a new one.",
         truncated=True, info={"error": str(error)},
     )
