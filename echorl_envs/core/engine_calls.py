@@ -17,6 +17,9 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import signal
+import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -67,7 +70,7 @@ class EngineProcess:
     Args:
         factory: builds the engine (called in the child; with the ``fork`` start method a closure is fine).
         timeout: default seconds per call; None keeps the engine in this process (no timeout, no overhead).
-        name: process name (visible in ``ps``).
+        name: a label for the engine (kept for messages).
     """
 
     def __init__(self, factory: Callable[[], Any], timeout: float | None, name: str = "echorl-engine") -> None:
@@ -75,23 +78,34 @@ class EngineProcess:
             raise ValueError(f"step_timeout must be a positive number of seconds or None, got step_timeout={timeout!r}")
         self.factory, self.timeout, self.name = factory, timeout, name
         self._local: Any = None
-        self._proc: Any = None
+        self._pid: int | None = None
         self._conn: Any = None
+        self._exitcode: int | None = None
         self.num_killed = 0
 
     @property
     def pid(self) -> int | None:
         """The engine process's pid (None before the first call or in-process)."""
-        return self._proc.pid if self._proc is not None else None
+        return self._pid
 
     def _start(self) -> None:
-        ctx = multiprocessing.get_context("fork")
-        ours, theirs = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(self.factory, theirs, ours, os.getpid()), name=self.name,
-                                 daemon=True)
-        self._proc.start()
+        # A bare fork rather than multiprocessing.Process: envs often live in AsyncVectorEnv/SubprocVecEnv
+        # workers, which are daemonic, and multiprocessing forbids daemonic processes to have children.
+        ours, theirs = multiprocessing.Pipe()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # the engine process
+            code = 0
+            try:
+                _serve(self.factory, theirs, ours, parent)
+            except BaseException:  # noqa: BLE001 - nothing may escape into the forked copy of the caller
+                code = 1
+            finally:
+                os._exit(code)
         theirs.close()
-        self._conn = ours
+        self._pid, self._conn = pid, ours
 
     def call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
         """``engine.method(*args)`` within ``timeout`` (default: this host's); the engine's exceptions propagate.
@@ -105,7 +119,7 @@ class EngineProcess:
                 self._local = self.factory()
             return getattr(self._local, method)(*args)
         limit = self.timeout if timeout is None else timeout
-        if self._proc is None:
+        if self._pid is None:
             self._start()
         try:
             self._conn.send((method, args))
@@ -121,15 +135,28 @@ class EngineProcess:
             raise value
         return value
 
+    def _reap(self, wait: float) -> bool:
+        """Collect the engine process's exit status within ``wait`` seconds; True once it is gone."""
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                done, status = os.waitpid(self._pid, os.WNOHANG)
+            except ChildProcessError:  # already collected elsewhere
+                return True
+            if done:
+                self._exitcode = os.waitstatus_to_exitcode(status)
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
     def _kill(self) -> None:
-        proc, self._proc = self._proc, None
-        self._exitcode = None
-        if proc is not None:
-            if proc.is_alive():
-                proc.kill()
+        if self._pid is not None:
+            if not self._reap(0.0):
+                os.kill(self._pid, signal.SIGKILL)
                 self.num_killed += 1
-            proc.join(timeout=5.0)
-            self._exitcode = proc.exitcode
+                self._reap(5.0)
+            self._pid = None
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -140,13 +167,23 @@ class EngineProcess:
             if hasattr(self._local, "close"):
                 self._local.close()
             self._local = None
-        if self._proc is not None:
+        if self._pid is not None:
             try:
                 self._conn.send(None)
             except OSError:
                 pass
-            self._proc.join(timeout=5.0)
-            self._kill()
+            self._reap(5.0) or self._kill()
+            self._pid = None
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __del__(self) -> None:
+        if getattr(self, "_pid", None) is not None:
+            try:
+                self._kill()
+            except OSError:
+                pass
 
 
 def timeout_transition(error: EngineError) -> Any:
