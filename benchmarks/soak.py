@@ -49,10 +49,14 @@ def _usage() -> dict[str, float]:
 
 
 def _make_kwargs(env_id: str) -> dict[str, Any] | None:
-    """Extra kwargs for data-backed ids (None: the data is absent, skip), as the registry-driven tests do."""
+    """Extra kwargs: data files for data-backed ids (None: the data is absent, skip), as the registry-driven tests
+    do; a pool of 2 games for ALFWorld/TextWorld, whose games are generated (and compiled) on first use -- the
+    warm-up plays each once, so the soak measures steady state rather than game generation."""
     if env_id == "EchoRL/GSM8K-v0":
         data = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k" / "test.jsonl"
         return {"data_path": str(data)} if data.exists() else None
+    if env_id.startswith(("EchoRL/ALFWorld", "EchoRL/TextWorld")):
+        return {"num_games": 2}
     return {}
 
 
@@ -85,6 +89,9 @@ def soak_one(env_id: str, seconds: float, seed: int) -> dict[str, Any]:
     env = echorl_envs.make(env_id, **kwargs)
     _, info = env.reset(seed=seed)
     env.step(_random_action(rng, info))
+    if kwargs.get("num_games"):
+        for i in range(kwargs["num_games"]):
+            env.reset(options={"index": i})
     start = _usage()
     t0 = time.perf_counter()
     quarter: dict[str, float] | None = None
