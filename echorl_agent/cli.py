@@ -4,7 +4,8 @@
     echorl play EchoRL/MiniGrid-DoorKey-5x5-v0
     echorl bench --tasks EchoRL/Game24-v0 EchoRL/MiniGrid-Empty-5x5-v0 --agents random expert --seeds 2 --episodes 5
     echorl bench --preset demo
-    echorl serve --port 8000
+    echorl serve --port 8000 --model smollm2-135m
+    echorl serve --help
 """
 
 from __future__ import annotations
@@ -176,7 +177,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise SystemExit(
             f"echorl serve needs the LLM engine and the serve extra (pip install 'echorl[llm,serve]'): {e}"
         ) from e
-    return int(server.main(args.rest) or 0)
+    return int(server.serve(args) or 0)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -210,8 +211,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--quiet", action="store_true")
     s.set_defaults(func=cmd_bench)
 
-    s = sub.add_parser("serve", help="serve the LLM engine with OpenAI-compatible routes")
-    s.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the server (see echorl serve -- --help)")
+    from echorl_agent.llm.serve_args import add_serve_arguments
+
+    s = sub.add_parser("serve", help="serve the LLM engine with OpenAI-compatible routes",
+                       description="Serve a model with OpenAI-compatible routes (completions, chat, streaming, "
+                       "LoRA adapters).")
+    add_serve_arguments(s)
     s.set_defaults(func=cmd_serve)
     return p
 

@@ -62,11 +62,23 @@ ENVS: list[EnvEntry] = [
     # --- CRUXEval / ARC (echorl_envs.cruxeval, echorl_envs.arc) ---
     EnvEntry("EchoRL/CRUXEval-O-v0", "echorl_envs.cruxeval:CRUXEvalEnv", 8, {"mode": "output"}, "cruxeval", "free-text", "generated"),
     EnvEntry("EchoRL/CRUXEval-I-v0", "echorl_envs.cruxeval:CRUXEvalEnv", 8, {"mode": "input"}, "cruxeval", "free-text", "generated"),
+    EnvEntry("EchoRL/CRUXEval-Repair-v0", "echorl_envs.cruxeval_repair:CRUXEvalRepairEnv", 6, {}, "cruxeval-repair", "free-text", "generated"),
     EnvEntry("EchoRL/ARC-v0", "echorl_envs.arc:ARCEnv", 8, {"split": "training"}, "arc", "free-text", "bundled"),
     EnvEntry("EchoRL/ARC-Eval-v0", "echorl_envs.arc:ARCEnv", 8, {"split": "evaluation"}, "arc", "free-text", "bundled"),
     EnvEntry("EchoRL/ARC-ReARC-v0", "echorl_envs.arc:ARCEnv", 8, {"split": "rearc"}, "arc", "free-text", "generated"),
+    # --- MiniWoB++ in headless Chromium (echorl_envs.miniwob; rows built from echorl_envs.miniwob.TASKS below) ---
 ]
 # fmt: on
+
+
+def _miniwob_rows() -> list[EnvEntry]:
+    from echorl_envs.miniwob import TASKS  # imports neither miniwob nor selenium
+
+    return [EnvEntry(f"EchoRL/MiniWoB-{task}-v0", "echorl_envs.miniwob:MiniWoBEnv", steps, {"task": task},
+                     "miniwob", "choice", "engine") for task, (_, steps) in TASKS.items()]
+
+
+ENVS.extend(_miniwob_rows())
 
 
 def _register_all() -> None:

@@ -17,14 +17,20 @@ from hypothesis import strategies as st
 
 import echorl_envs
 from echorl_envs.core import INFO_KEYS, normalize_action
-from tests.conftest import REGISTRY_MAKE_KWARGS
+from tests.conftest import MINIWOB_FAST_IDS, REGISTRY_MAKE_KWARGS, registry_skip_reason
 
 IDS = echorl_envs.env_ids()
+#: Browser-backed MiniWoB ids beyond MINIWOB_FAST_IDS are marked slow (each test starts real Chromiums).
+PARAMS = [
+    pytest.param(i, marks=pytest.mark.slow) if i.startswith("EchoRL/MiniWoB-") and i not in MINIWOB_FAST_IDS else i
+    for i in IDS
+]
 
 
 def make(env_id: str, **extra):
-    if env_id in REGISTRY_MAKE_KWARGS and REGISTRY_MAKE_KWARGS[env_id] is None:
-        pytest.skip(f"data for {env_id} is not available here")
+    reason = registry_skip_reason(env_id)
+    if reason is not None:
+        pytest.skip(reason)
     kwargs = dict(REGISTRY_MAKE_KWARGS.get(env_id) or {})
     kwargs.update(extra)
     return gym.make(env_id, **kwargs)
@@ -58,7 +64,7 @@ def rollout(env, seed: int, n: int = 8) -> list:
     return traj
 
 
-@pytest.fixture(params=IDS)
+@pytest.fixture(params=PARAMS)
 def env_id(request):
     return request.param
 
@@ -140,9 +146,10 @@ def test_pickle_roundtrip(env_id):
 
 
 def test_async_vector_env(env_id):
+    reason = registry_skip_reason(env_id)
+    if reason is not None:
+        pytest.skip(reason)
     kwargs = REGISTRY_MAKE_KWARGS.get(env_id, {})
-    if kwargs is None:
-        pytest.skip(f"data for {env_id} is not available here")
     venv = gym.vector.AsyncVectorEnv([lambda: gym.make(env_id, **kwargs)] * 2, shared_memory=False)
     try:
         obs, infos = venv.reset(seed=[0, 1])

@@ -56,8 +56,16 @@ class EchoPPO(PPO):
         self.use_masking = bool(use_masking)
         super().__init__(policy, env, *args, **kwargs)
 
+    def __new__(cls, policy: Any = None, *args: Any, **kwargs: Any):
+        # EchoPPO("LLMPolicy", ...) is the LLM variant (rollouts on the engine, truncated IS, weight sync)
+        if cls is EchoPPO and (policy == "LLMPolicy" or getattr(policy, "__name__", "") == "LLMPolicy"):
+            from echorl_agent.llm_rl.ppo import LLMPPO
+
+            return super().__new__(LLMPPO)
+        return super().__new__(cls)
+
     def _setup_model(self) -> None:
-        if not (isinstance(self.policy_class, type) and issubclass(self.policy_class, EchoPolicy)):
+        if not (isinstance(self.policy_class, type) and hasattr(self.policy_class, "evaluate_actions_and_plans")):
             raise ValueError(
                 f"EchoPPO needs policy='EchoPolicy' (or a subclass), got policy={self.policy_class!r}; "
                 "use stable_baselines3.PPO for other policies"
@@ -120,6 +128,7 @@ class EchoPPO(PPO):
         """PPO's clipped update (SB3 ``PPO.train``) with the plan-consistency KL added to the loss."""
         self.policy.set_training_mode(True)
         self._update_learning_rate(self.policy.optimizer)
+        self._before_train()
         clip_range = self.clip_range(self._current_progress_remaining)  # type: ignore[operator]
         clip_range_vf = None
         if self.clip_range_vf is not None:
@@ -142,7 +151,9 @@ class EchoPPO(PPO):
                 if self.normalize_advantage and len(advantages) > 1:
                     advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
                 ratio = th.exp(log_prob - data.old_log_prob)
-                policy_loss = -th.min(advantages * ratio, advantages * th.clamp(ratio, 1 - clip_range, 1 + clip_range)).mean()
+                surrogate = th.min(advantages * ratio, advantages * th.clamp(ratio, 1 - clip_range, 1 + clip_range))
+                weights = self._pg_weights(data)
+                policy_loss = -(surrogate if weights is None else weights * surrogate).mean()
                 pg_losses.append(policy_loss.item())
                 clip_fractions.append(th.mean((th.abs(ratio - 1) > clip_range).float()).item())
                 if clip_range_vf is None:
@@ -189,6 +200,18 @@ class EchoPPO(PPO):
         self.logger.record("train/clip_range", clip_range)
         if clip_range_vf is not None:
             self.logger.record("train/clip_range_vf", clip_range_vf)
+        self._after_train()
+
+    # ------------------------------------------------------------------ hooks (LLMPPO)
+    def _before_train(self) -> None:
+        """Called before the epochs of an update."""
+
+    def _pg_weights(self, data: Any) -> th.Tensor | None:
+        """Per-sample weights of the policy-gradient term (None: all 1)."""
+        return None
+
+    def _after_train(self) -> None:
+        """Called after an update."""
 
     def predict(  # type: ignore[override]
         self,

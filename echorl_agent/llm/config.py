@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
+from typing import Any
 
 from echorl_agent.llm.prefix_cache import PrefixCacheConfig
 from echorl_agent.llm.scheduler import SchedulerConfig
@@ -19,7 +22,7 @@ class SamplingParams:
     temperature: float = 0.0
     """0 = greedy (argmax); > 0 samples from softmax(logits / temperature)."""
     top_p: float = 1.0
-    """Nucleus sampling mass (1.0 = off)."""
+    """Nucleus sampling mass (1.0 = off; 0 keeps only the most probable token, as OpenAI's API allows)."""
     seed: int | None = None
     """Seed of this request's sampler (same seed -> same tokens)."""
     stop: tuple[str, ...] = ()
@@ -30,16 +33,27 @@ class SamplingParams:
     """Keep generating past EOS (benchmarks)."""
     logprobs: bool = False
     """Return the log-probability of every generated token."""
+    capture_states: bool = False
+    """Return the captured activations of every computed token (:meth:`LLMEngine.enable_capture`)."""
+    top_logprobs: int = 0
+    """Also return the ``top_logprobs`` most likely tokens and their log-probabilities at every step."""
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got max_tokens={self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got temperature={self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got top_p={self.top_p}")
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, numbers.Integral) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an int >= 1, got max_tokens={self.max_tokens!r}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got temperature={self.temperature}")
+        if not math.isfinite(self.top_p) or not 0 <= self.top_p <= 1:
+            raise ValueError(f"top_p must be in [0, 1], got top_p={self.top_p}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral)):
+            raise ValueError(f"seed must be an int or None, got seed={self.seed!r}")
         if isinstance(self.stop, str):
             self.stop = (self.stop,)
+        self.stop = tuple(self.stop)
+        if not all(isinstance(x, str) and x for x in self.stop):
+            raise ValueError(f"stop must be non-empty strings, got stop={self.stop!r}")
+        if isinstance(self.top_logprobs, bool) or not isinstance(self.top_logprobs, numbers.Integral) or self.top_logprobs < 0:
+            raise ValueError(f"top_logprobs must be an int >= 0, got top_logprobs={self.top_logprobs!r}")
 
 
 @dataclass
@@ -84,6 +98,11 @@ class GenerationResult:
     num_computed_tokens: int
     """Prompt tokens prefilled by the model."""
     logprobs: list[float] | None = None
+    """Log-probability of each generated token (when ``SamplingParams.logprobs``)."""
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    """Per generated token, the ``SamplingParams.top_logprobs`` most likely (token id, log-probability) pairs."""
+    states: Any = None
+    """With ``SamplingParams.capture_states``: captured activations ``[prompt + generated - 1, hidden]``."""
 
 
 @dataclass
@@ -95,3 +114,9 @@ class ScoreResult:
     token_counts: list[int]
     num_cached_tokens: int
     num_computed_tokens: int
+    hidden: Any = None
+    """With ``capture=True``: final normed hidden state ``[hidden]`` of the last context token."""
+    context_states: Any = None
+    """With ``capture=True`` and runner capture on: captured activations ``[p (+ m soft), hidden]``."""
+    candidate_states: Any = None
+    """With ``capture=True`` and runner capture on: per candidate ``[len, hidden]`` captured activations."""

@@ -15,51 +15,41 @@ One engine serves many actors (one per env). Actors call :meth:`LLMEngine.submit
 
 :meth:`LLMEngine.score` computes log-likelihoods of N candidate continuations of one prompt sharing the prompt's KV
 (one prefix, N short suffixes, one batched forward), the core of the scoring agent.
+
+Requests fail alone: prompts are validated in :meth:`LLMEngine.submit`; when a batched forward or a sampling step
+raises, the affected sequences are retried one by one and only the culprit's future gets the exception.
+:meth:`LLMEngine.abort` (or cancelling the returned future) stops a request between two steps and frees its KV.
+:meth:`LLMEngine.submit_group` samples ``n`` continuations of one prompt that is prefilled once: after the leader's
+prefill the other ``n - 1`` sequences fork its KV (full blocks shared, the partial last block copied), as vLLM's
+parallel sampling does.
 """
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 
 import torch
 
 from echorl_agent.llm.config import EngineConfig, GenerationResult, SamplingParams, ScoreResult
+from echorl_agent.llm.engine_requests import TokenCallback, _RequestsMixin, _Seq
 from echorl_agent.llm.models import LoadedModel, load_model
 from echorl_agent.llm.prefix_cache import CacheStats, PrefixCache
 from echorl_agent.llm.runner import ModelRunner, SeqChunk
 from echorl_agent.llm.scheduler import Scheduler
+from echorl_agent.llm.scoring import SoftTokens
 
 __all__ = ["EngineConfig", "SamplingParams", "GenerationResult", "ScoreResult", "LLMEngine"]
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class _Seq:
-    id: int
-    tokens: list[int]
-    num_prompt_tokens: int
-    params: SamplingParams
-    priority: float
-    arrival: int
-    future: Future
-    enqueued_step: int = 0
-    block_table: list[int] = field(default_factory=list)
-    block_hashes: list[int] = field(default_factory=list)
-    num_computed: int = 0
-    num_cached_tokens: int = 0
-    logprobs: list[float] = field(default_factory=list)
-    generator: torch.Generator | None = None
-    text: str = ""
-    finish_reason: str | None = None
 
-
-class LLMEngine:
+class LLMEngine(_RequestsMixin):
     """Batched, prefix-cached generation and scoring over a local model (see the module docstring).
 
     Args:
@@ -78,8 +68,11 @@ class LLMEngine:
         self.eos_token_ids = tuple(self.llm.eos_token_ids)
         self.max_model_len = int(getattr(self.llm.model.config, "max_position_embeddings", 1 << 30))
         self._ids = itertools.count()
+        self.vocab_size = int(self.llm.model.get_input_embeddings().num_embeddings)
         self._waiting: list[_Seq] = []
         self._running: list[_Seq] = []
+        self._live: dict[int, _Seq] = {}  # request id -> unfinished sequence (for abort)
+        self._aborted: set[int] = set()
         self._lock = threading.RLock()
         self._work = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -94,27 +87,19 @@ class LLMEngine:
         return self.cache.stats
 
     def submit(
-        self, prompt: str | Sequence[int], params: SamplingParams | None = None, priority: float = 1.0
+        self, prompt: str | Sequence[int], params: SamplingParams | None = None, priority: float = 1.0,
+        on_token: TokenCallback | None = None,
     ) -> Future:
-        """Queue a generation request (thread-safe); the future resolves to a :class:`GenerationResult`."""
-        params = params or SamplingParams()
-        tokens = self.llm.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        if not tokens:
-            raise ValueError("the prompt is empty; pass at least one token")
-        if len(tokens) >= self.max_model_len:
-            raise ValueError(f"the prompt has {len(tokens)} tokens, the model's limit is {self.max_model_len}")
-        if priority < 0:
-            raise ValueError(f"priority must be >= 0, got priority={priority}")
-        fut: Future = Future()
-        seq = _Seq(next(self._ids), tokens, len(tokens), params, float(priority), 0, fut)
-        seq.arrival = seq.id
-        if params.temperature > 0:
-            seq.generator = torch.Generator().manual_seed(params.seed if params.seed is not None else seq.id)
-        with self._work:
-            seq.enqueued_step = self.num_steps
-            self._waiting.append(seq)
-            self._work.notify_all()
-        return fut
+        """Queue a generation request (thread-safe); the future resolves to a :class:`GenerationResult`.
+
+        The future carries ``request_id`` (for :meth:`abort`); cancelling it aborts the request. ``on_token`` is
+        called from the engine loop after each sampled token (streaming).
+
+        Raises:
+            ValueError: empty prompt, a token id outside ``[0, vocab_size)``, a prompt longer than the model's
+                context or the KV pool, or a negative priority.
+        """
+        return self.submit_group(prompt, params, 1, priority, on_token)[0]
 
     def generate(
         self, prompts: Sequence[str | Sequence[int]], params: SamplingParams | None = None
@@ -133,7 +118,7 @@ class LLMEngine:
 
     def has_work(self) -> bool:
         with self._work:
-            return bool(self._waiting or self._running)
+            return bool(self._waiting or self._running or self._aborted)
 
     def start(self) -> LLMEngine:
         """Run the step loop in a daemon thread (for many concurrent actors or a server)."""
@@ -159,7 +144,12 @@ class LLMEngine:
         self.stop()
 
     def score(
-        self, prompt: str | Sequence[int], candidates: Sequence[str | Sequence[int]], share_prefix: bool = True
+        self,
+        prompt: str | Sequence[int],
+        candidates: Sequence[str | Sequence[int]],
+        share_prefix: bool = True,
+        soft: SoftTokens | None = None,
+        capture: bool = False,
     ) -> ScoreResult:
         """Log-likelihood of each candidate continuation given ``prompt`` (see :mod:`echorl_agent.llm.scoring`).
 
@@ -168,48 +158,105 @@ class LLMEngine:
             candidates: continuations (text is tokenized on its own, without special tokens).
             share_prefix: True = the prompt's KV is computed once (or taken from the cache) and shared by all
                 candidates in one batched forward; False = the naive baseline, one full forward per candidate.
+            soft: soft tokens between the prompt and the candidates (never cached).
+            capture: also return the last context hidden state and captured activations (for a learner).
         """
         from echorl_agent.llm.scoring import score_candidates
 
         p = self.llm.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         cands = [self.llm.encode(c) if isinstance(c, str) else [int(t) for t in c] for c in candidates]
         with self._lock:
-            return score_candidates(self.runner, self.cache, p, cands, share_prefix)
+            return score_candidates(self.runner, self.cache, p, cands, share_prefix, soft=soft, capture=capture)
+
+    # ------------------------------------------------------------------ weights (RL)
+    @property
+    def weight_version(self) -> int:
+        """Bumped by every :meth:`update_weights`; KV cached under an older version is never served."""
+        return self.cache.weight_version
+
+    def update_weights(self, state: Mapping[str, torch.Tensor]) -> int:
+        """Copy new weights into the engine's model (a learner update) and invalidate the prefix cache.
+
+        Args:
+            state: parameter name (as in ``model.named_parameters()``) -> new tensor of the same shape.
+
+        Returns:
+            The new weight version.
+
+        Raises:
+            RuntimeError: requests are in flight (their KV mixes old and new weights); update between rollouts.
+            ValueError: an unknown parameter name or a shape mismatch.
+        """
+        params = dict(self.llm.model.named_parameters())
+        for name, t in state.items():
+            if name not in params:
+                hint = difflib.get_close_matches(name, list(params), n=1)
+                raise ValueError(f"unknown parameter {name!r}" + (f"; did you mean {hint[0]!r}?" if hint else ""))
+            if tuple(params[name].shape) != tuple(t.shape):
+                raise ValueError(f"shape of {name!r}: engine {tuple(params[name].shape)}, given {tuple(t.shape)}")
+        with self._lock:
+            if self.has_work():
+                raise RuntimeError("update_weights while requests are in flight; wait for them to finish")
+            with torch.no_grad():
+                for name, t in state.items():
+                    params[name].copy_(t.to(params[name].dtype))
+            self.on_weights_updated(list(state))
+            return self.cache.invalidate()
+
+    def on_weights_updated(self, names: list[str]) -> None:
+        """Hook run after :meth:`update_weights` copied ``names`` (e.g. to re-pack quantized weights)."""
+
+    def enable_capture(self, layer: int | None) -> None:
+        """Capture activations entering ``layer`` for every token (see :meth:`ModelRunner.enable_capture`).
+
+        Blocks cached before capture was on have no activations, so the prefix cache is invalidated.
+        """
+        with self._lock:
+            if self.runner.capture_layer != layer:
+                self.runner.enable_capture(layer)
+                self.cache.invalidate()
+
+    def prompt_logprobs(
+        self, prompt: str | Sequence[int], top_k: int = 0
+    ) -> tuple[list[int], list[float | None], list[list[tuple[int, float]] | None]]:
+        """Log-probability of every prompt token given the tokens before it (None for the first token).
+
+        Returns ``(token ids, logprobs, top_k alternatives per position)`` (see
+        :func:`echorl_agent.llm.scoring.prompt_logprobs`).
+        """
+        from echorl_agent.llm.scoring import prompt_logprobs
+
+        tokens = self.validate_prompt(prompt)
+        with self._lock:
+            lps, tops = prompt_logprobs(self.runner, self.cache, tokens, top_k)
+        return tokens, lps, tops
 
     # ------------------------------------------------------------------ loop
     def _loop(self) -> None:
         while True:
             with self._work:
-                while not self._stop and not (self._waiting or self._running):
+                while not self._stop and not (self._waiting or self._running or self._aborted):
                     self._work.wait()
                 if self._stop:
                     return
             try:
                 self.step()
-            except Exception as e:  # fail the affected requests rather than killing the loop silently
-                log.exception("engine step failed")
-                with self._lock:
-                    for s in self._running + self._waiting:
-                        if s.block_table:
-                            self.cache.release(s.block_table)
-                        if not s.future.done():
-                            s.future.set_exception(e)
-                    self._running.clear()
-                    with self._work:
-                        self._waiting.clear()
+            except Exception:  # step() isolates per-request errors; this is a bug guard that keeps the loop alive
+                log.exception("engine step failed outside per-request isolation")
 
     def step(self) -> int:
         """Admit, run one batched forward, sample, retire. Returns the number of sequences advanced."""
         with self._lock:
+            self._purge_aborted()
             self._admit()
             if not self._running:
                 return 0
             chunks, advanced = self._build_chunks()
-            logits = self.runner.forward(chunks)
+            logits = self._forward(chunks, advanced)
             finished = self._postprocess(advanced, logits)
             self.num_steps += 1
         for s in finished:
-            s.future.set_result(self._result(s))
+            self._resolve(s, result=self._result(s))
         return len(advanced)
 
     # ------------------------------------------------------------------ step parts
@@ -237,11 +284,12 @@ class LLMEngine:
                 ids = {s.id for s in admitted}
                 self._waiting = [s for s in self._waiting if s.id not in ids]
             self._running.extend(admitted)
-        elif not self._running and waiting:
-            raise MemoryError(
-                f"the prompt of {waiting[0].num_prompt_tokens} tokens does not fit the KV pool of "
-                f"{self.cache.num_blocks * self.cache.block_size} tokens; raise PrefixCacheConfig.max_tokens"
-            )
+        elif not self._running and waiting:  # submit() checks the size, so only a pool held by scoring gets here
+            s = self.scheduler.order(waiting, cached, self.num_steps)[0]
+            self._fail(s, MemoryError(
+                f"the prompt of {s.num_prompt_tokens} tokens does not fit the free KV pool of "
+                f"{self.cache.num_free_blocks * self.cache.block_size} tokens; raise PrefixCacheConfig.max_tokens"
+            ))
 
     def _blocks_after(self, s: _Seq) -> int:
         return self.cache.num_free_blocks - self.cache.num_blocks_needed(len(s.tokens))
@@ -278,45 +326,46 @@ class LLMEngine:
             s.enqueued_step = self.num_steps
             self._waiting.insert(0, s)
 
-    def _postprocess(self, seqs: list[tuple[_Seq, int]], logits: list[torch.Tensor]) -> list[_Seq]:
+    def _postprocess(self, seqs: list[tuple[_Seq, int]], logits: list[torch.Tensor | None]) -> list[_Seq]:
         bs = self.cache.block_size
-        finished = []
+        finished: list[_Seq] = []
         for (s, n), lg in zip(seqs, logits, strict=True):
-            s.num_computed += n
-            # publish blocks that are now full (prompt and generated tokens alike)
-            for i in range(len(s.block_hashes), s.num_computed // bs):
-                prev = s.block_hashes[-1] if s.block_hashes else None
-                s.block_hashes.append(self.cache.register(s.block_table[i], prev, s.tokens[i * bs : (i + 1) * bs]))
-            if s.num_computed < len(s.tokens):
-                continue  # chunked prefill not finished yet
-            tok, lp = self._sample(s, lg)
-            s.tokens.append(tok)
-            self.num_generated_tokens += 1
-            if s.params.logprobs:
-                s.logprobs.append(lp)
-            if self._check_stop(s, tok):
-                finished.append(s)
+            if lg is None:
+                continue  # failed alone in _forward
+            try:
+                s.num_computed += n
+                # publish blocks that are now full (prompt and generated tokens alike)
+                for i in range(len(s.block_hashes), s.num_computed // bs):
+                    prev = s.block_hashes[-1] if s.block_hashes else None
+                    s.block_hashes.append(
+                        self.cache.register(s.block_table[i], prev, s.tokens[i * bs : (i + 1) * bs]))
+                if s.num_computed < len(s.tokens):
+                    continue  # chunked prefill not finished yet
+                if s.followers:
+                    finished += self._fork(s, lg)
+                if self._advance(s, lg):
+                    finished.append(s)
+            except Exception as e:
+                self._fail(s, e)
         for s in finished:
-            self._running.remove(s)
-            self.cache.release(s.block_table)
-            s.block_table = []
+            if s.params.capture_states and self.runner.h_pool is not None:
+                s.states = self.runner.gather_hidden(s.block_table, 0, s.num_computed)
+            self._drop(s)
         return finished
 
-    def _sample(self, s: _Seq, logits: torch.Tensor) -> tuple[int, float | None]:
-        """Next token of ``s`` and, only when ``params.logprobs`` asks for it, its log-probability."""
-        p = s.params
-        if p.temperature == 0:
-            tok = int(torch.argmax(logits))
-        else:
-            probs = torch.softmax(logits / p.temperature, dim=-1)
-            if p.top_p < 1.0:
-                sp, idx = torch.sort(probs, descending=True)
-                keep = torch.cumsum(sp, 0) - sp < p.top_p
-                probs = torch.zeros_like(probs).scatter(0, idx[keep], sp[keep])
-            tok = int(torch.multinomial(probs, 1, generator=s.generator))
-        if not p.logprobs:
-            return tok, None  # skip the full-vocabulary log-softmax nobody reads
-        return tok, float(torch.log_softmax(logits, dim=-1)[tok])
+    def _advance(self, s: _Seq, lg: torch.Tensor) -> bool:
+        """Sample the next token of ``s`` from ``lg``; True when ``s`` is finished."""
+        tok, lp, top = self._sample(s, lg)
+        s.tokens.append(tok)
+        self.num_generated_tokens += 1
+        if s.params.logprobs:
+            s.logprobs.append(lp)
+        if top is not None:
+            s.top_logprobs.append(top)
+        done = self._check_stop(s, tok)
+        if s.on_token is not None:
+            s.on_token(s.index, tok, lp, top)
+        return done
 
     def _check_stop(self, s: _Seq, tok: int) -> bool:
         p = s.params
@@ -335,7 +384,7 @@ class LLMEngine:
 
     def _result(self, s: _Seq) -> GenerationResult:
         gen = s.tokens[s.num_prompt_tokens :]
-        text = s.text if s.text else self.llm.decode(gen)
+        text = s.text if s.text is not None else self.llm.decode(gen)
         return GenerationResult(
             request_id=s.id,
             prompt_token_ids=s.tokens[: s.num_prompt_tokens],
@@ -345,4 +394,6 @@ class LLMEngine:
             num_cached_tokens=s.num_cached_tokens,
             num_computed_tokens=s.num_prompt_tokens - s.num_cached_tokens,
             logprobs=list(s.logprobs) if s.params.logprobs else None,
+            top_logprobs=list(s.top_logprobs) if s.params.top_logprobs else None,
+            states=s.states,
         )

@@ -3,6 +3,11 @@
 Plain HTTP with httpx: ``/v1/completions`` and ``/v1/chat/completions``, with per-token log-probabilities where
 the server offers them, and the server's cached-prompt-token count (``usage.prompt_tokens_details.cached_tokens``)
 so prefix reuse can be measured across backends.
+
+:meth:`OpenAICompatibleBackend.score` computes log-likelihoods of candidate continuations from the server's prompt
+log-probabilities (``echo=True, logprobs=0, max_tokens=0``, the lm-eval-harness recipe vLLM and SGLang serve), with
+the same signature and result as :meth:`LLMEngine.score`; given a ``tokenizer``, the backend also exposes ``llm``,
+so :class:`~echorl_agent.llm.agents.ScoringAgent` runs against a remote server unchanged.
 """
 
 from __future__ import annotations
@@ -35,9 +40,13 @@ class OpenAICompatibleBackend:
         model: model name sent with each request (None = the first of ``/v1/models``).
         api_key: bearer token, if the server wants one.
         timeout: seconds per request.
+        tokenizer: the served model's tokenizer (a ``transformers`` tokenizer or a
+            :class:`~echorl_agent.llm.models.LoadedModel`); needed only by agents that build token prompts
+            themselves (:class:`~echorl_agent.llm.agents.ScoringAgent`), exposed as :attr:`llm`.
     """
 
-    def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None, timeout: float = 120.0):
+    def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None, timeout: float = 120.0,
+                 tokenizer: Any = None):
         import httpx
 
         if not base_url.startswith(("http://", "https://")):
@@ -45,6 +54,11 @@ class OpenAICompatibleBackend:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout)
         self.model = model or self.models()[0]
+        self.llm = None
+        if tokenizer is not None:
+            from echorl_agent.llm.models import LoadedModel
+
+            self.llm = tokenizer if isinstance(tokenizer, LoadedModel) else LoadedModel(None, tokenizer, self.model)
 
     def close(self) -> None:
         self._client.close()
@@ -129,3 +143,56 @@ class OpenAICompatibleBackend:
         c.tokens = [t["token"] for t in content]
         c.token_logprobs = [float(t["logprob"]) for t in content]
         return self._usage(c, data)
+
+    def prompt_logprobs(self, prompts: list[str] | list[list[int]]) -> list[tuple[list[str], list[float | None]]]:
+        """Per prompt, its tokens and ``log p(token | tokens before)`` (None for the first), as the server reports
+        them for ``echo=True, logprobs=0, max_tokens=0``."""
+        body = {"model": self.model, "prompt": prompts, "max_tokens": 0, "echo": True, "logprobs": 0,
+                "temperature": 0.0}
+        data = self._post("/completions", body)
+        out = []
+        for ch in sorted(data["choices"], key=lambda c: c["index"]):
+            lp = ch.get("logprobs") or {}
+            out.append((list(lp.get("tokens") or []), list(lp.get("token_logprobs") or [])))
+        return out
+
+    def score(self, prompt: str | list[int], candidates: list[str] | list[list[int]], share_prefix: bool = True):
+        """Log-likelihood of each candidate continuation given ``prompt`` (one batched request).
+
+        Token-id prompts and candidates are split exactly by count; text ones by ``text_offset`` (a candidate's
+        tokens are those starting at or after ``len(prompt)``, which assumes the tokenizer does not merge across
+        the boundary: pass token ids when it might). ``share_prefix`` is accepted for signature compatibility with
+        :meth:`LLMEngine.score`; the server decides how it reuses the prompt.
+
+        Returns:
+            :class:`~echorl_agent.llm.config.ScoreResult` (``num_cached_tokens`` from the server's usage).
+        """
+        from echorl_agent.llm.config import ScoreResult
+
+        if not candidates:
+            raise ValueError("candidates must be a non-empty list")
+        as_ids = not isinstance(prompt, str)
+        if as_ids:
+            p = [int(t) for t in prompt]
+            batch: list[Any] = [p + [int(t) for t in c] for c in candidates]
+        else:
+            batch = [prompt + c for c in candidates]
+        body = {"model": self.model, "prompt": batch, "max_tokens": 0, "echo": True, "logprobs": 0,
+                "temperature": 0.0}
+        data = self._post("/completions", body)
+        choices = sorted(data["choices"], key=lambda c: c["index"])
+        out, counts = [], []
+        for c, ch in zip(candidates, choices, strict=True):
+            lp = ch["logprobs"]
+            if as_ids:
+                start = len(prompt)
+            else:
+                start = next((i for i, o in enumerate(lp["text_offset"]) if o >= len(prompt)), len(lp["tokens"]))
+            vals = lp["token_logprobs"][start:]
+            if not vals or any(v is None for v in vals):
+                raise ValueError(f"the server returned no log-probabilities for candidate {c!r}")
+            out.append(float(sum(vals)))
+            counts.append(len(vals))
+        u = data.get("usage") or {}
+        cached = int((u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        return ScoreResult(out, counts, cached, int(u.get("prompt_tokens") or 0) - cached)

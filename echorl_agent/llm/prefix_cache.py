@@ -131,6 +131,20 @@ class PrefixCache:
         self._free_plain: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() gives 0, 1, 2, ...
         self._free_cached: OrderedDict[int, None] = OrderedDict()  # LRU: first = least recently used
         self.stats = CacheStats()
+        self.weight_version = 0
+        """Version of the weights the cached KV was computed with (see :meth:`invalidate`)."""
+        self._root: int | None = None  # chain seed of the first block: None at version 0, else the version
+
+    def invalidate(self) -> int:
+        """Make every cached block unreachable: the model's weights changed (after a learner update).
+
+        The version seeds the hash chain of the first block, so a block registered under an older version can
+        never match again (stale KV is never served); old blocks stay in the LRU list and are recycled as free
+        blocks. Returns the new version.
+        """
+        self.weight_version += 1
+        self._root = self.weight_version
+        return self.weight_version
 
     # ------------------------------------------------------------------ queries
     @property
@@ -157,7 +171,7 @@ class PrefixCache:
         if not self.config.enable_prefix_caching:
             return ids, hashes
         bs = self.block_size
-        prev: int | None = None
+        prev: int | None = self._root
         for i in range(len(tokens) // bs):
             chunk = tuple(tokens[i * bs : (i + 1) * bs])
             h = self.hash_fn(prev, chunk)
@@ -230,13 +244,16 @@ class PrefixCache:
     def register(self, block_id: int, prev_hash: int | None, tokens: Sequence[int]) -> int:
         """Publish a just-filled block (its KV is written) under its chained hash; returns the hash.
 
+        ``prev_hash`` is the hash of the previous block, or None for the first block of a sequence (the chain then
+        starts from the current weight version's seed).
+
         If another block already holds the same prefix, the map keeps the existing block and this one stays
         private (it is freed normally on release).
         """
         chunk = tuple(tokens)
         if len(chunk) != self.block_size:
             raise ValueError(f"only full blocks are registered: got {len(chunk)} tokens, block_size={self.block_size}")
-        h = self.hash_fn(prev_hash, chunk)
+        h = self.hash_fn(self._root if prev_hash is None else prev_hash, chunk)
         if self.config.enable_prefix_caching and h not in self._hash_to_block:
             blk = self.blocks[block_id]
             blk.hash = h

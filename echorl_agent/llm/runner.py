@@ -44,6 +44,11 @@ class SeqChunk:
     """Pool blocks of the whole sequence (must cover ``start_pos + len(token_ids)`` tokens)."""
     all_logits: bool = False
     """Return logits for every new token (scoring) instead of only the last one."""
+    embeds: torch.Tensor | None = None
+    """``[len(token_ids), hidden]``: added to the residual stream of these tokens entering layer ``embeds_layer``
+    (soft tokens such as EchoRL's plan embeddings; the layers below see only ``token_ids``)."""
+    embeds_layer: int = 0
+    """Layer whose input ``embeds`` is added to (0 = the token embeddings)."""
 
 
 class ModelRunner:
@@ -86,6 +91,33 @@ class ModelRunner:
         shape = (self.num_layers, num_blocks, block_size, self.num_kv_heads, self.head_dim)
         self.k_pool = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_pool = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.capture_layer: int | None = None
+        self.h_pool: torch.Tensor | None = None  # [num_blocks * block_size, hidden], see enable_capture
+
+    def enable_capture(self, layer: int | None) -> None:
+        """Keep every token's residual stream entering ``layer`` in a pool beside the KV (None: stop).
+
+        The pool is indexed by the same slots as the KV, so a prefix-cached block carries the activations of its
+        tokens as well; :meth:`gather_hidden` reads them back. A learner that trains only layers ``>= layer``
+        starts from these activations instead of recomputing the frozen layers below (exact: same weights, same
+        arithmetic as the rollout).
+        """
+        if layer is None:
+            self.capture_layer, self.h_pool = None, None
+            return
+        if not 0 <= layer < self.num_layers:
+            raise ValueError(f"capture layer must be in [0, {self.num_layers}), got layer={layer}")
+        self.capture_layer = int(layer)
+        hidden = self.model.config.hidden_size
+        self.h_pool = torch.zeros(self.num_blocks * self.block_size, hidden, dtype=self.dtype, device=self.device)
+
+    def gather_hidden(self, block_table: list[int], start: int, end: int) -> torch.Tensor:
+        """Captured activations ``[end - start, hidden]`` of tokens ``start..end-1`` of a sequence (a copy)."""
+        if self.h_pool is None:
+            raise RuntimeError("activation capture is off; call enable_capture(layer) first")
+        bs = self.block_size
+        slots = [block_table[p // bs] * bs + p % bs for p in range(start, end)]
+        return self.h_pool[torch.tensor(slots, dtype=torch.long, device=self.device)].clone()
 
     @staticmethod
     def kv_bytes_per_token(model: torch.nn.Module) -> int:
@@ -107,6 +139,9 @@ class ModelRunner:
         """Copy one block's KV in every layer (copy-on-write of a shared partial block)."""
         self.k_pool[:, dst] = self.k_pool[:, src]
         self.v_pool[:, dst] = self.v_pool[:, src]
+        if self.h_pool is not None:
+            bs = self.block_size
+            self.h_pool[dst * bs : (dst + 1) * bs] = self.h_pool[src * bs : (src + 1) * bs]
 
     @staticmethod
     def _linear(x: torch.Tensor, lin: torch.nn.Module) -> torch.Tensor:
@@ -135,11 +170,16 @@ class ModelRunner:
         return lin(mlp.act_fn(lin(x, mlp.gate_proj)) * lin(x, mlp.up_proj), mlp.down_proj)
 
     @torch.inference_mode()
-    def forward(self, chunks: list[SeqChunk]) -> list[torch.Tensor]:
+    def forward(self, chunks: list[SeqChunk], return_hidden: bool = False):
         """Run one step over the new tokens of several sequences; writes their KV into the pool.
 
+        Args:
+            chunks: the new tokens of each sequence.
+            return_hidden: also return the final (normed) hidden states of the rows whose logits are returned.
+
         Returns:
-            Per chunk, float32 logits ``[vocab]`` of its last token, or ``[T, vocab]`` when ``all_logits``.
+            Per chunk, float32 logits ``[vocab]`` of its last token, or ``[T, vocab]`` when ``all_logits``; with
+            ``return_hidden``, a pair ``(logits, hidden)`` of such lists.
         """
         bs = self.block_size
         ids: list[int] = []
@@ -181,11 +221,23 @@ class ModelRunner:
             plan = decode_plan(tables, ctx_t, bs, self.num_kv_heads)
 
         x = self.inner.embed_tokens(ids_t)  # [N, hidden]
+        injections: dict[int, list[tuple[int, torch.Tensor]]] = {}
+        for i, c in enumerate(chunks):
+            if c.embeds is not None:
+                if tuple(c.embeds.shape) != (len(c.token_ids), x.shape[-1]):
+                    raise ValueError(
+                        f"SeqChunk.embeds must be [{len(c.token_ids)}, {x.shape[-1]}], got {tuple(c.embeds.shape)}"
+                    )
+                injections.setdefault(c.embeds_layer, []).append((i, c.embeds))
         cos, sin = self.inner.rotary_emb(x, pos_t[None, :])  # [1, N, D]
         cos, sin = cos[0], sin[0]
         flat = (self.num_layers, self.num_blocks * bs, self.num_kv_heads, self.head_dim)
         k_flat, v_flat = self.k_pool.view(flat), self.v_pool.view(flat)
         for li, layer in enumerate(self.layers):
+            if li == self.capture_layer:  # before injection: captured activations never depend on soft tokens
+                self.h_pool[slots_t] = x
+            for i, e in injections.get(li, ()):
+                x[cu[i] : cu[i + 1]] += e.to(device=dev, dtype=x.dtype)
             attn = layer.self_attn
             h = layer.input_layernorm(x)
             q = self._linear(h, attn.q_proj).view(n, self.num_heads, self.head_dim)
@@ -214,7 +266,8 @@ class ModelRunner:
             spans.append((lo, len(rows)))
         hidden = self.inner.norm(x[torch.tensor(rows, device=dev)])
         logits = self._linear(hidden, self.model.lm_head).float()
-        out = []
+        out, hid = [], []
         for c, (lo, hi) in zip(chunks, spans, strict=True):
             out.append(logits[lo:hi] if c.all_logits else logits[lo])
-        return out
+            hid.append(hidden[lo:hi] if c.all_logits else hidden[lo])
+        return (out, hid) if return_hidden else out

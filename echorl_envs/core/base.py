@@ -12,7 +12,8 @@ Subclasses implement four hooks:
 * ``_admissible() -> list[str]`` -- admissible actions now (empty for free-text envs);
 * ``_task() -> str`` -- the instruction of the current episode;
 
-and may override ``_expert() -> str | None`` (the expert/oracle's next action) and ``_aliases``.
+and may override ``_expert() -> str | None`` (the expert/oracle's next action), ``_aliases`` and
+``_match_parametric`` (actions with a free argument, e.g. the text of MiniWoB's ``type``).
 """
 
 from __future__ import annotations
@@ -104,6 +105,13 @@ class TextEnv(gym.Env[str, str], abc.ABC):
         """Family keys present in every ``info`` of the episode, invalid steps included (e.g. ``task_id``)."""
         return {}
 
+    def _match_parametric(self, action: str) -> str | None:
+        """For actions with a free argument the admissible list can only sample (MiniWoB's ``type <ref>
+        "<text>"``): the action's canonical spelling when ``action`` is one such, ``None`` when it is not
+        (the usual invalid-action feedback follows); raise ``InvalidAction`` to explain a malformed one.
+        Called only for string actions that match no admissible action (default: none are accepted)."""
+        return None
+
     def _aliases(self, normalized_action: str) -> Sequence[str]:
         """Extra normalised spellings that select ``normalized_action`` (default: none)."""
         return ()
@@ -140,9 +148,17 @@ class TextEnv(gym.Env[str, str], abc.ABC):
         admissible = self._admissible()
         if admissible:
             m = match_action(action, admissible, self._aliases)
-            if not m.ok:
-                return self._invalid(self._invalid_message(m.reason, admissible))
-            action = m.action
+            if m.ok:
+                action = m.action
+            else:
+                try:
+                    free = (self._match_parametric(action)
+                            if isinstance(action, str) and len(action) <= self._max_text else None)
+                except InvalidAction as e:
+                    return self._invalid(str(e))
+                if free is None:
+                    return self._invalid(self._invalid_message(m.reason, admissible))
+                action = free
         elif not isinstance(action, str):
             return self._invalid(f"The action must be a string, got {type(action).__name__}.")
         elif len(action) > self._max_text:

@@ -1,0 +1,33 @@
+"""The language model itself learning by RL: LLM policies, their PPO/GRPO learners and behaviour cloning.
+
+* :class:`LLMPolicy` -- pi(a|s, tau) over admissible actions scored by the LM (+ value head, + latent plan);
+* :class:`LLMPPO` -- what ``EchoPPO("LLMPolicy", env)`` builds: rollouts on the KV-aware engine, learner reusing
+  the rollout's frozen-layer activations, truncated importance weights, weight sync;
+* behaviour cloning (:mod:`echorl_agent.llm_rl.bc`) and GRPO for free-text envs (:mod:`echorl_agent.llm_rl.grpo`).
+
+Heavy dependencies (transformers, peft) load on first attribute access.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "LLMPolicy": "policy",
+    "LLMPPO": "ppo",
+    "LLMPolicyConfig": "config",
+    "TrainableLM": "lm",
+    "behaviour_clone": "bc",
+    "collect_expert_states": "bc",
+    "GRPOConfig": "grpo",
+    "GRPOTrainer": "grpo",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"echorl_agent.llm_rl.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'echorl_agent.llm_rl' has no attribute {name!r}")

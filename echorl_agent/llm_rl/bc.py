@@ -1,0 +1,116 @@
+"""Behaviour cloning of :class:`~echorl_agent.llm_rl.policy.LLMPolicy` on the env's expert (warm start for RL).
+
+Every choice env exposes ``info["expert_action"]`` (an expert, planner, walkthrough or oracle). BC collects expert
+trajectories through the same :class:`~echorl_envs.wrappers.llm.LLMObservationWrapper` the RL agent sees, and
+minimises ``-log pi(a* | s)`` with the same policy class and the same learner forward -- so BC -> PPO is one
+pipeline: ``behaviour_clone(model.policy, ...)`` then ``model.learn(...)``. GLAM's maintainers note that small LMs
+learn GoToLocal slowly from scratch with PPO; an expert warm start is the usual remedy.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from echorl_envs.wrappers.llm import LLMObservationWrapper
+
+__all__ = ["ExpertData", "collect_expert_states", "behaviour_clone"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ExpertData:
+    """Expert states (wrapper byte observations) and the expert's action slot in each."""
+
+    observations: np.ndarray  # [N, max_bytes] uint8
+    actions: np.ndarray  # [N] int64
+    episodes: int
+    successes: int
+    returns: list[float] = field(default_factory=list)
+
+
+def collect_expert_states(make_env: Callable[[], LLMObservationWrapper], episodes: int, seed: int = 0) -> ExpertData:
+    """Roll out ``info["expert_action"]`` for ``episodes`` episodes (seeds ``seed, seed + 1, ...``).
+
+    Args:
+        make_env: builds a wrapped choice env (:class:`LLMObservationWrapper` outermost).
+
+    Raises:
+        ValueError: the env has no expert at some step (``info["expert_action"]`` missing or not admissible).
+    """
+    if episodes < 1:
+        raise ValueError(f"episodes must be >= 1, got episodes={episodes}")
+    env = make_env()
+    obs_rows, actions, returns = [], [], []
+    wins = 0
+    try:
+        for ep in range(episodes):
+            obs, info = env.reset(seed=seed + ep)
+            done, ret = False, 0.0
+            while not done:
+                expert = info.get("expert_action")
+                adm = env.get_wrapper_attr("slot_texts")()
+                if expert is None or expert not in adm:
+                    raise ValueError(f"no admissible expert action at step {info.get('step')} of episode {ep}: "
+                                     f"expert_action={expert!r}")
+                a = adm.index(expert)
+                obs_rows.append(obs)
+                actions.append(a)
+                obs, r, term, trunc, info = env.step(a)
+                ret += float(r)
+                done = term or trunc
+            wins += bool(info.get("won"))
+            returns.append(ret)
+    finally:
+        env.close()
+    return ExpertData(np.stack(obs_rows), np.asarray(actions, dtype=np.int64), episodes, wins, returns)
+
+
+def behaviour_clone(policy, data: ExpertData, epochs: int = 3, batch_size: int = 16, seed: int = 0,
+                    progress: bool = False, on_epoch: Callable[[int, float], None] | None = None) -> list[float]:
+    """Minimise ``-log pi(a* | s)`` over the expert states; returns the mean loss of every epoch.
+
+    The states are scored once by the rollout engine (activations captured), then every epoch runs the learner's
+    forward from those activations. The engine gets the new weights at the end.
+    """
+    if epochs < 1 or batch_size < 1:
+        raise ValueError(f"epochs and batch_size must be >= 1, got epochs={epochs}, batch_size={batch_size}")
+    rng = np.random.default_rng(seed)
+    policy.clear_store()
+    policy.recording = True
+    try:
+        records = [policy.record(row) for row in data.observations]
+    finally:
+        policy.recording = False
+    policy.set_training_mode(True)
+    losses: list[float] = []
+    it = range(epochs)
+    if progress:
+        from tqdm.auto import tqdm
+
+        it = tqdm(it, desc="BC epochs")
+    for epoch in it:
+        order = rng.permutation(len(records))
+        total = 0.0
+        for lo in range(0, len(order), batch_size):
+            idx = order[lo : lo + batch_size]
+            loss = torch.stack([-policy.learner_scores(records[i])[0][int(data.actions[i])] for i in idx]).mean()
+            policy.optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(list(policy.parameters()), 1.0)
+            policy.optimizer.step()
+            total += float(loss) * len(idx)
+        losses.append(total / len(order))
+        if on_epoch is not None:
+            on_epoch(epoch, losses[-1])
+        log.info("BC epoch %d: loss %.4f", epoch, losses[-1])
+    policy.set_training_mode(False)
+    policy.sync_engine()
+    policy.clear_store()
+    return losses

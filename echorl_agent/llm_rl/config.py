@@ -1,0 +1,110 @@
+"""Configuration of the LLM policies (:class:`~echorl_agent.llm_rl.policy.LLMPolicy`, GRPO)."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from typing import Any
+
+from echorl_agent.config import PlanningConfig
+
+__all__ = ["LLMPolicyConfig", "LORA_TARGETS"]
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The linear layers of a Llama-family decoder layer (every one can carry a LoRA adapter)."""
+
+
+@dataclass
+class LLMPolicyConfig:
+    """What is trained and how the LLM policy scores actions.
+
+    Pass the fields through ``policy_kwargs`` (``EchoPPO("LLMPolicy", env, policy_kwargs={"lora_rank": 8})``).
+    """
+
+    model: str = "smollm2-135m"
+    """The LM: ``"smollm2-135m"`` (embedded), an HF id or a local folder (Llama/Mistral/Qwen2 layouts)."""
+    train_layers: int = 2
+    """k: the top k decoder layers hold the trainable parameters; layers below are frozen, so the learner starts
+    from the activations the rollout engine captured at layer L - k (exact reuse). Use the model's layer count
+    to train every layer (then nothing is reused)."""
+    lora_rank: int = 8
+    """LoRA rank of the adapters on the top ``train_layers`` layers (peft); 0 = train those layers' full weights."""
+    lora_alpha: float = 16.0
+    """LoRA scaling numerator (peft ``lora_alpha``)."""
+    lora_targets: tuple[str, ...] = LORA_TARGETS
+    """Linear layers that get adapters (names inside a decoder layer)."""
+    length_norm: bool = False
+    """Score an action by its mean token log-probability instead of the sum (long actions are not penalised)."""
+    temperature: float = 1.0
+    """pi(a|s) = softmax(score(a) / temperature) over the admissible actions."""
+    plan_tokens: int = 0
+    """m: soft plan tokens conditioning the LM (EchoRL's tau_t); 0 = no plan (the plain LLM-PPO baseline)."""
+    planning: PlanningConfig = field(default_factory=lambda: PlanningConfig(window=2, kl_coef=0.0))
+    """The plan encoder F_phi over the last ``window + 1`` step features and lambda_KL (``kl_coef``)."""
+    reuse_activations: bool = True
+    """Learner starts from the rollout's captured activations (False: recompute the frozen layers)."""
+    is_truncation: float = 2.0
+    """Cap C of the truncated importance weight min(pi_learner / pi_rollout, C) (rollout/learner mismatch)."""
+    value_hidden: int = 256
+    """Width of the value head (an MLP on the last context token's final hidden state)."""
+    max_kv_tokens: int = 16384
+    """KV pool of the rollout engine in tokens."""
+    prefix_caching: bool = True
+    """Prefix cache of the rollout engine (False: the cache-off baseline)."""
+    show_admissible: bool = True
+    """List the admissible actions in each observation turn (off: shorter prompts when the set never changes)."""
+    system_prompt: str = (
+        "You are an agent in a text game. Reply with the single best action from the admissible actions."
+    )
+    """System message of the chat prompt."""
+    device: str = "auto"
+    """"auto" (CUDA when available), "cpu" or "cuda"."""
+
+    def __post_init__(self) -> None:
+        for name in ("train_layers", "value_hidden", "max_kv_tokens"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {name}={v!r}")
+        for name in ("lora_rank", "plan_tokens"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {name}={v!r}")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got temperature={self.temperature!r}")
+        if not self.is_truncation >= 1.0:
+            raise ValueError(f"is_truncation must be >= 1, got is_truncation={self.is_truncation!r}")
+        self.lora_targets = tuple(self.lora_targets)
+        if not self.lora_targets:
+            raise ValueError(f"lora_targets must name at least one layer, e.g. {LORA_TARGETS}")
+        if isinstance(self.planning, dict):
+            self.planning = PlanningConfig.from_kwargs(self.planning)
+        if self.planning.window is None:
+            self.planning.window = 2
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got device={self.device!r}")
+
+    @classmethod
+    def from_kwargs(cls, config: LLMPolicyConfig | None = None, **kwargs: Any) -> LLMPolicyConfig:
+        """A config from keyword arguments (``policy_kwargs``); unknown names raise ``ValueError`` with a hint."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        planning_names = [f.name for f in dataclasses.fields(PlanningConfig)]
+        base = dataclasses.asdict(config) if config is not None else {}
+        if config is not None:
+            base["planning"] = config.planning
+        plan_over = {}
+        for k, v in kwargs.items():
+            if k in names:
+                base[k] = v
+            elif k in planning_names:
+                plan_over[k] = v
+            else:
+                hint = difflib.get_close_matches(k, names + planning_names, n=1)
+                raise ValueError(f"unknown LLMPolicy option {k!r}" + (f"; did you mean {hint[0]!r}?" if hint else "")
+                                 + f" (options: {', '.join(names)})")
+        planning = base.get("planning")
+        if plan_over or not isinstance(planning, PlanningConfig):
+            defaults = dataclasses.asdict(cls().planning) if planning is None else (
+                dataclasses.asdict(planning) if isinstance(planning, PlanningConfig) else dict(planning))
+            base["planning"] = PlanningConfig.from_kwargs({**defaults, **plan_over})
+        return cls(**base)

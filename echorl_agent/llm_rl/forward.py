@@ -1,0 +1,168 @@
+"""The learner's forward: one prompt and all its candidate actions in one packed sequence, from any layer up.
+
+For a context ``C`` (prompt tokens, then optional soft plan tokens; ``P`` rows) and candidates ``a_1..a_N`` the
+packed sequence is ``[C, a_1, ..., a_N]``; candidate ``a_i`` sits at positions ``P .. P + |a_i| - 1`` and attends to
+all of ``C`` and to its own earlier tokens (a block mask, as lamorel's ``pre_encode_inputs`` but in one pass). Every
+token of ``C`` is computed once however many candidates there are.
+
+The forward can start at any layer ``b``: given the activations entering layer ``b`` (the rollout engine captured
+them, see :meth:`echorl_agent.llm.runner.ModelRunner.enable_capture`) only layers ``b..L-1`` run -- with gradients
+when they hold the trainable parameters (LoRA adapters or unfrozen top layers) -- so the frozen layers below are
+never recomputed by the learner. The arithmetic is the HF modules' own (RMSNorm, projections incl. peft's LoRA
+wrappers, rotary embedding, MLP); attention is ``scaled_dot_product_attention`` with the block mask.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["DecoderParts", "PackedBatch", "pack", "causal", "run_layers", "candidate_logprobs", "token_logprobs"]
+
+
+@dataclass
+class DecoderParts:
+    """The modules of a Llama-family causal LM the packed forward needs (works through a peft wrapper)."""
+
+    embed: torch.nn.Module
+    layers: list[torch.nn.Module]
+    norm: torch.nn.Module
+    rotary: torch.nn.Module
+    lm_head: torch.nn.Module
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> DecoderParts:
+        """Find the parts in an HF ``*ForCausalLM`` or a peft model wrapping one."""
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft: the wrapped HF model
+        cfg = base.config
+        inner = base.model
+        return cls(
+            embed=inner.embed_tokens, layers=list(inner.layers), norm=inner.norm, rotary=inner.rotary_emb,
+            lm_head=base.lm_head, num_heads=cfg.num_attention_heads,
+            num_kv_heads=getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads,
+            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+        )
+
+
+@dataclass
+class PackedBatch:
+    """Positions, attention mask and row indices of one packed ``[context, candidates...]`` sequence."""
+
+    positions: torch.Tensor  # [T]
+    mask: torch.Tensor  # [T, T] bool, True = may attend
+    context_len: int
+    cand_spans: list[tuple[int, int]]  # rows of each candidate in the packed sequence
+    cand_ids: list[list[int]]
+
+
+def pack(context_len: int, cand_ids: Sequence[Sequence[int]], device: torch.device | str = "cpu") -> PackedBatch:
+    """Build the block mask and positions for a context of ``context_len`` rows and the candidates."""
+    spans, pos = [], list(range(context_len))
+    row = context_len
+    for c in cand_ids:
+        spans.append((row, row + len(c)))
+        pos.extend(range(context_len, context_len + len(c)))
+        row += len(c)
+    t = row
+    mask = torch.zeros(t, t, dtype=torch.bool)
+    mask[:, :context_len] = True
+    mask[:context_len, :context_len] = torch.ones(context_len, context_len, dtype=torch.bool).tril()
+    for lo, hi in spans:
+        mask[lo:hi, lo:hi] = torch.ones(hi - lo, hi - lo, dtype=torch.bool).tril()
+    return PackedBatch(torch.tensor(pos, device=device), mask.to(device), context_len, spans,
+                       [list(c) for c in cand_ids])
+
+
+def _apply_rope(layer: torch.nn.Module):
+    return importlib.import_module(type(layer.self_attn).__module__).apply_rotary_pos_emb
+
+
+def run_layers(parts: DecoderParts, x: torch.Tensor, batch: PackedBatch, start: int, stop: int,
+               inject: dict[int, tuple[int, torch.Tensor]] | None = None) -> torch.Tensor:
+    """Run decoder layers ``start..stop-1`` on the packed rows ``x`` ``[T, hidden]``.
+
+    Args:
+        inject: ``{layer: (row, embeds [m, hidden])}`` -- ``embeds`` is added to rows ``row..row+m-1`` entering
+            ``layer`` (the soft plan tokens; differentiable).
+    """
+    inject = inject or {}
+    if not parts.layers[start:stop]:
+        return x
+    cos, sin = parts.rotary(x, batch.positions[None, :])
+    cos, sin = cos[0], sin[0]
+    rope = _apply_rope(parts.layers[0])
+    n, hq, hkv, d = x.shape[0], parts.num_heads, parts.num_kv_heads, parts.head_dim
+    for li in range(start, stop):
+        if li in inject:
+            row, e = inject[li]
+            x = torch.cat([x[:row], x[row : row + e.shape[0]] + e.to(x.dtype), x[row + e.shape[0]:]], dim=0)
+        layer = parts.layers[li]
+        attn = layer.self_attn
+        h = layer.input_layernorm(x)
+        q = attn.q_proj(h).view(n, hq, d)
+        k = attn.k_proj(h).view(n, hkv, d)
+        v = attn.v_proj(h).view(n, hkv, d)
+        q, k = rope(q, k, cos, sin, unsqueeze_dim=1)
+        rep = hq // hkv
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+        o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                           attn_mask=batch.mask)  # [H, T, D]
+        x = x + attn.o_proj(o.transpose(0, 1).reshape(n, hq * d))
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return x
+
+
+def candidate_logprobs(parts: DecoderParts, x: torch.Tensor, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum of token log-probabilities of each candidate, and the final hidden state of the last context row.
+
+    Args:
+        x: the packed rows after the last layer ``[T, hidden]`` (before the final norm).
+
+    Returns:
+        ``(logprobs [N], context_hidden [hidden])`` -- ``context_hidden`` is the normed last context row (the value
+        head's input; it predicts every candidate's first token).
+    """
+    p = batch.context_len
+    rows = [p - 1]
+    targets = []
+    owners = []
+    for i, ((lo, hi), ids) in enumerate(zip(batch.cand_spans, batch.cand_ids, strict=True)):
+        # logits predicting ids[0] come from the last context row; ids[j] (j >= 1) from row lo + j - 1
+        rows.extend(range(lo, hi - 1))
+        targets.extend(ids)
+        owners.extend([i] * len(ids))
+    hidden = parts.norm(x[torch.tensor(rows, device=x.device)])
+    ctx_h = hidden[0]
+    # row order: [ctx, c0[0..n0-2], c1[...]] ; target order: [c0[0], c0[1..], c1[0], ...]
+    src = []
+    k = 1
+    for lo, hi in batch.cand_spans:
+        src.append(0)
+        src.extend(range(k, k + (hi - lo - 1)))
+        k += hi - lo - 1
+    logits = parts.lm_head(hidden[torch.tensor(src, device=x.device)]).float()
+    lp = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(targets, device=x.device)[:, None])[:, 0]
+    out = torch.zeros(len(batch.cand_ids), dtype=lp.dtype, device=x.device)
+    out = out.index_add(0, torch.tensor(owners, device=x.device), lp)
+    return out, ctx_h
+
+
+def causal(length: int, device: torch.device | str = "cpu") -> PackedBatch:
+    """A plain causal sequence of ``length`` rows (no candidates), e.g. prompt + completion for GRPO."""
+    return pack(length, [], device)
+
+
+def token_logprobs(parts: DecoderParts, x: torch.Tensor, start: int, targets: Sequence[int]) -> torch.Tensor:
+    """Log-probabilities of ``targets`` where row ``start + j`` predicts ``targets[j]`` (``x`` after the last
+    layer, before the final norm)."""
+    rows = torch.arange(start, start + len(targets), device=x.device)
+    logits = parts.lm_head(parts.norm(x[rows])).float()
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(list(targets), device=x.device)[:, None])[:, 0]

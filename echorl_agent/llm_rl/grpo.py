@@ -1,0 +1,245 @@
+"""GRPO for free-text envs (Arithmetic, GSM8K, Game24, CRUXEval, ARC): a token-level LLM policy on the env's reward.
+
+Per step: ``prompts_per_step`` tasks (env resets), each answered ``group_size`` times by the rollout engine at
+temperature 1. The group shares the prompt's KV: the prompt is prefilled once and its blocks are served from the
+prefix cache to every sample. Each completion is judged by the env itself (a fresh reset of the same task, one
+``step``), the advantage is the group-normalised reward ``(r - mean) / (std + eps)`` (GRPO, Shao et al. 2024), and the
+learner maximises the clipped token-level surrogate with truncated importance weights
+``min(pi_learner_old / pi_rollout, C)`` -- the same learner/rollout split as :class:`~echorl_agent.llm_rl.ppo.LLMPPO`:
+the learner starts from the activations the engine captured while sampling and runs only the trained top layers.
+Groups whose rewards are all equal carry no signal; their fraction is reported (``frac_zero_std``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from echorl_agent.llm.config import GenerationResult, SamplingParams
+from echorl_agent.llm_rl.config import LLMPolicyConfig
+from echorl_agent.llm_rl.forward import causal, run_layers, token_logprobs
+from echorl_agent.llm_rl.lm import TrainableLM
+
+__all__ = ["GRPOConfig", "GRPOTrainer", "Group"]
+
+log = logging.getLogger(__name__)
+
+ANSWER_SYSTEM = "Solve the problem. Reply with the final answer only."
+
+
+@dataclass
+class GRPOConfig:
+    """Hyperparameters of :class:`GRPOTrainer` (the LM part is an :class:`LLMPolicyConfig`)."""
+
+    env_id: str = "EchoRL/Arithmetic-v0"
+    """A free-text env (or any env: the completion text is the action)."""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    group_size: int = 8
+    """n completions per prompt."""
+    prompts_per_step: int = 4
+    max_tokens: int = 16
+    """Completion budget in tokens."""
+    lr: float = 2e-4
+    clip_range: float = 0.2
+    epochs: int = 1
+    """Gradient passes over each batch of groups."""
+    max_grad_norm: float = 1.0
+    system_prompt: str = ANSWER_SYSTEM
+    seed: int = 0
+    lm: LLMPolicyConfig = field(default_factory=LLMPolicyConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("group_size", "prompts_per_step", "max_tokens", "epochs"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {name}={v!r}")
+        if self.group_size < 2:
+            raise ValueError(f"group_size must be >= 2 (advantages are relative to the group), got {self.group_size}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got lr={self.lr!r}")
+        if isinstance(self.lm, dict):
+            self.lm = LLMPolicyConfig.from_kwargs(**self.lm)
+
+
+@dataclass
+class Group:
+    """One prompt and its sampled completions with their rewards."""
+
+    seed: int
+    prompt: list[int]
+    completions: list[GenerationResult]
+    rewards: np.ndarray
+    texts: list[str]
+
+    @property
+    def advantages(self) -> np.ndarray:
+        r = self.rewards
+        return (r - r.mean()) / (r.std() + 1e-6)
+
+
+class GRPOTrainer:
+    """GRPO on an echorl env with the LM trained through LoRA/top layers (see the module docstring).
+
+    Args:
+        config: hyperparameters.
+        lm: an existing :class:`TrainableLM` (default: built from ``config.lm``).
+    """
+
+    def __init__(self, config: GRPOConfig | None = None, lm: TrainableLM | None = None) -> None:
+        self.cfg = config or GRPOConfig()
+        self.lm = lm or TrainableLM(self.cfg.lm)
+        self.env = gym.make(self.cfg.env_id, **self.cfg.env_kwargs)
+        self.optimizer = torch.optim.Adam(self.lm.trainable_parameters(), lr=self.cfg.lr)
+        self.rng = np.random.default_rng(self.cfg.seed)
+        self.num_steps = 0
+        self.history: list[dict[str, float]] = []
+
+    # ------------------------------------------------------------------ rollouts
+    def prompt_ids(self, seed: int) -> list[int]:
+        obs, _ = self.env.reset(seed=seed)
+        msgs = [{"role": "system", "content": self.cfg.system_prompt}, {"role": "user", "content": obs}]
+        return self.lm.llm.chat_ids(msgs)
+
+    def judge(self, seed: int, text: str) -> float:
+        """The env's reward for answering task ``seed`` with ``text`` (a fresh episode)."""
+        self.env.reset(seed=seed)
+        _, reward, *_ = self.env.step(text)
+        return float(reward)
+
+    def sample_group(self, seed: int, temperature: float = 1.0, n: int | None = None) -> Group:
+        """``n`` completions of task ``seed`` sharing the prompt's KV, judged by the env."""
+        n = n or self.cfg.group_size
+        prompt = self.prompt_ids(seed)
+        eng = self.lm.engine
+        # one group: the prompt is prefilled once and every sample forks its KV (LLMEngine.submit_group)
+        params = SamplingParams(max_tokens=self.cfg.max_tokens, temperature=temperature, logprobs=True,
+                                capture_states=self.lm.capture, seed=int(self.rng.integers(2**31)))
+        outs = [eng.wait(f) for f in eng.submit_group(prompt, params, n)]
+        texts = [o.text for o in outs]
+        rewards = np.array([self.judge(seed, t) for t in texts], dtype=np.float64)
+        return Group(seed, prompt, outs, rewards, texts)
+
+    # ------------------------------------------------------------------ learner
+    def completion_logprobs(self, prompt: list[int], out: GenerationResult) -> torch.Tensor:
+        """Learner log-probabilities of the completion tokens (differentiable)."""
+        lm, parts, b = self.lm, self.lm.parts, self.lm.boundary
+        tokens = prompt + list(out.token_ids)
+        batch = causal(len(tokens) - 1, lm.device)
+        if out.states is not None and out.states.shape[0] == len(tokens) - 1:
+            x = out.states.to(lm.device)
+        else:
+            with torch.no_grad():
+                x = run_layers(parts, parts.embed(torch.tensor(tokens[:-1], device=lm.device)), batch, 0, b)
+        x = run_layers(parts, x, batch, b, lm.num_layers)
+        return token_logprobs(parts, x, len(prompt) - 1, out.token_ids)
+
+    def update(self, groups: list[Group]) -> dict[str, float]:
+        """One GRPO update over ``groups``; returns statistics."""
+        items = []
+        zero = 0
+        for g in groups:
+            adv = g.advantages
+            if np.allclose(g.rewards, g.rewards[0]):
+                zero += 1
+                continue
+            for out, a in zip(g.completions, adv, strict=True):
+                if out.token_ids:
+                    items.append((g.prompt, out, float(a)))
+        stats = {"reward_mean": float(np.mean([g.rewards.mean() for g in groups])),
+                 "frac_zero_std": zero / len(groups), "num_samples": float(len(items))}
+        if not items:
+            return {**stats, "loss": 0.0, "is_weight_mean": 1.0}
+        with torch.no_grad():
+            olds = [self.completion_logprobs(p, o).detach() for p, o, _ in items]
+        weights = [torch.exp(old - torch.tensor(o.logprobs, dtype=old.dtype)).clamp(max=self.cfg.lm.is_truncation)
+                   for old, (_, o, _) in zip(olds, items, strict=True)]
+        eps = self.cfg.clip_range
+        losses = []
+        for _ in range(self.cfg.epochs):
+            self.optimizer.zero_grad()
+            total = 0.0
+            for (p, o, a), old, w in zip(items, olds, weights, strict=True):
+                new = self.completion_logprobs(p, o)
+                ratio = torch.exp(new - old)
+                surrogate = torch.min(ratio * a, ratio.clamp(1 - eps, 1 + eps) * a)
+                loss = -(w * surrogate).mean() / len(items)
+                loss.backward()
+                total += float(loss)
+            torch.nn.utils.clip_grad_norm_(self.lm.trainable_parameters(), self.cfg.max_grad_norm)
+            self.optimizer.step()
+            losses.append(total)
+        self.lm.sync()
+        return {**stats, "loss": float(np.mean(losses)),
+                "is_weight_mean": float(torch.cat(weights).mean())}
+
+    def warm_start(self, seeds: list[int], epochs: int = 2, batch_size: int = 8) -> list[float]:
+        """Supervised warm start on the env's oracle answers (``info["expert_action"]``); mean loss per epoch.
+
+        A 135M model rarely answers right at temperature 1, so GRPO groups start with zero reward variance; a few
+        oracle answers (SFT, as TRL users do before GRPO) give the groups signal.
+        """
+        data = []
+        for s in seeds:
+            _, info = self.env.reset(seed=s)
+            answer = info.get("expert_action")
+            if answer is None:
+                raise ValueError(f"{self.cfg.env_id} has no oracle answer (info['expert_action']) for warm_start")
+            ids = self.lm.llm.encode(str(answer)) + self.lm.llm.eos_token_ids[:1]
+            data.append((self.prompt_ids(s), ids))
+        losses = []
+        for _ in range(epochs):
+            order = self.rng.permutation(len(data))
+            total = 0.0
+            for lo in range(0, len(order), batch_size):
+                self.optimizer.zero_grad()
+                batch = [data[i] for i in order[lo : lo + batch_size]]
+                for prompt, ids in batch:
+                    out = GenerationResult(0, prompt, ids, "", "stop", 0, 0)
+                    loss = -self.completion_logprobs(prompt, out).mean() / len(batch)
+                    loss.backward()
+                    total += float(loss) * len(batch)
+                torch.nn.utils.clip_grad_norm_(self.lm.trainable_parameters(), self.cfg.max_grad_norm)
+                self.optimizer.step()
+            losses.append(total / len(data))
+        self.lm.sync()
+        return losses
+
+    def step(self) -> dict[str, float]:
+        """Sample ``prompts_per_step`` groups, update, push the weights to the engine."""
+        seeds = [int(s) for s in self.rng.integers(0, 2**31 - 1, size=self.cfg.prompts_per_step)]
+        groups = [self.sample_group(s) for s in seeds]
+        stats = self.update(groups)
+        self.num_steps += 1
+        stats["step"] = float(self.num_steps)
+        self.history.append(stats)
+        return stats
+
+    def train(self, steps: int, progress: bool = False) -> list[dict[str, float]]:
+        it = range(steps)
+        if progress:
+            from tqdm.auto import tqdm
+
+            it = tqdm(it, desc="GRPO steps")
+        for _ in it:
+            s = self.step()
+            log.info("GRPO step %d: reward %.3f, zero-std groups %.2f", s["step"], s["reward_mean"], s["frac_zero_std"])
+        return self.history
+
+    def evaluate(self, seeds: list[int], temperature: float = 0.0) -> np.ndarray:
+        """Success (reward > 0) of one completion per task ``seed`` (greedy with ``temperature=0``)."""
+        wins = []
+        for s in seeds:
+            prompt = self.prompt_ids(s)
+            out = self.lm.engine.generate([prompt], SamplingParams(max_tokens=self.cfg.max_tokens,
+                                                                   temperature=temperature, seed=s))[0]
+            wins.append(self.judge(s, out.text) > 0)
+        return np.asarray(wins, dtype=bool)
+
+    def config_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self.cfg)

@@ -1,0 +1,278 @@
+"""The LM learning by RL: LLMPolicy / LLMPPO, BC, GRPO, weight sync (issue: the LLM learns).
+
+One real SmolLM2-135M learner + rollout engine is shared by the module (loading takes seconds); tests that train
+restore the adapter weights they started from.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("peft")
+pytest.importorskip("transformers")
+
+import echorl_envs  # noqa: E402,F401
+from echorl_envs.wrappers.llm import LLMObservationWrapper, decode_llm_obs  # noqa: E402
+
+ENV = "EchoRL/MiniGrid-Empty-5x5-v0"
+
+
+@pytest.fixture(scope="module")
+def lm():
+    torch.set_num_threads(1)
+    from echorl_agent.llm_rl.config import LLMPolicyConfig
+    from echorl_agent.llm_rl.lm import TrainableLM
+
+    try:
+        return TrainableLM(LLMPolicyConfig(lora_rank=4, train_layers=2, max_kv_tokens=4096))
+    except ValueError as e:  # the embedded model's wheel is missing
+        pytest.skip(str(e))
+
+
+def make_env(history: int = 1, steps: int = 12) -> LLMObservationWrapper:
+    return LLMObservationWrapper(gym.make(ENV, max_episode_steps=steps), history=history, max_actions=8)
+
+
+def make_policy(lm, **kw):
+    from stable_baselines3.common.utils import ConstantSchedule
+
+    from echorl_agent.llm_rl.policy import LLMPolicy
+
+    env = make_env()
+    return LLMPolicy(env.observation_space, env.action_space, ConstantSchedule(1e-3), lm=lm, **kw), env
+
+
+@pytest.fixture()
+def fresh(lm):
+    """Restore the adapters (and the engine's weights) after a test that trains."""
+    state = lm.trainable_state()
+    yield lm
+    lm.load_trainable_state(state)
+
+
+def hf_action_logprobs(model, llm, prompt, cands):
+    out = []
+    with torch.no_grad():
+        for c in cands:
+            logits = model(torch.tensor([prompt + c])).logits[0].float()
+            lp = torch.log_softmax(logits, -1)
+            out.append(sum(float(lp[len(prompt) - 1 + j, t]) for j, t in enumerate(c)))
+    return torch.log_softmax(torch.tensor(out, dtype=torch.float64), -1)
+
+
+def test_action_logprobs_equal_a_full_hf_forward(lm):
+    policy, env = make_policy(lm)
+    obs, _ = env.reset(seed=0)
+    obs, *_ = env.step(2)  # one step of history in the prompt
+    rec = policy.record(obs)
+    state = decode_llm_obs(obs)
+    assert len(rec.cands) == len(state["admissible"]) == 7
+    ref = hf_action_logprobs(lm.model, lm.llm, rec.context, rec.cands)
+    torch.testing.assert_close(rec.rollout_logp.double(), ref, atol=1e-4, rtol=0)  # the engine (rollout)
+    learner, value, _ = policy.learner_scores(rec)  # the learner, from the captured activations
+    torch.testing.assert_close(learner.double(), ref, atol=1e-4, rtol=0)
+    assert rec.context_states is not None and rec.context_states.shape == (len(rec.context), 576)
+    # the same learner forward without the captured activations (frozen layers recomputed) agrees
+    rec2 = type(rec)(**{**rec.__dict__, "context_states": None, "cand_states": None})
+    torch.testing.assert_close(policy.learner_scores(rec2)[0], learner, atol=1e-5, rtol=0)
+    assert abs(float(value.detach()) - rec.value) < 1e-4
+
+
+def test_length_norm_and_temperature_change_the_distribution(lm):
+    p1, env = make_policy(lm)
+    p2, _ = make_policy(lm, length_norm=True, temperature=2.0)
+    obs, _ = env.reset(seed=0)
+    r1, r2 = p1.record(obs), p2.record(obs)
+    scores = torch.tensor(lm.engine.score(r1.context, r1.cands).logprobs, dtype=torch.float64)  # sums of log p
+    lens = torch.tensor([len(c) for c in r1.cands], dtype=torch.float64)
+    torch.testing.assert_close(r1.rollout_logp.double(), torch.log_softmax(scores, -1), atol=1e-5, rtol=0)
+    torch.testing.assert_close(r2.rollout_logp.double(), torch.log_softmax(scores / lens / 2.0, -1), atol=1e-5, rtol=0)
+
+
+def test_stale_prefix_is_never_reused_after_a_weight_update(fresh):
+    lm = fresh
+    eng = lm.engine
+    prompt = lm.llm.chat_ids([{"role": "user", "content": "Go to the green goal square. " * 4}])
+    cands = [lm.llm.encode(a) for a in ("turn left", "go forward")]
+    before = eng.score(prompt, cands)
+    again = eng.score(prompt, cands)
+    assert again.logprobs == before.logprobs
+    assert again.num_cached_tokens > before.num_cached_tokens  # the prompt's blocks were reused
+    v0 = eng.weight_version
+    for p in lm.trainable_parameters():  # move the adapters, push them to the engine
+        p.data.add_(0.05 * torch.randn_like(p))
+    assert lm.sync() == v0 + 1
+    after = eng.score(prompt, cands)
+    # nothing of the old KV is served: every prompt token was recomputed with the new weights
+    assert after.num_cached_tokens - len(prompt) * len(cands) == 0
+    assert after.logprobs != before.logprobs
+    # and the result is what the learner's (merged) weights give from scratch
+    ref = []
+    with torch.no_grad():
+        for c in cands:
+            lp = torch.log_softmax(lm.model(torch.tensor([prompt + c])).logits[0].float(), -1)
+            ref.append(sum(float(lp[len(prompt) - 1 + j, t]) for j, t in enumerate(c)))
+    np.testing.assert_allclose(after.logprobs, ref, atol=1e-3)
+
+
+def test_ppo_ratio_is_exactly_one_on_the_first_minibatch(fresh):
+    policy, env = make_policy(fresh)
+    policy.recording = True
+    obs, _ = env.reset(seed=1)
+    rows, acts = [], []
+    for _ in range(3):
+        a, _, _ = policy(torch.as_tensor(obs[None]))
+        rows.append(obs)
+        acts.append(int(a))
+        obs, *_ = env.step(int(a))
+    o, a = torch.as_tensor(np.stack(rows)), torch.tensor(acts)
+    old, w = policy.refresh_old_log_prob(o, a)
+    _, new, _, _ = policy.evaluate_actions_and_plans(o, a)
+    assert torch.equal(torch.exp(new - old), torch.ones(3))
+    # the truncated IS weights pi_learner / pi_rollout are ~1 (same weights, other kernels) and capped at C
+    assert torch.all((w - 1).abs() < 1e-3) and torch.all(w <= policy.cfg.is_truncation)
+
+
+def test_plan_kl_zero_for_identical_plans_and_hand_computed_otherwise(fresh):
+    from echorl_agent.llm_rl.plan import gaussian_kl
+
+    policy, env = make_policy(fresh, plan_tokens=2, latent_dim=4, kl_coef=0.1, window=1)
+    same = torch.ones(1, 3, 576)  # the plan of (s1, s2) and of (s0, s1) see identical frames
+    mu, ls, mu_p, ls_p = policy.plan.plans(same)
+    assert float(gaussian_kl(mu, ls, mu_p, ls_p)) == 0.0
+    a = (torch.tensor([[0.5, -1.0]]), torch.tensor([[0.0, 0.2]]), torch.tensor([[0.0, 0.0]]), torch.tensor([[0.1, 0.0]]))
+    hand = sum(lq - lp + (np.exp(2 * lp) + (m - mq) ** 2) / (2 * np.exp(2 * lq)) - 0.5
+               for m, lp, mq, lq in [(0.5, 0.0, 0.0, 0.1), (-1.0, 0.2, 0.0, 0.0)])
+    assert abs(float(gaussian_kl(*a)) - hand) < 1e-6
+    # the plan's soft tokens sit after the prompt: a zero-initialised projection leaves pi unchanged at first
+    obs, _ = env.reset(seed=0)
+    rec = policy.record(obs)
+    assert len(rec.context) == rec.num_prompt + 2 and rec.window.shape == (3, 576)
+    logp, _, plans = policy.learner_scores(rec)
+    torch.testing.assert_close(logp, rec.rollout_logp, atol=1e-4, rtol=0)
+    with torch.no_grad():
+        policy.plan.proj.weight.normal_(0, 0.5)
+    moved = policy.learner_scores(rec)[0]
+    assert not torch.allclose(moved, logp, atol=1e-3)  # the plan conditions the LM
+
+
+def test_lora_adapter_reloads_on_a_plain_hf_model(fresh, tmp_path):
+    from peft import PeftModel
+
+    from echorl_agent.llm.models import load_model
+
+    lm = fresh
+    for p in lm.trainable_parameters():
+        p.data.add_(0.05 * torch.randn_like(p))
+    lm.sync()
+    policy, env = make_policy(lm)
+    obs, _ = env.reset(seed=0)
+    rec = policy.record(obs)
+    path = lm.save_adapter(tmp_path / "adapter")
+    assert (path / "adapter_config.json").exists()
+    plain = load_model("smollm2-135m").model
+    reloaded = PeftModel.from_pretrained(plain, str(path))
+    ref = hf_action_logprobs(reloaded, lm.llm, rec.context, rec.cands)
+    torch.testing.assert_close(rec.rollout_logp.double(), ref, atol=1e-4, rtol=0)
+
+
+def test_behaviour_cloning_overfits_a_fixed_batch(fresh):
+    from echorl_agent.llm_rl.bc import collect_expert_states, behaviour_clone
+
+    policy, _ = make_policy(fresh)
+    data = collect_expert_states(lambda: make_env(history=0), episodes=1, seed=0)
+    assert data.successes == 1 and len(data.actions) >= 4
+    v0 = fresh.engine.weight_version
+    losses = behaviour_clone(policy, data, epochs=10, batch_size=len(data.actions))
+    assert losses[-1] < 0.5 * losses[0]
+    assert fresh.engine.weight_version > v0  # the engine runs the cloned weights
+    rec = policy.record(data.observations[0])
+    assert int(torch.argmax(rec.rollout_logp)) == int(data.actions[0])
+
+
+def test_bad_input_names_the_field(lm):
+    from echorl_agent.llm_rl.config import LLMPolicyConfig
+    from echorl_agent.llm_rl.lm import TrainableLM
+
+    with pytest.raises(ValueError, match="lora_targets.*qkv_proj.*linear layers"):
+        TrainableLM(LLMPolicyConfig(lora_targets=("qkv_proj",)), llm=lm.llm)
+    with pytest.raises(ValueError, match="unknown LLMPolicy option 'lora_rnak'.*lora_rank"):
+        LLMPolicyConfig.from_kwargs(lora_rnak=4)
+    with pytest.raises(ValueError, match="train_layers"):
+        LLMPolicyConfig(train_layers=0)
+    with pytest.raises(ValueError, match="admissible"):
+        LLMObservationWrapper(gym.make("EchoRL/Arithmetic-v0")).reset(seed=0)
+
+
+def test_grpo_group_shares_the_prompt_kv_and_update_moves_the_engine(fresh):
+    from echorl_agent.llm_rl.grpo import GRPOConfig, GRPOTrainer
+
+    cfg = GRPOConfig(env_kwargs={"dataset_kwargs": {"min_terms": 2, "max_terms": 2, "min_digits": 1,
+                                                    "max_digits": 1}, "max_attempts": 1},
+                     group_size=4, prompts_per_step=1, max_tokens=4, lm=fresh.cfg)
+    tr = GRPOTrainer(cfg, lm=fresh)
+    losses = tr.warm_start(list(range(8)), epochs=2, batch_size=8)
+    assert losses[1] < losses[0]
+    stats = fresh.engine.stats
+    computed = stats.num_computed_tokens
+    g = tr.sample_group(seed=3)
+    prompt_len = len(g.prompt)
+    assert stats.num_computed_tokens - computed <= prompt_len  # prefilled once for the 4 samples
+    assert all(o.states is not None and o.states.shape[0] == prompt_len + len(o.token_ids) - 1
+               for o in g.completions)
+    # learner log-probs from the captured activations equal the engine's sampling log-probs
+    for o in g.completions:
+        lp = tr.completion_logprobs(g.prompt, o)
+        np.testing.assert_allclose(lp.detach().numpy(), o.logprobs, atol=1e-4)
+    g.rewards = np.array([1.0, 0.0, 0.0, 1.0])
+    v0 = fresh.engine.weight_version
+    s = tr.update([g])
+    assert s["num_samples"] == 4 and s["frac_zero_std"] == 0.0 and abs(s["is_weight_mean"] - 1) < 1e-3
+    assert fresh.engine.weight_version == v0 + 1
+
+
+@pytest.mark.slow
+def test_echoppo_llm_policy_learns_end_to_end_and_round_trips(fresh, tmp_path):
+    from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from echorl_agent import EchoPPO
+    from echorl_agent.llm_rl.ppo import LLMPPO
+
+    vec = DummyVecEnv([lambda: make_env(history=1, steps=6)])
+    model = EchoPPO("LLMPolicy", vec, n_steps=6, batch_size=3, n_epochs=1, seed=0,
+                    policy_kwargs={"lm": fresh, "plan_tokens": 1, "latent_dim": 4, "kl_coef": 0.01})
+    assert isinstance(model, LLMPPO)
+    v0 = fresh.engine.weight_version
+    model.learn(6)
+    logged = model.logger.name_to_value
+    for key in ("train/plan_kl", "train/is_weight_mean", "train/policy_gradient_loss", "train/weight_version"):
+        assert key in logged
+    assert fresh.engine.weight_version > v0
+    obs = vec.reset()
+    a1, _ = model.predict(obs, deterministic=True)
+    mean, _ = evaluate_policy(model, vec, n_eval_episodes=1, deterministic=True)
+    assert 0.0 <= mean <= 1.0
+    rec = model.policy.record(obs[0])
+    model.save(tmp_path / "m.zip")
+    loaded = EchoPPO.load(tmp_path / "m.zip", custom_objects={"policy_kwargs": {"lm": fresh, "plan_tokens": 1,
+                                                                                  "latent_dim": 4}})
+    rec2 = loaded.policy.record(obs[0])
+    torch.testing.assert_close(rec2.rollout_logp, rec.rollout_logp, atol=1e-5, rtol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (bf16 learner and engine)")
+def test_cuda_bf16_policy_matches_hf():
+    from echorl_agent.llm_rl.config import LLMPolicyConfig
+    from echorl_agent.llm_rl.lm import TrainableLM
+
+    lm = TrainableLM(LLMPolicyConfig(device="cuda"))
+    assert next(lm.model.parameters()).dtype == torch.bfloat16
+    policy, env = make_policy(lm)
+    obs, _ = env.reset(seed=0)
+    rec = policy.record(obs)
+    logp, _, _ = policy.learner_scores(rec)
+    torch.testing.assert_close(logp.cpu(), rec.rollout_logp.cpu(), atol=5e-2, rtol=0)
