@@ -98,6 +98,7 @@ def soak_one(env_id: str, seconds: float, seed: int) -> dict[str, Any]:
     steps, episodes, wins = Counter(), Counter(), Counter()
     errors: Counter[str] = Counter()
     no_expert = 0
+    expert_miss: str | None = None  # the feedback of the first expert episode that was not won (a diagnostic)
     agent_i = 0
     while time.perf_counter() - t0 < seconds:
         agent = ("random", "expert")[agent_i % 2]
@@ -116,7 +117,7 @@ def soak_one(env_id: str, seconds: float, seed: int) -> dict[str, Any]:
             if action is None:
                 action = _random_action(rng, info)
             try:
-                _, _, term, trunc, info = env.step(action)
+                obs, _, term, trunc, info = env.step(action)
             except Exception as e:  # noqa: BLE001
                 errors[f"step {type(e).__name__}: {str(e)[:60]}"] += 1
                 break
@@ -124,6 +125,8 @@ def soak_one(env_id: str, seconds: float, seed: int) -> dict[str, Any]:
             done = term or trunc
             if done and info.get("won"):
                 wins[agent] += 1
+            elif done and agent == "expert" and expert_miss is None:
+                expert_miss = str(obs)[:300]
             if quarter is None and time.perf_counter() - t0 >= seconds / 4:
                 quarter = _usage()
     end = _usage()
@@ -132,6 +135,7 @@ def soak_one(env_id: str, seconds: float, seed: int) -> dict[str, Any]:
     return {
         "id": env_id, "seconds": time.perf_counter() - t0, "steps": dict(steps), "episodes": dict(episodes),
         "wins": dict(wins), "errors": dict(errors), "expert_missing_steps": no_expert,
+        "expert_miss_example": expert_miss,
         "start": start, "quarter": quarter or end, "end": end, "after_close": closed,
     }
 
