@@ -227,3 +227,24 @@ def test_soak_harness_counts_steps_and_resources():
     assert r["steps"]["random"] > 0 and r["steps"]["expert"] > 0 and r["errors"] == {}
     assert r["wins"]["expert"] == r["episodes"]["expert"] or r["wins"]["expert"] == r["episodes"]["expert"] - 1
     assert r["start"]["fds"] > 0 and r["end"]["rss_mb"] > 0
+
+
+@pytest.mark.slow
+def test_engine_process_does_not_outlive_a_killed_vector_worker():
+    psutil = pytest.importorskip("psutil")
+    import echorl_envs  # noqa: F401  (registers the ids)
+
+    venv = RobustAsyncVectorEnv([lambda: gym.make("EchoRL/TextWorld-CoinCollector-v0", num_games=1)] * 2,
+                                shared_memory=False)
+    try:
+        _, infos = venv.reset(seed=[0, 1])
+        worker = psutil.Process(venv.processes[0].pid)
+        engines = worker.children()
+        assert len(engines) == 1  # the worker's TextWorld engine process
+        worker.kill()
+        _, _, _, trunc, info = venv.step(tuple(a[0] for a in infos["admissible_actions"]))
+        assert trunc[0] and "died" in info["error"][0]
+        gone, alive = psutil.wait_procs(engines, timeout=10)
+        assert not alive, "the engine process outlived its killed worker"
+    finally:
+        venv.close()
