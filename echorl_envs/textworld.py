@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from echorl_envs.alfworld.games import cache_root
-from echorl_envs.core import EngineError, EngineProcess, ReplayPickledEnv, Transition, timeout_transition
+from echorl_envs.core import EngineError, EngineHost, ReplayPickledEnv, Transition, timeout_transition
 
 __all__ = ["TextWorldEnv", "CHALLENGE_SETTINGS", "generate_textworld_game"]
 
@@ -185,9 +185,9 @@ class TextWorldEnv(ReplayPickledEnv):
         split: ``"train"`` or ``"eval"``.
         num_games: size of the pool (games are generated on first use).
         cache_dir: where compiled games are cached (default ``$ECHORL_CACHE_DIR`` or the user cache dir).
-        step_timeout: seconds one engine step may take; the engine then runs in its own process
-            (:class:`~echorl_envs.core.EngineProcess`), killed when a call exceeds it. None runs the engine in
-            this process without a timeout.
+        step_timeout: seconds one engine step may take before it is abandoned (:class:`~echorl_envs.core.
+            EngineHost`: after that the engine runs in a child process that is killed on a timeout); None calls
+            the engine directly, without a timeout.
         reset_timeout: the same for a reset, which may load and compile a new game (used unless
             ``step_timeout`` is None).
     """
@@ -210,7 +210,7 @@ class TextWorldEnv(ReplayPickledEnv):
         self._ctor = dict(challenge=challenge, difficulty=difficulty, challenge_args=challenge_args, split=split,
                           num_games=num_games, cache_dir=cache_dir, render_mode=render_mode,
                           step_timeout=step_timeout, reset_timeout=reset_timeout)
-        self._host = EngineProcess(_TextWorldEngine, step_timeout, name="echorl-textworld-engine")
+        self._host = EngineHost(_TextWorldEngine, step_timeout, name="echorl-textworld-engine")
         self._reset_timeout = reset_timeout
         if challenge not in CHALLENGE_SETTINGS:
             hint = difflib.get_close_matches(challenge, CHALLENGE_SETTINGS, n=1)

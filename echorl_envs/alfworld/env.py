@@ -14,7 +14,7 @@ from echorl_envs.alfworld.engine import AlfredEngine
 from echorl_envs.alfworld.games import GeneratedPool, find_games, normalize_split
 from echorl_envs.alfworld.generator import DIFFICULTIES, GeneratorConfig
 from echorl_envs.alfworld.scenes import TASK_TYPES
-from echorl_envs.core import EngineError, EngineProcess, ReplayPickledEnv, Transition, timeout_transition
+from echorl_envs.core import EngineError, EngineHost, ReplayPickledEnv, Transition, timeout_transition
 
 __all__ = ["ALFWorldEnv", "resolve_task_types"]
 
@@ -97,9 +97,9 @@ class ALFWorldEnv(ReplayPickledEnv):
         data_path: downloaded ALFWorld data root; when set, games are discovered there instead of generated.
         cache_dir: where generated games are cached.
         expert: compute ``info["expert_action"]`` (about doubles the cost of a step).
-        step_timeout: seconds one engine step may take; the engine then runs in its own process
-            (:class:`~echorl_envs.core.EngineProcess`), killed when a call exceeds it. None runs the engine in
-            this process without a timeout.
+        step_timeout: seconds one engine step may take before it is abandoned (:class:`~echorl_envs.core.
+            EngineHost`: after that the engine runs in a child process that is killed on a timeout); None calls
+            the engine directly, without a timeout.
         reset_timeout: the same for a reset, which may load and compile a new game (used unless
             ``step_timeout`` is None).
     """
@@ -124,7 +124,7 @@ class ALFWorldEnv(ReplayPickledEnv):
             generator_config=generator_config, data_path=data_path, cache_dir=cache_dir, expert=expert,
             render_mode=render_mode, step_timeout=step_timeout, reset_timeout=reset_timeout,
         )
-        self._host = EngineProcess(functools.partial(AlfredEngine, expert=expert), step_timeout,
+        self._host = EngineHost(functools.partial(AlfredEngine, expert=expert), step_timeout,
                                    name="echorl-alfworld-engine")
         self._reset_timeout = reset_timeout
         self.task_types = resolve_task_types(task_types)

@@ -10,7 +10,13 @@ from echorl_envs.core.base import (
     Transition,
     text_space,
 )
-from echorl_envs.core.engine_calls import EngineError, EngineProcess, EngineTimeout, timeout_transition
+from echorl_envs.core.engine_calls import (
+    EngineError,
+    EngineHost,
+    EngineProcess,
+    EngineTimeout,
+    timeout_transition,
+)
 from echorl_envs.core.replay_pickle import ReplayPickledEnv
 
 __all__ = [
@@ -19,6 +25,7 @@ __all__ = [
     "ActionMatch",
     "DatasetTextEnv",
     "EngineError",
+    "EngineHost",
     "EngineProcess",
     "EngineTimeout",
     "InvalidAction",

@@ -1,15 +1,14 @@
 """Engine calls with a timeout for engine-backed envs (ALFWorld's PDDL engine, TextWorld's Jericho).
 
-:class:`EngineProcess` keeps the engine object in a child process and calls its methods through a pipe. A call
-that does not answer within the timeout -- or a child that dies (segfault, out of memory) -- is abandoned for
-real: the child is killed, the env ends the episode truncated with ``info["error"]`` and the next ``reset``
-starts a fresh engine process. A thread could not do this safely: an abandoned thread cannot be killed, and when
-a slow call finally returns it runs concurrently with the new engine (textworld's module-level parser is not
-thread-safe: this corrupted later games in our tests).
-
-Cost: one pipe round trip (the engine's state is exported as a plain dict) per call, a small fraction of an
-engine step (benchmarks/RESULTS.md, "step_timeout on / off"). With ``timeout=None`` the engine runs in-process
-with no overhead and no protection.
+:class:`EngineHost` (what the envs use) runs the engine in this process, on a worker thread, and waits for each
+call at most ``timeout`` seconds -- a thread hand-off costs microseconds, so the timeout is nearly free. When a
+call times out (or the engine process dies), the env ends the episode truncated with ``info["error"]``, and the
+hung call is abandoned for real: from then on this env's engine runs in its own child process
+(:class:`EngineProcess`), which is killed whenever a call exceeds the timeout. Two guards make the abandoned
+thread harmless: every in-process engine call holds one process-wide lock (textworld's module-level parser is
+not thread-safe; a resumed abandoned call corrupted later games in our tests before the lock), and the env never
+reads the abandoned call's result. Why not always a child process: a pipe round trip needs the other process
+scheduled, which on a loaded machine cost 30x the in-process step time (TextWorld) in our measurements.
 """
 
 from __future__ import annotations
@@ -17,13 +16,18 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import queue
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["EngineError", "EngineTimeout", "EngineProcess", "timeout_transition"]
+__all__ = ["EngineError", "EngineTimeout", "EngineHost", "EngineProcess", "timeout_transition"]
+
+#: Held by every in-process engine call (see the module docstring); an abandoned call keeps it until it returns.
+ENGINE_LOCK = threading.RLock()
 
 
 class EngineError(RuntimeError):
@@ -184,6 +188,96 @@ class EngineProcess:
                 self._kill()
             except OSError:
                 pass
+
+
+class _Job:
+    __slots__ = ("fn", "args", "done", "result", "error")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.fn, self.args = fn, args
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+def _thread_serve(jobs: queue.SimpleQueue) -> None:
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        try:
+            with ENGINE_LOCK:
+                job.result = job.fn(*job.args)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            job.error = e
+        job.done.set()
+
+
+class EngineHost:
+    """The engine of one env: in-process on a worker thread until a call hangs, then in a child process.
+
+    Args:
+        factory: builds the engine (in this process, or in the child after an abandoned call).
+        timeout: default seconds per call; None calls the engine directly (no timeout, no overhead).
+        name: worker thread name.
+    """
+
+    def __init__(self, factory: Callable[[], Any], timeout: float | None, name: str = "echorl-engine") -> None:
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"step_timeout must be a positive number of seconds or None, got step_timeout={timeout!r}")
+        self.factory, self.timeout, self.name = factory, timeout, name
+        self._engine: Any = None
+        self._jobs: queue.SimpleQueue | None = None
+        self.process: EngineProcess | None = None  # set once a call was abandoned
+        self.num_abandoned = 0
+
+    def _call_engine(self, method: str, args: tuple[Any, ...]) -> Any:
+        if self._engine is None:
+            self._engine = self.factory()
+        return getattr(self._engine, method)(*args)
+
+    def call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
+        """``engine.method(*args)`` within ``timeout`` (default: the host's); the engine's exceptions propagate.
+
+        Raises:
+            EngineTimeout: no answer in time (the call is abandoned; the next call starts a fresh engine in a
+                child process).
+            EngineError: the engine's child process died during the call.
+        """
+        if self.timeout is None:
+            return self._call_engine(method, args)
+        limit = self.timeout if timeout is None else timeout
+        if self.process is not None:
+            return self.process.call(method, *args, timeout=limit)
+        if self._jobs is None:
+            self._jobs = queue.SimpleQueue()
+            threading.Thread(target=_thread_serve, args=(self._jobs,), name=self.name, daemon=True).start()
+        job = _Job(self._call_engine, (method, args))
+        self._jobs.put(job)
+        if not job.done.wait(limit):
+            self._jobs, self._engine = None, None  # the hung thread keeps both; we never touch them again
+            self.num_abandoned += 1
+            self.process = EngineProcess(self.factory, self.timeout, self.name)
+            raise EngineTimeout(f"the engine call {method} did not return within {limit} s and was abandoned; "
+                                "a fresh engine runs in a child process from the next reset")
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    def close(self) -> None:
+        """Close the engine (in the worker thread, within the timeout) and stop the worker / child process."""
+        if self.process is not None:
+            self.process.close()
+        if self._engine is not None:
+            try:
+                if hasattr(self._engine, "close"):
+                    self.call("close", timeout=min(self.timeout or 5.0, 5.0))
+            except EngineError:
+                pass
+            self._engine = None
+        if self._jobs is not None:
+            self._jobs.put(None)
+            self._jobs = None
 
 
 def timeout_transition(error: EngineError) -> Any:
