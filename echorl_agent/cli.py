@@ -1,11 +1,14 @@
-"""The ``echorl`` command line: list, play, bench, serve.
+"""The ``echorl`` command line: list, play, bench, record, serve.
 
     echorl list
     echorl play EchoRL/MiniGrid-DoorKey-5x5-v0
     echorl bench --tasks EchoRL/Game24-v0 EchoRL/MiniGrid-Empty-5x5-v0 --agents random expert --seeds 2 --episodes 5
     echorl bench --preset demo
+    echorl train-llm --task EchoRL/MiniGrid-Empty-5x5-v0 --method bc+ppo --train-steps 256 --out runs/llm
+    echorl record --task EchoRL/MiniGrid-Empty-5x5-v0 --agent expert --episodes 10 --format minari --out runs/data
     echorl serve --port 8000 --model smollm2-135m
     echorl serve --help
+    echorl serve-env --task EchoRL/ALFWorld-v0 --task EchoRL/MiniGrid-DoorKey-5x5-v0 --port 8001 --max-sessions 8
 """
 
 from __future__ import annotations
@@ -133,6 +136,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                           episodes=args.episodes, workers=args.workers, backend=args.backend,
                           train_steps=args.train_steps, max_steps=args.max_steps,
                           price_per_mtok=args.price_per_mtok, agent_options=opts, exclude=args.exclude)
+    cfg.env_urls = list(args.env_url or [])  # play on `echorl serve-env` servers instead of in-process envs
     from echorl_agent.eval.runner import skipped_pairs
 
     skipped = skipped_pairs(cfg)
@@ -180,6 +184,64 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return int(server.serve(args) or 0)
 
 
+def cmd_train_llm(args: argparse.Namespace) -> int:
+    import echorl_envs
+    from echorl_agent.llm_rl.train import LLMTrainConfig, train_llm
+
+    _check_choices([args.task], echorl_envs.env_ids(), "task")
+    try:
+        cfg = LLMTrainConfig(
+            env_id=args.task, method=args.method, train_steps=args.train_steps, bc_episodes=args.bc_episodes,
+            bc_epochs=args.bc_epochs, seed=args.seed, history=args.history, max_episode_steps=args.max_steps,
+            n_steps=args.n_steps, batch_size=args.batch_size, n_epochs=args.n_epochs,
+            learning_rate=args.learning_rate, policy_kwargs=json.loads(args.policy_kwargs or "{}"),
+            grpo_kwargs=json.loads(args.grpo_kwargs or "{}"), out=args.out, progress=not args.quiet)
+        kind = echorl_envs.entry(args.task).action_type
+        if (cfg.method == "grpo") != (kind != "choice"):
+            raise ValueError(f"method {cfg.method!r} does not fit {args.task} ({kind} actions): use grpo for "
+                             "free-text envs and bc/ppo/bc+ppo/echoppo for choice envs")
+        train_llm(cfg)
+    except ValueError as e:
+        raise SystemExit(f"echorl train-llm: {e}") from e
+    print(f"wrote {args.out}/ (curve.csv, model.zip or adapter/, tb/, config.json)")
+    return 0
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    import echorl_envs
+    from echorl_agent.eval import agents as agent_registry
+    from echorl_agent.eval.record import record_episodes
+
+    _check_choices([args.task], echorl_envs.env_ids(), "task")
+    _check_choices([args.agent], agent_registry.agent_names(), "agent")
+    opts = json.loads(args.agent_options) if args.agent_options else {}
+    try:
+        path = record_episodes(args.task, agent=args.agent, episodes=args.episodes, out=args.out, format=args.format,
+                               seed=args.seed, max_steps=args.max_steps, agent_options=opts,
+                               dataset_id=args.dataset_id)
+    except ValueError as e:
+        raise SystemExit(f"echorl record: {e}") from e
+    print(f"wrote {args.episodes} episodes of {args.task} ({args.agent}) to {path}")
+    return 0
+
+
+def cmd_serve_env(args: argparse.Namespace) -> int:
+    import logging
+
+    import echorl_envs
+
+    _check_choices(args.task, echorl_envs.env_ids(), "task")
+    try:
+        from echorl_envs.serve import serve
+    except ImportError as e:
+        raise SystemExit(f"echorl serve-env: {e}") from e
+    make_kwargs = json.loads(args.env_kwargs) if args.env_kwargs else None
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    serve(args.task, host=args.host, port=args.port, max_sessions=args.max_sessions,
+          session_timeout=args.session_timeout or None, web=args.web, make_kwargs=make_kwargs)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="echorl", description="echorl: text environments and EchoRL agents.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -208,8 +270,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--agent-options", help='JSON, e.g. \'{"react": {"model": "smollm2-135m"}}\'')
     s.add_argument("--exclude", nargs="*", default=[], help='pairs not to run, e.g. "EchoRL/ALFWorld*:ppo"')
     s.add_argument("--out", default="runs/bench")
+    s.add_argument("--env-url", action="append", default=[], metavar="URL",
+                   help="an `echorl serve-env` server to play on (repeat to spread episodes over several)")
     s.add_argument("--quiet", action="store_true")
     s.set_defaults(func=cmd_bench)
+
+    s = sub.add_parser("record", help="write an agent's trajectories as a Minari dataset or SFT-ready JSONL")
+    s.add_argument("--task", required=True, help="environment id, e.g. EchoRL/MiniGrid-Empty-5x5-v0")
+    s.add_argument("--agent", default="expert", help="agent name (default: expert)")
+    s.add_argument("--episodes", type=int, default=10)
+    s.add_argument("--format", choices=["jsonl", "minari"], default="jsonl")
+    s.add_argument("--out", default="runs/record", help="output folder")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--max-steps", type=int, default=None, help="cap on steps per episode")
+    s.add_argument("--agent-options", help='JSON keyword arguments for the agent factory')
+    s.add_argument("--dataset-id", help="Minari dataset id (default echorl/<env>/<agent>-v0)")
+    s.set_defaults(func=cmd_record)
 
     from echorl_agent.llm.serve_args import add_serve_arguments
 
@@ -218,6 +294,38 @@ def build_parser() -> argparse.ArgumentParser:
                        "LoRA adapters).")
     add_serve_arguments(s)
     s.set_defaults(func=cmd_serve)
+    s = sub.add_parser("train-llm", help="train the LLM itself by RL (LoRA): BC, PPO, EchoPPO or GRPO")
+    s.add_argument("--task", required=True, help="environment id")
+    s.add_argument("--method", default="bc+ppo", choices=["bc", "ppo", "bc+ppo", "echoppo", "grpo"])
+    s.add_argument("--train-steps", type=int, default=512, help="PPO env steps / GRPO completions")
+    s.add_argument("--bc-episodes", type=int, default=8, help="expert episodes (oracle answers for grpo)")
+    s.add_argument("--bc-epochs", type=int, default=3)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--history", type=int, default=0, help="history window k in the prompt")
+    s.add_argument("--max-steps", type=int, default=None, help="per-episode step cap while training")
+    s.add_argument("--n-steps", type=int, default=64, help="PPO rollout length per update")
+    s.add_argument("--batch-size", type=int, default=16)
+    s.add_argument("--n-epochs", type=int, default=2)
+    s.add_argument("--learning-rate", type=float, default=1e-4)
+    s.add_argument("--policy-kwargs", help='JSON LLMPolicy options, e.g. \'{"lora_rank": 8, "train_layers": 2}\'')
+    s.add_argument("--grpo-kwargs", help='JSON GRPOConfig options, e.g. \'{"group_size": 8}\'')
+    s.add_argument("--out", default="runs/train-llm")
+    s.add_argument("--quiet", action="store_true", help="no progress bars")
+    s.set_defaults(func=cmd_train_llm)
+
+    s = sub.add_parser("serve-env", help="serve environments over OpenEnv (HTTP + WebSocket + /web page)")
+    s.add_argument("--task", action="append", required=True,
+                   help="an env id to serve (repeat for several; clients pick one with reset(task=ID))")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--max-sessions", type=int, default=8, help="concurrent sessions, one env each")
+    s.add_argument("--session-timeout", type=float, default=300.0,
+                   help="close a session idle this many seconds (0: never)")
+    s.add_argument("--env-kwargs", help='JSON of extra gym.make arguments per id, e.g. '
+                   '\'{"EchoRL/GSM8K-v0": {"data_path": "test.jsonl"}}\'')
+    s.add_argument("--web", action=argparse.BooleanOptionalAction, default=True,
+                   help="serve the browser page at /web (default: on)")
+    s.set_defaults(func=cmd_serve_env)
     return p
 
 

@@ -33,6 +33,7 @@ class EnvEntry(NamedTuple):
 ENVS: list[EnvEntry] = [
     # --- MiniGrid / BabyAI (echorl_envs.minigrid) ---
     EnvEntry("EchoRL/MiniGrid-Empty-5x5-v0", "echorl_envs.minigrid:MiniGridTextEnv", 100, {"env_id": "MiniGrid-Empty-5x5-v0"}, "minigrid", "choice", "engine"),
+    EnvEntry("EchoRL/MiniGrid-Empty-Random-5x5-v0", "echorl_envs.minigrid:MiniGridTextEnv", 100, {"env_id": "MiniGrid-Empty-Random-5x5-v0"}, "minigrid", "choice", "engine"),
     EnvEntry("EchoRL/MiniGrid-DoorKey-5x5-v0", "echorl_envs.minigrid:MiniGridTextEnv", 250, {"env_id": "MiniGrid-DoorKey-5x5-v0"}, "minigrid", "choice", "engine"),
     EnvEntry("EchoRL/MiniGrid-FourRooms-v0", "echorl_envs.minigrid:MiniGridTextEnv", 100, {"env_id": "MiniGrid-FourRooms-v0"}, "minigrid", "choice", "engine"),
     EnvEntry("EchoRL/MiniGrid-MultiRoom-N2-S4-v0", "echorl_envs.minigrid:MiniGridTextEnv", 40, {"env_id": "MiniGrid-MultiRoom-N2-S4-v0"}, "minigrid", "choice", "engine"),
@@ -70,6 +71,11 @@ ENVS: list[EnvEntry] = [
 ]
 # fmt: on
 
+#: A served env (``echorl serve-env``) as a local text env: ``gym.make(REMOTE_ID, base_url=..., task=ID)``.
+#: Not a row of :data:`ENVS` (it has no family or data of its own, and it needs a server), so the
+#: registry-driven suites and :func:`env_ids` leave it out. See :mod:`echorl_envs.remote`.
+REMOTE_ID = "EchoRL/Remote-v0"
+
 
 def _miniwob_rows() -> list[EnvEntry]:
     from echorl_envs.miniwob import TASKS  # imports neither miniwob nor selenium
@@ -82,6 +88,8 @@ ENVS.extend(_miniwob_rows())
 
 
 def _register_all() -> None:
+    if REMOTE_ID not in gym.registry:
+        gym.register(id=REMOTE_ID, entry_point="echorl_envs.remote:RemoteTextEnv", disable_env_checker=True)
     for e in ENVS:
         if e.id not in gym.registry:
             gym.register(
@@ -113,6 +121,8 @@ def entry(env_id: str) -> EnvEntry:
 
 def make(env_id: str, **kwargs: Any) -> gym.Env:
     """``gym.make`` for echorl ids, with a close-match suggestion on an unknown id or keyword."""
+    if env_id == REMOTE_ID:
+        return gym.make(env_id, **kwargs)
     entry(env_id)
     try:
         return gym.make(env_id, **kwargs)
@@ -135,4 +145,4 @@ def make(env_id: str, **kwargs: Any) -> gym.Env:
 
 _register_all()
 
-__all__ = ["ENVS", "EnvEntry", "__version__", "entry", "env_ids", "make"]
+__all__ = ["ENVS", "REMOTE_ID", "EnvEntry", "__version__", "entry", "env_ids", "make"]

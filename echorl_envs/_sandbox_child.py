@@ -1,181 +1,58 @@
 """The confined side of :mod:`echorl_envs.sandbox` (standard library only; runs as ``python -I -S``).
 
 This file is executed as a script by the host, never imported by the library, so it must not import
-``echorl_envs`` (the child runs without ``site``: no site-packages). Two modes:
+``echorl_envs`` (the child runs without ``site``: no site-packages); its two helpers, ``_sandbox_guard.py``
+(audit hook, report check) and ``_sandbox_confine.py`` (namespaces, private root, rlimits, uid drop,
+seccomp), are loaded by path and kept out of ``sys.modules``. Two modes, one code path:
 
-* ``python -I -S _sandbox_child.py`` -- read one JSON request from stdin, confine *this* process, run the
-  code, write one JSON result to the original stdout (the one-process-per-run path);
-* ``python -I -S _sandbox_child.py --worker`` -- a reusable worker: for each JSON request line on stdin it
-  makes a fresh temporary directory, ``fork()``s a child that confines itself and runs the code, enforces the
-  wall-clock limit by killing the child's process group, removes the directory and answers one JSON line on
-  stdout. Forking an already-started interpreter costs ~1 ms instead of a full interpreter start-up, which
-  is what makes judging 800 CRUXEval items in one go cheap.
+* ``python -I -S _sandbox_child.py --worker SETTINGS`` -- a reusable worker: sets up isolation once
+  (:func:`_sandbox_confine.isolate`: it then runs as init of a fresh PID namespace inside a private root),
+  answers a ``{"ready": ..., "layers": [...]}`` line, then for each JSON request line on stdin makes a fresh
+  work directory, ``fork()``s a child that confines itself and runs the code, enforces the wall-clock limit by
+  killing the child's process group, checks the child's report (:func:`_sandbox_guard.verify_report`),
+  removes the directory and answers one JSON line. Forking a warm interpreter costs ~1 ms instead of a full
+  start-up, which is what makes judging 800 CRUXEval items in one go cheap;
+* ``python -I -S _sandbox_child.py`` -- the same for one request read from stdin (``run_code``); the answer
+  carries the host's nonce.
 
-Layers of confinement applied in the child, in order (each documented at its function):
-``setrlimit`` (CPU, address space, file size, no core files, open files, processes), an optional network
-namespace, a seccomp-BPF syscall filter (via ``pyseccomp`` when the host passes its location; blocks
-fork/exec/socket/kill/ptrace/rlimit changes at the kernel level, which also holds when running as root, where
-``RLIMIT_NPROC`` is ignored), and a ``sys.addaudithook`` hook that turns the same operations -- plus writes
-outside the working directory -- into a clear ``SandboxViolation`` message.
+The forked child holds exactly one fd besides ``/dev/null``: the write end of its report pipe. See
+:func:`_judge_and_report` for why the judged code cannot forge a pass through it.
 """
 
 from __future__ import annotations
 
-import errno
 import io
 import json
 import os
-import resource
 import select
 import shutil
 import signal
 import sys
 import tempfile
 import time
+from json.encoder import encode_basestring_ascii as _encode_str
 
 _DEVNULL = "/dev/null"
 _MAX_MESSAGE = 2000
-
-# Audit events (https://docs.python.org/3/library/audit_events.html) that are refused outright.
-_BLOCKED_EVENTS = frozenset(
-    {
-        "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec", "os.system", "os.startfile",
-        "subprocess.Popen", "pty.spawn", "os.kill", "os.killpg", "signal.pthread_kill",
-        "resource.setrlimit", "resource.prlimit", "os.setuid", "os.setgid", "os.setreuid", "os.setregid",
-        "os.setresuid", "os.setresgid", "os.setgroups", "os.chroot",
-        "socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo", "socket.gethostbyname",
-        "socket.gethostbyaddr", "socket.sendto", "socket.sendmsg", "socket.socketpair",
-        "ctypes.dlopen", "ctypes.dlsym", "ctypes.addressof", "ctypes.cdata", "ctypes.call_function",
-        "mmap.__new__", "sys.remote_exec", "webbrowser.open", "urllib.Request", "ftplib.connect",
-        "smtplib.connect", "http.client.connect", "telnetlib.Telnet.open", "imaplib.open", "poplib.connect",
-        "nntplib.connect",
-    }
-)
-# Modules whose import is refused (they only exist to start processes or call C code).
-_BLOCKED_MODULES = frozenset({"_posixsubprocess", "subprocess", "_ctypes", "ctypes", "multiprocessing", "_socket",
-                              "socket", "pty", "mmap", "_multiprocessing", "_posixshmem"})
-# Events whose first argument is a path the code modifies: allowed only inside the working directory.
-_PATH_EVENTS = frozenset(
-    {"os.remove", "os.rmdir", "os.mkdir", "os.rename", "os.chmod", "os.chown", "os.link", "os.symlink",
-     "os.truncate", "os.utime", "shutil.rmtree", "shutil.copyfile", "shutil.move", "os.chflags", "os.mkfifo",
-     "os.mknod", "os.lchmod", "os.lchown", "os.removexattr", "os.setxattr"}
-)
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+_MAX_REPORT = 1 << 20  # bytes of a report kept by the worker (stdout is bounded far below)
+_HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-class SandboxViolation(BaseException):
-    """Raised by the audit hook. A ``BaseException`` so that ``except Exception`` in the code cannot hide it."""
+def _load_sibling(name: str):  # noqa: ANN202 - a module object
+    """Load ``echorl_envs/<name>.py`` by path without registering it in ``sys.modules`` (so the judged code
+    cannot reach it by name) and without importing the ``echorl_envs`` package."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, os.path.join(_HERE, name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def _inside(path: object, root: str) -> bool:
-    if isinstance(path, int):  # an already open file descriptor
-        return True
-    try:
-        p = os.path.realpath(os.fsdecode(path))
-    except (TypeError, ValueError):
-        return False
-    return p == root or p.startswith(root + os.sep) or p == _DEVNULL
-
-
-def _install_audit_hook(workdir: str) -> None:
-    """Refuse process creation, signals, rlimit changes, sockets, ctypes and writes outside ``workdir``.
-
-    Mirrors the guarding approach of OpenAI human-eval's ``reliability_guard`` but through PEP 578 audit
-    hooks, which cannot be removed once added and also cover ``os``-level calls that the guard monkey-patches.
-    """
-    root = os.path.realpath(workdir)
-    blocked, blocked_mods, path_events = _BLOCKED_EVENTS, _BLOCKED_MODULES, _PATH_EVENTS
-    inside, violation = _inside, SandboxViolation
-
-    def hook(event: str, args: tuple) -> None:
-        if event in blocked:
-            raise violation(f"{event} is not allowed in the sandbox")
-        if event == "import":
-            if args and args[0] in blocked_mods:
-                raise violation(f"import of {args[0]!r} is not allowed in the sandbox")
-        elif event == "open":
-            path, mode, flags = (tuple(args) + (None, None, None))[:3]
-            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-                isinstance(flags, int) and flags & _WRITE_FLAGS
-            )
-            if writing and not inside(path, root):
-                raise violation(f"writing {path!r} outside the sandbox directory is not allowed")
-        elif event in path_events:
-            for p in args[:2] if event in ("os.rename", "os.link", "shutil.copyfile", "shutil.move") else args[:1]:
-                if p is not None and not inside(p, root):
-                    raise violation(f"{event} on {p!r} outside the sandbox directory is not allowed")
-
-    sys.addaudithook(hook)
-
-
-def _set_limits(limits: dict) -> None:
-    """``setrlimit`` in the child: CPU seconds (SIGXCPU then SIGKILL), address space, file size (EFBIG
-    instead of SIGXFSZ), no core dumps, few open files, and no new processes (effective for non-root users;
-    root is covered by seccomp and the audit hook)."""
-    cpu = int(limits["cpu_seconds"])
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    mem = int(limits["memory_bytes"])
-    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-    fsize = int(limits["file_bytes"])
-    resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-    resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-
-
-def _unshare_network() -> bool:
-    """Move the child into a fresh, empty network namespace (root only; silently skipped otherwise)."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.unshare(0x40000000) == 0  # CLONE_NEWNET
-    except (OSError, AttributeError):
-        return False
-
-
-def _load_seccomp(seccomp_path: str | None) -> bool:
-    """Install a seccomp-BPF filter with ``pyseccomp`` (found at ``seccomp_path``) when available.
-
-    Denied with EPERM: fork/vfork, clone without CLONE_THREAD (threads keep working), execve(at), socket,
-    socketpair, kill/tkill, tgkill on another process, ptrace, setrlimit, prlimit64 with a new limit, unshare,
-    setns, mount, chroot, pivot_root; clone3 returns ENOSYS so glibc falls back to the filtered clone.
-    """
-    sc = _import_seccomp(seccomp_path)
-    if sc is None:
-        return False
-    try:
-        f = sc.SyscallFilter(defaction=sc.ALLOW)
-        for name in ("fork", "vfork", "execve", "execveat", "socket", "socketpair", "kill", "tkill", "ptrace",
-                     "setrlimit", "unshare", "setns", "mount", "umount2", "chroot", "pivot_root",
-                     "process_vm_writev", "reboot", "kexec_load", "init_module", "finit_module"):
-            f.add_rule(sc.ERRNO(errno.EPERM), name)
-        f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
-        f.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, 0x10000, 0))  # no CLONE_THREAD
-        f.add_rule(sc.ERRNO(errno.EPERM), "tgkill", sc.Arg(0, sc.NE, os.getpid()))
-        f.add_rule(sc.ERRNO(errno.EPERM), "prlimit64", sc.Arg(2, sc.NE, 0))
-        f.load()
-        return True
-    except Exception:  # noqa: BLE001 - kernel without seccomp: the other layers remain
-        return False
-
-
-def _import_seccomp(seccomp_path: str | None):  # noqa: ANN202 - the module, or None
-    """Import ``pyseccomp`` from the host's site-packages directory (the child runs without ``site``)."""
-    if not seccomp_path:
-        return None
-    if "pyseccomp" in sys.modules:
-        return sys.modules["pyseccomp"]
-    sys.path.insert(0, seccomp_path)
-    try:
-        import pyseccomp
-
-        return pyseccomp
-    except Exception:  # noqa: BLE001 - libseccomp.so missing: the other layers remain
-        return None
-    finally:
-        sys.path.remove(seccomp_path)
+_guard = _load_sibling("_sandbox_guard")
+_confinement = _load_sibling("_sandbox_confine")
+SandboxViolation = _guard.SandboxViolation
+_BLOCKED_MODULES = _guard.BLOCKED_MODULES
 
 
 class _BoundedText(io.TextIOBase):
@@ -203,65 +80,128 @@ class _BoundedText(io.TextIOBase):
         return "".join(self.parts)
 
 
-def _confine(request: dict) -> None:
+def _confine(request: dict) -> list[str]:
+    """Apply the per-run layers to this process (the one that will run the code); returns those active."""
     os.chdir(request["workdir"])
-    if request.get("unshare_network"):
-        _unshare_network()
-    _set_limits(request["limits"])
-    seccomp = _load_seccomp(request.get("seccomp_path"))
+    sc = sys.modules.get("pyseccomp") if request.get("seccomp_path") else None
+    _confinement.set_limits(request["limits"], threads=sc is not None)
+    layers = []
+    if request.get("_drop_privileges"):
+        _confinement.drop_privileges()
+        layers.append("uid_drop")
+    if _confinement.load_seccomp(sc):
+        layers.append("seccomp")
     tempfile.tempdir = request["workdir"]
+    # Imports compile from source instead of loading .pyc files, so marshal (which builds code objects from
+    # raw bytes, a way to read arbitrary memory) can be refused without breaking lazy stdlib imports.
+    sys.pycache_prefix, sys.dont_write_bytecode = "/nonexistent-echorl-pycache", True
     for name in list(sys.modules):
         if name.split(".")[0] in _BLOCKED_MODULES or name == "pyseccomp":
             del sys.modules[name]
     if request.get("audit_hook", True):
-        _install_audit_hook(request["workdir"])
-    request["_seccomp"] = seccomp
+        import _signal
+
+        _signal.signal = signal.signal = _refuse_signal_handlers  # handlers receive frames (seccomp also denies)
+        sys._getframe = _no_frames  # namedtuple/Enum/typing catch ValueError here (the real one is refused)
+        _guard.install_audit_hook(request["workdir"])
+        layers.append("audit_hook")
+    return layers
 
 
-def _execute(request: dict) -> dict:
-    """Confine this process, run the code, and describe how it ended (CRUXEval harness semantics:
-    an ``AssertionError`` is a failed check, any other exception an error)."""
-    out = _BoundedText(int(request["limits"]["output_chars"]))
-    status, message = "passed", ""
-    start = time.perf_counter()
+def _no_frames(depth: int = 0) -> None:
+    raise ValueError("call stack frames are not available in the sandbox")
+
+
+def _refuse_signal_handlers(*args: object) -> None:
+    raise SandboxViolation("signal.signal is not allowed in the sandbox")
+
+
+def _describe(exc: BaseException) -> str:
+    """``"Type: message"`` for an exception raised by the code (its ``__str__`` may itself be hostile)."""
     try:
-        _confine(request)
+        name = type.__dict__["__name__"].__get__(type(exc))
+    except BaseException:  # noqa: BLE001
+        name = "Exception"
+    try:
+        text = str(exc)
+        message = f"{name}: {text}" if type(text) is str and text else name
+    except BaseException:  # noqa: BLE001 - a hostile __str__
+        message = name
+    return message if type(message) is str else "Exception"
+
+
+def _judge_and_report(request: dict, nonce: str, report_fd: int) -> None:
+    """Confine this process, run the code, write ONE report carrying ``nonce`` to ``report_fd``, and exit.
+
+    Why the judged code cannot fake a pass: the status is fixed by which branch of ``try/except/else`` the
+    ``exec`` left through -- ``passed`` only when the code ran to its end -- before any code the judged code
+    could have planted (an exception's ``__str__``, a patched stream) runs again. The report is written with
+    references captured before the code ran, and the host accepts it only if it carries ``nonce``, is the
+    only thing written on the pipe and the process then exits with status 0. The nonce lives only in this
+    frame: the audit hook refuses every way Python code reaches frames or walks objects (see
+    ``_sandbox_guard``), the uid drop makes ``/proc/self/mem`` unreadable, and all other fds are closed.
+    ``SystemExit``, ``os._exit``, signals and crashes therefore end without a valid report: an ``error``.
+    """
+    write, exit_, encode, perf = os.write, os._exit, _encode_str, time.perf_counter
+    type_, str_, float_, bool_, isinstance_ = type, str, float, bool, isinstance
+    assertion_error, violation, system_exit = AssertionError, SandboxViolation, SystemExit
+    max_message = _MAX_MESSAGE
+    out = _BoundedText(int(request["limits"]["output_chars"]))
+    code = request.pop("code")
+    status, exc = "error", None
+    layers: list[str] = []
+    start = perf()
+    try:
+        layers = _confine(request)
         sys.stdout = sys.stderr = out
-        code = compile(request["code"], "<sandbox>", "exec")
-        exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
-    except AssertionError as e:
-        status, message = "failed", f"AssertionError: {e}" if str(e) else "AssertionError"
-    except SandboxViolation as e:
-        status, message = "error", f"SandboxViolation: {e}"
-    except SystemExit as e:
-        if e.code not in (None, 0):
-            status, message = "error", f"SystemExit: {e.code!r}"
+        sys.modules["__main__"] = main = type_(sys)("__main__")
+        exec(compile(code, "<sandbox>", "exec"), main.__dict__)  # noqa: S102 - confined, the point
     except BaseException as e:  # noqa: BLE001 - the untrusted code may raise anything
-        try:
-            message = f"{type(e).__name__}: {e}"
-        except BaseException:  # noqa: BLE001 - a hostile __str__
-            message = type(e).__name__
-        status = "error"
-        message = message.rstrip(": ")
-    return {
-        "status": status,
-        "message": message[:_MAX_MESSAGE],
-        "duration": time.perf_counter() - start,
-        "stdout": out.value(),
-        "output_truncated": out.truncated,
-        "seccomp": bool(request.get("_seccomp")),
-    }
+        exc = e
+        status = "failed" if isinstance_(e, assertion_error) and not isinstance_(e, violation) else "error"
+    else:
+        status = "passed"
+    duration = perf() - start
+    # From here on, code planted by the judged code may run (exception __str__, patched stream class):
+    # ``status``, ``nonce`` and the captured functions are already fixed.
+    message, stdout, truncated = "", "", False
+    try:
+        if exc is not None:
+            message = _describe(exc)
+            if isinstance_(exc, system_exit):
+                message = message if message != "SystemExit" else "SystemExit: None"
+                message = message.replace("SystemExit", "SystemExit (exiting is not a pass)", 1)
+        stdout, truncated = out.value(), bool_(out.truncated)
+    except BaseException:  # noqa: BLE001
+        pass
+    message = message[:max_message] if type_(message) is str_ else ""
+    stdout = stdout if type_(stdout) is str_ else ""
+    seccomp = "seccomp" in layers
+    layer_list = ", ".join('"' + name + '"' for name in [*request.get("_layers", ()), *layers])
+    report = (
+        '{"nonce": "' + nonce + '", "status": "' + status + '", "message": ' + encode(message)
+        + ', "duration": ' + float_.__repr__(float_(duration)) + ', "stdout": ' + encode(stdout)
+        + ', "output_truncated": ' + ("true" if truncated is True else "false")
+        + ', "seccomp": ' + ("true" if seccomp is True else "false") + ', "layers": [' + layer_list + "]}"
+    ).encode()
+    try:
+        while report:
+            report = report[write(report_fd, report):]
+    finally:
+        exit_(0)
 
 
-def _redirect_std_fds() -> int:
-    """Point fds 0/1/2 at /dev/null (so ``os.write(1, ...)`` goes nowhere) and return a private copy of
-    the original stdout for the result."""
-    result_fd = os.dup(1)
+def _close_fds_except(keep: int) -> None:
+    """Point fds 0/1/2 at /dev/null and close every other fd but ``keep``: nothing of the host stays reachable."""
     null = os.open(_DEVNULL, os.O_RDWR)
     for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    os.close(null)
-    return result_fd
+        if fd != keep:
+            os.dup2(null, fd)
+    if null not in (0, 1, 2, keep):
+        os.close(null)
+    if keep > 3:
+        os.closerange(3, keep)
+    os.closerange(max(3, keep + 1), 1 << 20)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -280,57 +220,81 @@ def _signal_result(wait_status: int, wall: float, timed_out: bool) -> dict:
     return {"status": "error", "message": f"exited with code {os.WEXITSTATUS(wait_status)} without a result"}
 
 
-def _run_forked(request: dict) -> dict:
-    """Worker mode: run one request in a forked child with its own temp dir and process group."""
-    wall = float(request["limits"]["wall_seconds"])
-    workdir = tempfile.mkdtemp(prefix="echorl-sandbox-", dir=request.get("tmp_root"))
-    request = dict(request, workdir=workdir)
-    r_fd, w_fd = os.pipe()
-    start = time.perf_counter()
-    pid = os.fork()
-    if pid == 0:  # ---- child
-        try:
-            os.close(r_fd)
-            os.setpgid(0, 0)
-            null = os.open(_DEVNULL, os.O_RDWR)
-            for fd in (0, 1, 2):
-                os.dup2(null, fd)
-            result = _execute(request)
-            _write_all(w_fd, json.dumps(result).encode())
-        finally:
-            os._exit(0)
-    # ---- worker
-    os.close(w_fd)
+class _Runner:
+    """The trusted side of a worker: sets up isolation once, then runs each request in a forked child."""
+
+    def __init__(self, settings: dict, preload: bool = True) -> None:
+        _confinement.import_seccomp(settings.get("seccomp_path"))  # before the private root hides it
+        for name in _PRELOAD if preload else ():  # common stdlib modules: forked children need not compile
+            try:                                  # them again (no .pyc is loaded in the child)
+                __import__(name)
+            except ImportError:
+                pass
+        self.layers: list[str] = []
+        if settings.get("isolate", True):
+            self.layers = _confinement.isolate(int(settings.get("disk_mb", 64)))
+        self.tmp_root = "/tmp" if "mount_view" in self.layers else None
+        self.drop = bool(settings.get("isolate", True)) and _confinement.can_drop_privileges()
+
+    def run(self, request: dict) -> dict:
+        """Run one request in a forked child with its own temp dir and process group; a verified result."""
+        wall = float(request["limits"]["wall_seconds"])
+        workdir = tempfile.mkdtemp(prefix="echorl-sandbox-", dir=self.tmp_root)
+        if self.drop:
+            os.chown(workdir, _confinement.NOBODY, _confinement.NOBODY)
+        request = dict(request, workdir=workdir, _layers=self.layers, _drop_privileges=self.drop)
+        nonce = os.urandom(16).hex()
+        r_fd, w_fd = os.pipe()
+        start = time.perf_counter()
+        pid = os.fork()
+        if pid == 0:  # ---- child
+            try:
+                os.setpgid(0, 0)
+                _close_fds_except(w_fd)
+                _judge_and_report(request, nonce, w_fd)
+            finally:
+                os._exit(1)
+        # ---- worker
+        del request["code"]
+        os.close(w_fd)
+        data, timed_out = _read_bounded(r_fd, start + wall)
+        if timed_out:
+            _kill_group(pid)
+        os.close(r_fd)
+        _, wait_status = os.waitpid(pid, 0)
+        _kill_group(pid)  # anything the code left behind in its group
+        shutil.rmtree(workdir, ignore_errors=True)
+        result = None if timed_out else _guard.verify_report(data, nonce, wait_status)
+        if result is None:
+            result = _signal_result(wait_status, wall, timed_out)  # no "layers": nothing was reported
+        result.setdefault("duration", time.perf_counter() - start)
+        return result
+
+
+_PRELOAD = ("re", "string", "math", "cmath", "itertools", "functools", "collections", "operator", "copy",
+            "heapq", "bisect", "random", "datetime", "decimal", "fractions", "statistics", "textwrap",
+            "unicodedata", "typing", "dataclasses", "enum", "array", "struct", "numbers", "hashlib", "calendar",
+            "json", "encodings.idna", "encodings.utf_16", "encodings.utf_32", "encodings.latin_1",
+            "encodings.ascii", "encodings.cp1252", "fnmatch", "difflib", "pprint", "keyword", "locale")
+
+
+def _read_bounded(fd: int, deadline: float) -> tuple[bytes, bool]:
+    """Read ``fd`` until EOF or ``deadline``; keeps at most ``_MAX_REPORT`` bytes. Returns (data, timed_out)."""
     chunks: list[bytes] = []
-    timed_out = False
-    deadline = start + wall
+    size = 0
     while True:
         left = deadline - time.perf_counter()
         if left <= 0:
-            timed_out = True
-            break
-        ready, _, _ = select.select([r_fd], [], [], left)
+            return b"".join(chunks), True
+        ready, _, _ = select.select([fd], [], [], left)
         if not ready:
             continue
-        chunk = os.read(r_fd, 1 << 16)
+        chunk = os.read(fd, 1 << 16)
         if not chunk:
-            break
-        chunks.append(chunk)
-    if timed_out:
-        _kill_group(pid)
-    os.close(r_fd)
-    _, wait_status = os.waitpid(pid, 0)
-    _kill_group(pid)  # anything the code left behind in its group
-    shutil.rmtree(workdir, ignore_errors=True)
-    data = b"".join(chunks)
-    if data and not timed_out:
-        try:
-            return json.loads(data)
-        except ValueError:
-            pass
-    result = _signal_result(wait_status, wall, timed_out)
-    result.setdefault("duration", time.perf_counter() - start)
-    return result
+            return b"".join(chunks), False
+        size += len(chunk)
+        if size <= _MAX_REPORT:
+            chunks.append(chunk)
 
 
 def _kill_group(pgid: int) -> None:
@@ -341,26 +305,28 @@ def _kill_group(pgid: int) -> None:
 
 
 def _worker() -> None:
-    """Serve requests (one JSON object per line on stdin) until EOF."""
+    """Serve requests (one JSON object per line on stdin) until EOF; settings come as argv[2] (JSON)."""
     out = os.dup(1)
     null = os.open(_DEVNULL, os.O_RDWR)
     os.dup2(null, 1)
     os.close(null)
+    runner = _Runner(json.loads(sys.argv[2]) if len(sys.argv) > 2 else {})
+    _write_all(out, (json.dumps({"ready": True, "layers": runner.layers}) + "\n").encode())
     for line in sys.stdin:
-        if not line.strip():
-            continue
-        request = json.loads(line)
-        _import_seccomp(request.get("seccomp_path"))  # once, before forking: children inherit it
-        result = _run_forked(request)
-        _write_all(out, (json.dumps(result) + "\n").encode())
+        if line.strip():
+            _write_all(out, (json.dumps(runner.run(json.loads(line))) + "\n").encode())
 
 
 def _single() -> None:
-    """One-process-per-run mode: this very process is the sandbox (the host made the temp dir)."""
+    """One-process-per-run mode: the same isolation and forked run as a worker, for a single request read
+    from stdin; the result goes to the original stdout with the host's nonce (checked by the host)."""
     request = json.loads(sys.stdin.read())
-    result_fd = _redirect_std_fds()
-    result = _execute(request)
-    _write_all(result_fd, json.dumps(result).encode())
+    nonce = request.pop("nonce")
+    report_fd = os.dup(1)
+    _close_fds_except(report_fd)
+    result = _Runner(request, preload=False).run(request)
+    result["nonce"] = nonce
+    _write_all(report_fd, json.dumps(result).encode())
     os._exit(0)
 
 

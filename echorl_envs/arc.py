@@ -43,6 +43,16 @@ def _strip_fences(text: str) -> str:
     return t.strip()
 
 
+_DIGITS = frozenset("0123456789")
+
+
+def _short(value: object) -> str:
+    """A short rendering of a cell for feedback (JSON numbers can be thousands of digits long)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**20:
+        return "a number with more than 20 digits"
+    return repr(value)[:20]
+
+
 def _check_grid(grid: object) -> Grid:
     if not isinstance(grid, list) or not grid or not all(isinstance(r, list) for r in grid):
         raise InvalidAction("the grid must be a non-empty list of rows")
@@ -54,7 +64,7 @@ def _check_grid(grid: object) -> Grid:
             raise InvalidAction(f"the grid is not rectangular: row {i} has {len(row)} cells, row 1 has {width}")
         for c in row:
             if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c <= 9:
-                raise InvalidAction(f"row {i} holds {c!r}; cells must be colour digits 0-9")
+                raise InvalidAction(f"row {i} holds {_short(c)}; cells must be colour digits 0-9")
     if len(grid) > _MAX_SIDE or width > _MAX_SIDE:
         raise InvalidAction(f"the grid is {len(grid)}x{width}; ARC grids are at most {_MAX_SIDE}x{_MAX_SIDE}")
     return [list(r) for r in grid]
@@ -74,6 +84,8 @@ def parse_grid(text: str) -> Grid:
             value = json.loads(t)
         except json.JSONDecodeError as e:
             raise InvalidAction(f"the answer looks like JSON but does not parse ({e.msg})") from None
+        except (RecursionError, ValueError):  # "[[" * 600 nests too deep; a 5000-digit number is refused
+            raise InvalidAction("the answer looks like JSON but is not a grid of digits 0-9") from None
         return _check_grid(value)
     rows: Grid = []
     for n, line in enumerate(t.splitlines(), 1):
@@ -83,8 +95,8 @@ def parse_grid(text: str) -> Grid:
         tokens = line.replace(",", " ").split()
         if len(tokens) == 1:
             tokens = list(tokens[0])
-        if not all(len(tok) == 1 and tok.isdigit() for tok in tokens):
-            bad = next(tok for tok in tokens if not (len(tok) == 1 and tok.isdigit()))
+        if not all(tok in _DIGITS for tok in tokens):  # not str.isdigit: "²" is a digit to it
+            bad = next(tok for tok in tokens if tok not in _DIGITS)
             raise InvalidAction(f"line {n} holds {bad[:20]!r}; each cell must be one digit 0-9")
         rows.append([int(tok) for tok in tokens])
     return _check_grid(rows)

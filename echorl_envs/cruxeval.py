@@ -21,7 +21,7 @@ from echorl_envs.sandbox import SandboxConfig, SandboxPool, SandboxResult, share
 
 __all__ = [
     "CRUXEvalEnv", "load_cruxeval", "download_cruxeval", "judge", "judge_many", "check_program",
-    "parse_answer", "gold_answer", "CRUXEVAL_URL",
+    "parse_answer", "gold_answer", "CRUXEVAL_URL", "MAX_ANSWER_CHARS",
 ]
 
 #: Where CRUXEval's authors publish the 800 items (used only by :func:`download_cruxeval`).
@@ -35,6 +35,13 @@ _FORBIDDEN_NAMES = frozenset(
      "__import__", "breakpoint", "input", "help", "exit", "quit", "memoryview", "type", "object", "super"}
 )
 #: Calls allowed in an output answer besides literals (``set()`` has no literal form; ``float('inf')``).
+#: Attributes that hand out frames, builtins or generator control (``(x for x in ()).gi_frame.f_builtins``
+#: reaches every builtin; ``.throw(SystemExit)`` tried to end the judge early).
+_FORBIDDEN_ATTRIBUTES = frozenset(
+    {"gi_frame", "gi_code", "gi_yieldfrom", "gi_running", "cr_frame", "cr_code", "cr_await", "ag_frame",
+     "ag_code", "ag_await", "tb_frame", "tb_next", "f_back", "f_builtins", "f_globals", "f_locals", "f_code",
+     "f_trace", "throw", "send", "close", "mro", "func_globals"}
+)
 _OUTPUT_CALLS = frozenset({"set", "frozenset", "float", "complex", "bytes", "bytearray", "range"})
 _JUDGE = SandboxConfig(wall_seconds=5.0, cpu_seconds=3)
 
@@ -90,7 +97,7 @@ def _check_names(tree: ast.AST) -> None:
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and (node.id in _FORBIDDEN_NAMES or node.id.startswith("__")):
             raise InvalidAction(f"the answer may not use {node.id!r}")
-        if isinstance(node, ast.Attribute) and node.attr.startswith("_"):
+        if isinstance(node, ast.Attribute) and (node.attr.startswith("_") or node.attr in _FORBIDDEN_ATTRIBUTES):
             raise InvalidAction(f"the answer may not access the attribute {node.attr!r}")
         if isinstance(node, (ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom)):
             raise InvalidAction("the answer must be a plain expression")
@@ -114,16 +121,43 @@ def _is_output_literal(node: ast.AST) -> bool:
     return False
 
 
+#: Longest answer parsed (CRUXEval's 800 gold outputs are at most 50 characters, inputs at most 128).
+MAX_ANSWER_CHARS = 2000
+
+
 def parse_answer(answer: str, mode: str) -> str:
     """Normalise an answer to the Python source that goes into the assertion, or raise ``InvalidAction``.
+
+    See :func:`_parse_answer` for the accepted forms. Any ``str`` is safe to pass: answers longer than
+    ``MAX_ANSWER_CHARS``, with unpaired surrogates, or nested too deeply for the parser are invalid answers,
+    never exceptions of another kind.
+    """
+    if mode not in _MODES:
+        raise ValueError(f"mode must be one of {_MODES}, got mode={mode!r}")
+    if not isinstance(answer, str):
+        raise InvalidAction(f"the answer must be text, got {type(answer).__name__}")
+    if len(answer) > MAX_ANSWER_CHARS:
+        raise InvalidAction(f"the answer is too long ({len(answer)} > {MAX_ANSWER_CHARS} characters)")
+    try:
+        answer.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidAction("the answer holds characters that are not valid text (unpaired surrogates)") from None
+    try:
+        return _parse_answer(answer, mode)
+    except (RecursionError, MemoryError):
+        raise InvalidAction("the answer is nested too deeply to parse") from None
+    except ValueError as e:  # e.g. null bytes in the source
+        raise InvalidAction(f"the answer is not valid Python ({e})") from None
+
+
+def _parse_answer(answer: str, mode: str) -> str:
+    """The forms ``parse_answer`` accepts (may raise RecursionError on deeply nested text).
 
     Accepted: the bare expression (output mode: the output literal; input mode: the argument list, e.g.
     ``'abc', 3``), the same wrapped in backticks or a code fence, ``f(<args>)`` in input mode, or a whole
     ``assert f(...) == ...`` line. Output answers must be literals (CRUXEval's prompt: "a literal (no
     unsimplified expressions, no function calls)"); neither mode may call ``f`` or reach interpreter internals.
     """
-    if mode not in _MODES:
-        raise ValueError(f"mode must be one of {_MODES}, got mode={mode!r}")
     text = _strip_fences(answer)
     if text.startswith("assert "):
         try:

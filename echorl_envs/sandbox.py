@@ -1,26 +1,35 @@
 """Isolated execution of untrusted Python code (CRUXEval judging, and anything else that runs model output).
 
-Every run happens in a separate process with:
+Public API (stable; used by :mod:`echorl_envs.cruxeval` and other code envs): :func:`run_code`,
+:class:`SandboxPool` (``run``/``run_many``), :func:`shared_pool`, :class:`SandboxConfig`,
+:class:`SandboxResult` (``status`` in :data:`STATUSES`, ``passed``, ``message``, ``stdout``, ``layers``).
 
-* a wall-clock limit enforced by the host (the whole process group is killed on timeout) and a CPU-time
-  limit (``RLIMIT_CPU``) set in the child;
-* address-space (``RLIMIT_AS``) and file-size (``RLIMIT_FSIZE``) limits, no core files, few open files;
-* no child processes: ``RLIMIT_NPROC=0`` (ignored for root), a seccomp-BPF filter denying fork/exec/clone
-  (kernel level, holds for root; via ``pyseccomp`` + libseccomp when present) and a PEP 578 audit hook that
-  refuses ``os.fork``/``subprocess``/``os.system``/``os.exec*``/``posix_spawn`` with a clear message;
-* no network: seccomp denies ``socket()``; the audit hook refuses socket and ``urllib``/``http`` events;
-  optionally an empty network namespace (``unshare_network=True``, root only);
-* a fresh temporary working directory, removed afterwards; writes outside it are refused;
-* a minimal environment (``python -I -S``: no user site, no ``PYTHON*`` variables; a short ``PATH``).
+**What a pass means.** ``passed`` only when the code ran to its end and the trusted harness in the child
+then wrote one report carrying a per-run random nonce on a pipe that is the child's only fd besides
+``/dev/null``; the report must be the only thing on that pipe and the child must exit with status 0.
+``SystemExit`` (any code), ``os._exit``, signals, crashes and anything the code writes itself are
+``error``; an ``AssertionError`` is ``failed`` (a wrong answer, as in CRUXEval's harness).
 
-The audit hook is a guard against accidents and model mischief, not a security boundary against a determined
-attacker (CPython can be subverted from inside); the kernel layers (rlimits, seccomp, process-group kill) are
-what keeps the host safe. Matches the judging semantics of CRUXEval's harness (``assert f(x) == y`` run with a
-timeout; an ``AssertionError`` is a wrong answer).
+**Layers** (each run; a layer the platform refuses is skipped with a one-time ``RuntimeWarning``):
+
+* isolation, set up once per worker (``isolate=True``): fresh PID/network/IPC/UTS/mount namespaces (a user
+  namespace when not root); a private root with only read-only ``/usr`` and the Python standard library
+  (``ctypes``/test extension modules masked), ``/dev/null`` & co, a ``/proc`` showing only the sandbox's
+  processes, and a ``/tmp`` tmpfs of ``disk_mb`` MiB (total disk, not per file); the run switches to
+  ``nobody`` (so ``/proc/self/mem`` and the host's files are unreadable even through a bug elsewhere);
+* ``setrlimit``: CPU seconds, address space, file size, no core files, 64 open files, processes;
+* seccomp-BPF (via ``pyseccomp`` + libseccomp): no fork/exec/sockets/signals to other processes
+  (``kill``, ``pidfd_*``), no ptrace/``process_vm_*``, no namespace/mount/uid changes, no signal handlers, no
+  writes through foreign directory fds (``openat``/``mkdirat``/... with a dirfd other than the cwd);
+* a PEP 578 audit hook (``_sandbox_guard.py``): clear messages for refused operations, writes confined to the
+  work dir, and no way to the interpreter's own state (frames, ``gc`` walks, tracing, ``marshal``, code
+  construction, ``ctypes``), which is what keeps the nonce secret inside the child;
+* the host's wall-clock limit kills the run's whole process group; a minimal environment (``python -I -S``,
+  a short ``PATH``, none of the host's variables).
 
 Two entry points:
 
-* :func:`run_code` -- one fresh interpreter per run (simple, ~30 ms each);
+* :func:`run_code` -- one fresh interpreter per run (simple, ~50 ms each with isolation);
 * :class:`SandboxPool` -- reusable workers that ``fork()`` a confined child per snippet, so judging 800 items
   does not pay 800 interpreter start-ups (see ``benchmarks/sandbox_throughput.py``).
 """
@@ -33,18 +42,20 @@ import json
 import os
 import queue
 import select
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from echorl_envs._sandbox_guard import verify_report
 
 __all__ = ["SandboxConfig", "SandboxResult", "SandboxPool", "run_code", "shared_pool", "STATUSES"]
 
@@ -52,6 +63,7 @@ __all__ = ["SandboxConfig", "SandboxResult", "SandboxPool", "run_code", "shared_
 STATUSES = ("passed", "failed", "timeout", "error")
 
 _CHILD = str(Path(__file__).with_name("_sandbox_child.py"))
+_MAX_REPORT = 1 << 20
 _PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
@@ -72,14 +84,21 @@ class SandboxConfig:
     seccomp: bool = True
     """Install the seccomp-BPF filter when ``pyseccomp`` and libseccomp are available."""
     unshare_network: bool = False
-    """Also move each run into an empty network namespace (works as root; costs a few ms per run)."""
+    """Kept for compatibility: an empty network namespace is now part of ``isolate``."""
+    isolate: bool = True
+    """Fresh PID/network/IPC/UTS/mount namespaces, a private read-only root with only ``/usr`` and the Python
+    standard library, a size-limited ``/tmp`` (``disk_mb``) and the switch to ``nobody`` (see
+    ``_sandbox_confine.py``). Set up once per worker; a layer the platform refuses is skipped with a
+    one-time warning."""
+    disk_mb: int = 64
+    """Total disk the code may write in its work directory, in MiB (a tmpfs of that size; with ``isolate``)."""
     audit_hook: bool = True
     """Install the audit hook (clear messages, write confinement); turn off only to test the kernel layers."""
     python: str | None = None
     """Interpreter to run (default: ``sys.executable``)."""
 
     def __post_init__(self) -> None:
-        for name in ("wall_seconds", "cpu_seconds", "memory_mb", "file_size_mb", "output_chars"):
+        for name in ("wall_seconds", "cpu_seconds", "memory_mb", "file_size_mb", "output_chars", "disk_mb"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"SandboxConfig.{name} must be a positive number, got {name}={value!r}")
@@ -113,6 +132,9 @@ class SandboxResult:
     stdout: str = ""
     output_truncated: bool = False
     seccomp: bool = False
+    layers: tuple[str, ...] = ()
+    """The confinement layers that were active (``namespaces``, ``mount_view``, ``uid_drop``, ``seccomp``,
+    ``audit_hook``)."""
 
     @property
     def passed(self) -> bool:
@@ -128,6 +150,7 @@ class SandboxResult:
             stdout=str(d.get("stdout", "")),
             output_truncated=bool(d.get("output_truncated", False)),
             seccomp=bool(d.get("seccomp", False)),
+            layers=tuple(str(x) for x in d.get("layers", ()) if isinstance(x, str)),
         )
 
 
@@ -143,13 +166,46 @@ def _request(code: str, config: SandboxConfig) -> dict[str, Any]:
         "code": code,
         "limits": config.limits(),
         "seccomp_path": _seccomp_path() if config.seccomp else None,
-        "unshare_network": bool(config.unshare_network),
+        "isolate": bool(config.isolate or config.unshare_network),
+        "disk_mb": int(config.disk_mb),
         "audit_hook": bool(config.audit_hook),
     }
 
 
+#: What each layer guards, for the one-time warning when the platform refuses it.
+_LAYER_HELP = {
+    "namespaces": "fresh PID/network namespaces (host processes and the network stay reachable)",
+    "mount_view": "the private read-only root (host files stay readable by the code)",
+    "uid_drop": "running the code as 'nobody' (needs root; the code keeps the host user's uid)",
+    "seccomp": "the seccomp syscall filter (needs pyseccomp + libseccomp)",
+}
+_WARNED: set[str] = set()
+
+
+def _expected_layers(config: SandboxConfig) -> list[str]:
+    layers = ["namespaces", "mount_view", "uid_drop"] if (config.isolate or config.unshare_network) else []
+    return layers + (["seccomp"] if config.seccomp else [])
+
+
+def _warn_missing(config: SandboxConfig, layers: Iterable[str]) -> None:
+    """Warn once per process and layer that ``config`` asks for but the platform did not enable."""
+    have = set(layers)
+    for name in _expected_layers(config):
+        if name not in have and name not in _WARNED:
+            _WARNED.add(name)
+            warnings.warn(f"echorl sandbox: {_LAYER_HELP[name]} could not be enabled on this platform; "
+                          "the other layers remain", RuntimeWarning, stacklevel=3)
+
+
 def _env(home: str) -> dict[str, str]:
     return {"PATH": _PATH, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": home, "TMPDIR": home}
+
+
+def _wait_status(returncode: int | None) -> int | None:
+    """A ``waitpid`` status equivalent to a ``Popen.returncode`` (for :func:`verify_report`)."""
+    if returncode is None:
+        return None
+    return (-returncode) & 0x7F if returncode < 0 else (returncode & 0xFF) << 8
 
 
 def _kill_group(pid: int) -> None:
@@ -167,17 +223,20 @@ def run_code(code: str, config: SandboxConfig | None = None) -> SandboxResult:
         config: limits (default :class:`SandboxConfig`).
     """
     config = config or SandboxConfig()
-    workdir = tempfile.mkdtemp(prefix="echorl-sandbox-")
-    request = _request(code, config) | {"workdir": workdir}
+    nonce = os.urandom(16).hex()
+    request = _request(code, config) | {"nonce": nonce}
     python = config.python or sys.executable
+    home = tempfile.gettempdir()
     start = time.perf_counter()
     proc = subprocess.Popen(
         [python, "-I", "-S", _CHILD],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        cwd=workdir, env=_env(workdir), start_new_session=True,
+        cwd=home, env=_env(home), start_new_session=True,
     )
     try:
-        out, _ = proc.communicate(json.dumps(request).encode(), timeout=config.wall_seconds)
+        # The child enforces the wall-clock limit itself (killing the run's process group); the margin
+        # covers start-up and isolation set-up, after which the host kills it as a backstop.
+        out, _ = proc.communicate(json.dumps(request).encode(), timeout=config.wall_seconds + 10.0)
     except subprocess.TimeoutExpired:
         _kill_group(proc.pid)
         proc.communicate()
@@ -185,14 +244,14 @@ def run_code(code: str, config: SandboxConfig | None = None) -> SandboxResult:
                              time.perf_counter() - start)
     finally:
         _kill_group(proc.pid)
-        shutil.rmtree(workdir, ignore_errors=True)
-    if out:
-        try:
-            return SandboxResult.from_dict(json.loads(out))
-        except ValueError:
-            pass
     rc = proc.returncode
     duration = time.perf_counter() - start
+    report = verify_report(out[:_MAX_REPORT], nonce, _wait_status(rc))
+    if report is not None:
+        result = SandboxResult.from_dict(report)
+        if "layers" in report:  # a genuine report says which layers were on
+            _warn_missing(config, result.layers)
+        return result
     if rc is not None and rc < 0:
         sig = signal.Signals(-rc)
         if sig == signal.SIGXCPU:
@@ -207,12 +266,40 @@ class _Worker:
     def __init__(self, config: SandboxConfig) -> None:
         self.config = config
         home = tempfile.gettempdir()
+        settings = json.dumps(_request("", config))
         self.proc = subprocess.Popen(
-            [config.python or sys.executable, "-I", "-S", _CHILD, "--worker"],
+            [config.python or sys.executable, "-I", "-S", _CHILD, "--worker", settings],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             cwd=home, env=_env(home), start_new_session=True,
         )
         self._buf = b""
+        self.layers: tuple[str, ...] = ()
+        self._checked = False
+        ready = self._read_line(time.perf_counter() + 30.0)
+        if ready is not None:
+            try:
+                self.layers = tuple(json.loads(ready).get("layers", ()))
+            except (ValueError, AttributeError):
+                pass
+            _warn_missing(config, [*self.layers, "uid_drop", "seccomp"])  # those two are reported per run
+
+    def _read_line(self, deadline: float) -> bytes | None:
+        """The next line from the worker, or None if it died or ``deadline`` passed (the worker is then closed)."""
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            left = deadline - time.perf_counter()
+            ready = select.select([fd], [], [], max(left, 0))[0] if left > 0 else []
+            if not ready:
+                self.close()
+                return None
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                self.close()
+                return None
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line
 
     def run(self, request: dict[str, Any]) -> SandboxResult:
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -223,21 +310,15 @@ class _Worker:
         except (BrokenPipeError, OSError):
             return SandboxResult("error", "sandbox worker died", time.perf_counter() - start)
         # The worker enforces the wall-clock limit itself; the margin covers fork + clean-up.
-        deadline = start + self.config.wall_seconds + 10.0
-        fd = self.proc.stdout.fileno()
-        while b"\n" not in self._buf:
-            left = deadline - time.perf_counter()
-            ready = select.select([fd], [], [], max(left, 0))[0] if left > 0 else []
-            if not ready:
-                self.close()
-                return SandboxResult("timeout", "sandbox worker did not answer in time", time.perf_counter() - start)
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                self.close()
-                return SandboxResult("error", "sandbox worker died", time.perf_counter() - start)
-            self._buf += chunk
-        line, self._buf = self._buf.split(b"\n", 1)
-        return SandboxResult.from_dict(json.loads(line))
+        line = self._read_line(start + self.config.wall_seconds + 10.0)
+        if line is None:
+            return SandboxResult("error", "sandbox worker died or did not answer in time", time.perf_counter() - start)
+        report = json.loads(line)
+        result = SandboxResult.from_dict(report)
+        if "layers" in report and not self._checked:  # the per-run layers (uid_drop, seccomp), checked once
+            self._checked = True
+            _warn_missing(self.config, result.layers)
+        return result
 
     @property
     def alive(self) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import random
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import echorl_envs  # noqa: F401 - registers the ids
 from echorl_envs.core import InvalidAction
 from echorl_envs.cruxeval import (
     CRUXEvalEnv,
+    check_program,
     gold_answer,
     judge,
     judge_many,
@@ -173,3 +175,54 @@ def test_env_data_sources(monkeypatch, tmp_path):
     if DATA.is_file():
         monkeypatch.setenv("ECHORL_DATA_DIR", str(DATA.parents[1]))
         assert CRUXEvalEnv().num_tasks == 800
+
+
+# ---- reward hacking (issue 15) --------------------------------------------------------------------------------
+
+_B = "(x for x in ()).gi_frame.f_builtins"
+HACKS = [
+    "(x for x in ()).throw(SystemExit)",
+    f"{_B}['__import__']('sys').exit(0)",
+    f"{_B}['__import__']('os')._exit(0)",
+    f"{_B}['__import__']('os').write(3, b'{{\"status\": \"passed\"}}\\n' * 20)",
+    f"{{}}[{_B}['open']('/etc/passwd').read()]",
+]
+
+
+def _hack_items() -> list[dict]:
+    """50 real CRUXEval items when ../shared/data (or $ECHORL_DATA_DIR) holds them, else generated ones."""
+    env_dir = os.environ.get("ECHORL_DATA_DIR")
+    real = DATA if DATA.is_file() else Path(env_dir or "/nonexistent") / "cruxeval" / "cruxeval.jsonl"
+    items = load_cruxeval(real) if real.is_file() else generate_items(50, seed=5)
+    return random.Random(15).sample(items, 50)
+
+
+@pytest.mark.parametrize("hack", HACKS)
+def test_hacks_earn_nothing_from_the_parser_or_the_sandbox(pool, hack):
+    """Each hack is refused by parse_answer; put straight into the assertion (parser bypassed), the sandbox
+    still never calls it a pass, and wrong answers judged right after still fail."""
+    items = _hack_items()
+    with pytest.raises(InvalidAction):
+        parse_answer(hack, "input")
+    results = pool.run_many([check_program(it, hack, "input") for it in items])
+    assert [r.status for r in results if r.passed] == []
+    wrong = judge_many(items[:3], [perturb(it, "input") for it in items[:3]], "input", pool)
+    assert [r.passed for r in wrong] == [False, False, False]
+
+
+def test_env_forged_results_do_not_leak_into_later_steps(tmp_path):
+    """The issue's reproduction through two envs of one process: forge, then wrong answers must score 0."""
+    items = [{"code": "def f(x):\n    return x + 1", "input": "1", "output": "2", "id": f"i{i}"} for i in range(2)]
+    path = tmp_path / "cruxeval.jsonl"
+    path.write_text("".join(json.dumps(it) + "\n" for it in items))
+    forge = "[os.write(fd, b'{\"status\": \"passed\"}\\n' * 20) for fd in range(3, 9)]"
+    program = check_program(items[0], forge, "input").replace("assert", "import os\nassert", 1)
+    a = CRUXEvalEnv(mode="input", data_path=path, max_attempts=3)
+    b = CRUXEvalEnv(mode="input", data_path=path, max_attempts=3)
+    from echorl_envs.sandbox import shared_pool
+
+    assert not shared_pool(a.sandbox_config).run(program).passed
+    for env in (a, b):
+        env.reset(seed=0)
+        rewards = [env.step(answer)[1] for answer in ("5", "7", "9")]
+        assert rewards == [0.0, 0.0, 0.0]

@@ -74,13 +74,7 @@ def test_expert_solves_every_item():
     assert wins == env.num_tasks
 
 
-_UNHARDENED = pytest.mark.xfail(
-    reason="the sandbox on this branch still counts a SystemExit raised inside f as a pass; fixed by the "
-           "sandbox-hardening branch (remove this mark once it is merged)", strict=False)
-
-
-@pytest.mark.parametrize("body", [pytest.param("raise SystemExit(0)", marks=_UNHARDENED),
-                                  "import os\n    os._exit(0)"])
+@pytest.mark.parametrize("body", ["raise SystemExit(0)", "import os\n    os._exit(0)"])
 def test_exiting_repair_gets_no_reward(body):
     env = CRUXEvalRepairEnv(num_generated=40)
     env.reset(options={"index": 0})

@@ -204,3 +204,77 @@ def test_fuzzed_actions_never_raise(env_id):
         run()
     finally:
         env.close()
+
+
+# Issue 15's crashing inputs (surrogates, deep nesting, huge inputs, non-ASCII digits) and a few more.
+HOSTILE = [
+    "\ud800", "a\udfffb", "-" * 3000 + "1", "go forward " * 10000, "not " * 3000 + "1", "[[" * 600 + "]]" * 600,
+    "²", "(" * 5000, "+" * 3000 + "1", "[" + "9" * 5000 + "]", "\x00", "\u202e1", "𝟙",
+]
+NON_STR = [None, 3, b"go forward", ["a"], 1.5]
+
+
+def _step_ok(env, action) -> tuple:
+    obs, r, term, trunc, info = env.step(action)
+    assert isinstance(obs, str) and env.observation_space.contains(obs)
+    assert isinstance(r, float) and all(k in info for k in INFO_KEYS)
+    return obs, r, term, trunc, info
+
+
+def test_hostile_actions_never_raise(env_id):
+    """Every hostile string and non-str action is feedback with ``invalid_action`` (or a judged answer),
+    never an exception; non-str actions are always invalid and score 0."""
+    env = make(env_id)
+    try:
+        env.reset(seed=5)
+        for action in HOSTILE:
+            *_, term, trunc, info = _step_ok(env, action)
+            if term or trunc:
+                env.reset(seed=5)
+        for action in NON_STR:
+            _, r, term, trunc, info = _step_ok(env, action)
+            assert info["invalid_action"] and r == 0.0, (action, info)
+    finally:
+        env.close()
+
+
+def test_bad_reset_options_are_a_clear_value_error(env_id):
+    env = make(env_id)
+    try:
+        for options in ({1: 2}, "x", [], 3, ("index", 0)):
+            with pytest.raises(ValueError, match="option"):
+                env.reset(options=options)
+        obs, _ = env.reset(seed=0, options={})  # still usable, and {} / None mean "no options"
+        assert isinstance(obs, str)
+    finally:
+        env.close()
+
+
+_hostile_text = st.one_of(
+    st.text(min_size=1, max_size=400),
+    st.text(alphabet=st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), min_size=1, max_size=4),
+    st.builds(lambda s, n: s * n, st.sampled_from(["[", "(", "-", "not ", "[[", "{", "lambda: ", "go "]),
+              st.integers(100, 4000)),
+    st.builds(lambda a, b: a + b, st.text(max_size=50), st.sampled_from(["²", "٣", "\ud800", "\x00", "𝟙"])),
+)
+
+
+@pytest.mark.slow
+def test_hypothesis_hostile_fuzz(env_id):
+    """A bigger fuzz (slow suite): 200 hostile strings per id, no exception."""
+    env = make(env_id)
+    state = {"n": 0}
+    env.reset(seed=1)
+
+    @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(action=_hostile_text)
+    def run(action):
+        *_, term, trunc, _ = _step_ok(env, action)
+        state["n"] += 1
+        if term or trunc:
+            env.reset(seed=1)
+
+    try:
+        run()
+    finally:
+        env.close()

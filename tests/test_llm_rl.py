@@ -276,3 +276,49 @@ def test_cuda_bf16_policy_matches_hf():
     rec = policy.record(obs)
     logp, _, _ = policy.learner_scores(rec)
     torch.testing.assert_close(logp.cpu(), rec.rollout_logp.cpu(), atol=5e-2, rtol=0)
+
+
+@pytest.mark.slow  # a second model copy in a real server process thread + adapter merges (~1 min)
+def test_learner_pushes_its_adapter_to_a_rollout_server(fresh):
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from echorl_agent.llm.config import EngineConfig
+    from echorl_agent.llm.engine import LLMEngine
+    from echorl_agent.llm.models import load_model
+    from echorl_agent.llm.server import create_app
+
+    engine = LLMEngine(load_model("smollm2-135m"), EngineConfig()).start()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    app = create_app(engine, "smollm2-135m", max_loras=1)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    th = threading.Thread(target=server.run, daemon=True)
+    th.start()
+    while not server.started:
+        time.sleep(0.05)
+    try:
+        for p in fresh.trainable_parameters():
+            p.data.add_(0.05 * torch.randn_like(p))
+        policy, env = make_policy(fresh, rollout_url=f"http://127.0.0.1:{port}/v1")
+        obs, _ = env.reset(seed=0)
+        rec = policy.record(obs)  # scored by the server with the pushed adapter
+        local = policy.learner_scores(rec)[0]
+        torch.testing.assert_close(rec.rollout_logp, local.detach(), atol=1e-3, rtol=0)
+        for p in fresh.trainable_parameters():  # an update, pushed: the server never serves the stale adapter
+            p.data.add_(0.2 * torch.randn_like(p))
+        assert policy.sync_engine() == 2
+        policy.clear_store()
+        rec2 = policy.record(obs)
+        torch.testing.assert_close(rec2.rollout_logp, policy.learner_scores(rec2)[0].detach(), atol=1e-3, rtol=0)
+        assert not torch.allclose(rec2.rollout_logp, rec.rollout_logp, atol=1e-3)
+        policy.remote.close()
+    finally:
+        server.should_exit = True
+        th.join(timeout=30)
+        app.state.models.close()
+        engine.stop()

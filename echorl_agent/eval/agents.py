@@ -116,6 +116,14 @@ AGENTS: dict[str, AgentSpec] = {
                   ("transformers", "echorl_agent.llm.agents"), "llm"),
         AgentSpec("echorl", "LLM + latent plan + KV-aware engine + experience", "echorl_agent.eval.llm_agents:make_echorl",
                   ("transformers", "echorl_agent.llm.agents"), "llm"),
+        AgentSpec("llm-bc", "SmolLM2 behaviour-cloned on the expert (LoRA, LLMPolicy)",
+                  "echorl_agent.eval.llm_rl_agents:make_llm_bc", ("peft", "echorl_agent.llm_rl.policy"), "sb3"),
+        AgentSpec("llm-ppo", "SmolLM2 trained by PPO (LLMPolicy: LoRA, engine rollouts, activation reuse)",
+                  "echorl_agent.eval.llm_rl_agents:make_llm_ppo", ("peft", "echorl_agent.llm_rl.policy"), "sb3"),
+        AgentSpec("llm-echoppo", "SmolLM2, BC warm start + EchoPPO with the latent plan (soft tokens, plan KL)",
+                  "echorl_agent.eval.llm_rl_agents:make_llm_echoppo", ("peft", "echorl_agent.llm_rl.policy"), "sb3"),
+        AgentSpec("llm-grpo", "SmolLM2 trained by GRPO on free-text envs (oracle warm start, group sampling)",
+                  "echorl_agent.eval.llm_rl_agents:make_llm_grpo", ("peft", "echorl_agent.llm_rl.grpo"), "sb3"),
     ]
 }
 
@@ -162,6 +170,8 @@ def incompatibility(name: str, env_id: str) -> str | None:
     import echorl_envs
 
     s, e = spec(name), echorl_envs.entry(env_id)
+    if name == "llm-grpo":
+        return "llm-grpo answers free-text envs; use llm-ppo for choice envs" if e.action_type == "choice" else None
     if s.kind == "sb3" and e.action_type != "choice":
         return f"{name} picks among admissible actions; {env_id} takes free text"
     if name == "llm-score" and e.action_type != "choice":

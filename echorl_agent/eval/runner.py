@@ -14,6 +14,7 @@ import platform
 import sys
 import time
 import warnings
+import zlib
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
@@ -57,6 +58,9 @@ class BenchConfig:
     that agent's episodes)."""
     exclude: list[str] = field(default_factory=list)
     """(task, agent) pairs not to run, as "TASK_GLOB:AGENT_GLOB" patterns, e.g. "EchoRL/ALFWorld*:ppo"."""
+    env_urls: list[str] = field(default_factory=list)
+    """``echorl serve-env`` servers to play on instead of in-process envs; the episodes of a cell group go round-robin
+    over them with the same env seeds, so the table does not depend on how many servers there are."""
 
     def validate(self) -> None:
         import echorl_envs
@@ -82,6 +86,9 @@ class BenchConfig:
                 raise ValueError(f"exclude patterns look like 'TASK_GLOB:AGENT_GLOB', got exclude entry {pat!r}")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"max_steps must be >= 1 or None, got max_steps={self.max_steps}")
+        for url in self.env_urls:
+            if not isinstance(url, str) or not url.startswith(("http://", "https://", "ws://", "wss://")):
+                raise ValueError(f"env_urls entries must start with http://, https://, ws:// or wss://, got {url!r}")
 
 
 def episode_seed(seed: int, episode: int) -> int:
@@ -119,10 +126,23 @@ def run_job(task: str, agent_name: str, seed: int, episodes: list[int], options:
     t0 = time.perf_counter()
     agent = agent_registry.make_agent(agent_name, task, **agent_opts)
     setup_s = time.perf_counter() - t0
-    env = gym.make(task, max_episode_steps=max_steps) if max_steps else gym.make(task)
+    env_urls = options.get("env_urls") or []
+    envs: dict[str | None, gym.Env] = {}
+
+    def env_for(ep: int) -> gym.Env:
+        """The in-process env, or the served one of episode ``ep`` (one session per server, opened lazily)."""
+        # offset by the cell group so concurrent workers start on different servers (results do not depend on it)
+        url = env_urls[(ep + zlib.crc32(f"{task}|{agent_name}|{seed}".encode())) % len(env_urls)] if env_urls else None
+        if url not in envs:
+            limit = {"max_episode_steps": max_steps} if max_steps else {}
+            envs[url] = gym.make(task, **limit) if url is None else \
+                gym.make("EchoRL/Remote-v0", base_url=url, task=task, time_limit=max_steps)
+        return envs[url]
+
     rows = []
     try:
         for ep in episodes:
+            env = env_for(ep)
             es = episode_seed(seed, ep)
             before = agent.stats()
             t0 = time.perf_counter()
@@ -148,7 +168,8 @@ def run_job(task: str, agent_name: str, seed: int, episodes: list[int], options:
                 row[k] = v - before.get(k, 0.0)
             rows.append(row)
     finally:
-        env.close()
+        for env in envs.values():
+            env.close()
         agent.close()
     return rows
 
@@ -214,7 +235,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> list[dict]:
     done = {(r["task"], r["agent"], r["seed"], r["episode"]) for r in existing}
     jobs = list(_jobs(cfg, done))
     options = {"train_steps": cfg.train_steps, "max_steps": cfg.max_steps, "out": str(out),
-               "agent_options": cfg.agent_options}
+               "agent_options": cfg.agent_options, "env_urls": list(cfg.env_urls)}
     total = sum(len(j[3]) for j in jobs)
     from tqdm.auto import tqdm
 

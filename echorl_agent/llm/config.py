@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from echorl_agent.llm.prefix_cache import PrefixCacheConfig
+from echorl_agent.llm.quant import check_weight_dtype
 from echorl_agent.llm.scheduler import SchedulerConfig
 
 __all__ = ["EngineConfig", "SamplingParams", "GenerationResult", "ScoreResult"]
@@ -70,8 +71,11 @@ class EngineConfig:
     """Tokens per forward step (prefill chunks + decode tokens)."""
     attention_backend: str = "auto"
     """"auto" (Triton on CUDA, torch reference on CPU), "torch" or "triton"."""
+    weight_dtype: str = "float32"
+    """Decode weights: "float32" (exact), "int8" (fast on CPU) or "int4" (smallest); see echorl_agent.llm.quant."""
 
     def __post_init__(self) -> None:
+        check_weight_dtype(self.weight_dtype)
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got max_num_seqs={self.max_num_seqs}")
         if self.max_num_batched_tokens < self.max_num_seqs:

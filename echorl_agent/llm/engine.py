@@ -62,7 +62,9 @@ class LLMEngine(_RequestsMixin):
         self.config = config or EngineConfig()
         pc = self.config.prefix_cache
         num_blocks = pc.num_blocks(ModelRunner.kv_bytes_per_token(self.llm.model))
-        self.runner = ModelRunner(self.llm.model, num_blocks, pc.block_size, self.config.attention_backend)
+        self.runner = ModelRunner(
+            self.llm.model, num_blocks, pc.block_size, self.config.attention_backend, self.config.weight_dtype
+        )
         self.cache = PrefixCache(num_blocks, pc)
         self.scheduler = Scheduler(self.config.scheduler)
         self.eos_token_ids = tuple(self.llm.eos_token_ids)
@@ -204,7 +206,8 @@ class LLMEngine(_RequestsMixin):
             return self.cache.invalidate()
 
     def on_weights_updated(self, names: list[str]) -> None:
-        """Hook run after :meth:`update_weights` copied ``names`` (e.g. to re-pack quantized weights)."""
+        """Hook run after :meth:`update_weights` copied ``names``: re-packs the changed quantized linears."""
+        self.runner.refresh_weights(names)
 
     def enable_capture(self, layer: int | None) -> None:
         """Capture activations entering ``layer`` for every token (see :meth:`ModelRunner.enable_capture`).

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from echorl_agent.kernels.attention import decode_plan, paged_attention, paged_decode_attention
+from echorl_agent.llm.quant import QuantizedLinear, check_weight_dtype, linear_names, quantize_model_linears
 
 __all__ = ["ModelRunner", "SeqChunk", "SUPPORTED_MODEL_TYPES"]
 
@@ -59,9 +60,18 @@ class ModelRunner:
         num_blocks: KV pool size in blocks.
         block_size: tokens per block.
         attention_backend: ``"auto"`` (Triton on CUDA, torch reference otherwise), ``"torch"`` or ``"triton"``.
+        weight_dtype: ``"float32"`` (the model's own weights, exact), ``"int8"`` or ``"int4"`` (packed copies of
+            the projections, MLP and LM head, see :mod:`echorl_agent.llm.quant`).
     """
 
-    def __init__(self, model: torch.nn.Module, num_blocks: int, block_size: int, attention_backend: str = "auto"):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        num_blocks: int,
+        block_size: int,
+        attention_backend: str = "auto",
+        weight_dtype: str = "float32",
+    ):
         cfg = model.config
         if cfg.model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
@@ -83,6 +93,9 @@ class ModelRunner:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.attention_backend = attention_backend
+        self.weight_dtype = check_weight_dtype(weight_dtype)
+        self.quantized: dict[str, QuantizedLinear] = quantize_model_linears(model, weight_dtype)
+        self._quant_of = {model.get_submodule(name): q for name, q in self.quantized.items()}  # module -> packed
         modeling = importlib.import_module(type(self.layers[0].self_attn).__module__)
         self._apply_rope = modeling.apply_rotary_pos_emb
         p = next(model.parameters())
@@ -135,6 +148,38 @@ class ModelRunner:
             return False
         return self.device.type == "cuda"
 
+    def refresh_weights(self, names: list[str] | None = None) -> list[str]:
+        """Re-pack the quantized linears after the float32 weights changed (a learner update).
+
+        Args:
+            names: changed parameter names (``"model.layers.0.mlp.up_proj.weight"``) or linear names; None = all.
+                The tied embedding (``model.embed_tokens.weight``) refreshes the LM head that shares it.
+
+        Returns:
+            The linears re-packed (empty in float32 mode, which reads the model's weights directly).
+        """
+        if not self.quantized:
+            return []
+        todo = list(self.quantized) if names is None else self._linears_of(names)
+        for name in todo:
+            lin = self.model.get_submodule(name)
+            self.quantized[name].requantize(lin.weight)
+            if lin.bias is not None:
+                self.quantized[name].bias = lin.bias.detach().float().clone()
+        return todo
+
+    def _linears_of(self, names: list[str]) -> list[str]:
+        known = set(linear_names(self.model))
+        tied = self.model.lm_head.weight is self.inner.embed_tokens.weight
+        out: dict[str, None] = {}
+        for n in names:
+            base = n.rsplit(".", 1)[0] if n.endswith((".weight", ".bias")) else n
+            if base in known:
+                out[base] = None
+            elif tied and base == "model.embed_tokens":
+                out["lm_head"] = None
+        return list(out)
+
     def copy_block(self, src: int, dst: int) -> None:
         """Copy one block's KV in every layer (copy-on-write of a shared partial block)."""
         self.k_pool[:, dst] = self.k_pool[:, src]
@@ -143,15 +188,19 @@ class ModelRunner:
             bs = self.block_size
             self.h_pool[dst * bs : (dst + 1) * bs] = self.h_pool[src * bs : (src + 1) * bs]
 
-    @staticmethod
-    def _linear(x: torch.Tensor, lin: torch.nn.Module) -> torch.Tensor:
+    def _linear(self, x: torch.Tensor, lin: torch.nn.Module) -> torch.Tensor:
         """``lin(x)`` (``x W^T + b``); for a few rows, computed over slices of the output features.
+
+        With ``weight_dtype`` int8/int4 the packed copy of ``lin`` runs instead (:mod:`echorl_agent.llm.quant`).
 
         Each output element is the same dot product either way, but with a handful of rows (a decode step) the
         CPU BLAS is markedly faster on narrow weight slices than on one wide weight (measured on SmolLM2-135M:
         the ``[8, 576] x [576, 49152]`` LM head takes about half the time in 256-row slices), so decode steps
         use slices and prefill keeps the single GEMM.
         """
+        q = self._quant_of.get(lin)
+        if q is not None:
+            return q(x).to(x.dtype)
         n_out = lin.weight.shape[0]
         if x.device.type != "cpu" or not 1 < x.shape[0] <= _SMALL_BATCH_ROWS or n_out <= _OUT_SLICE:
             return lin(x)
@@ -164,7 +213,7 @@ class ModelRunner:
 
     def _mlp(self, mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The gated MLP of Llama/Mistral/Qwen2 (``down(act(gate(x)) * up(x))``, as HF's ``LlamaMLP.forward``)."""
-        if x.device.type != "cpu" or not 1 < x.shape[0] <= _SMALL_BATCH_ROWS:
+        if not self._quant_of and (x.device.type != "cpu" or not 1 < x.shape[0] <= _SMALL_BATCH_ROWS):
             return mlp(x)
         lin = self._linear
         return lin(mlp.act_fn(lin(x, mlp.gate_proj)) * lin(x, mlp.up_proj), mlp.down_proj)

@@ -360,6 +360,7 @@ def serve(args: argparse.Namespace) -> int:
         ),
         scheduler=SchedulerConfig(policy=args.policy),
         max_num_seqs=args.max_num_seqs,
+        weight_dtype=args.weight_dtype,
     )
     engine = LLMEngine(load_model(args.model), cfg).start()
     app = create_app(engine, args.served_model_name or args.model, max_loras=args.max_loras)

@@ -105,7 +105,7 @@ def behaviour_clone(policy, data: ExpertData, epochs: int = 3, batch_size: int =
             loss.backward()
             torch.nn.utils.clip_grad_norm_(list(policy.parameters()), 1.0)
             policy.optimizer.step()
-            total += float(loss) * len(idx)
+            total += float(loss.detach()) * len(idx)
         losses.append(total / len(order))
         if on_epoch is not None:
             on_epoch(epoch, losses[-1])

@@ -52,8 +52,14 @@ class LLMPolicyConfig:
     """KV pool of the rollout engine in tokens."""
     prefix_caching: bool = True
     """Prefix cache of the rollout engine (False: the cache-off baseline)."""
+    engine_weight_dtype: str = "float32"
+    """Weights of the rollout engine: "float32" (exact), "int8" or "int4" (faster decode; the learner then
+    recomputes the frozen layers in float32 and the truncated IS weights correct the rollout/learner mismatch)."""
     show_admissible: bool = True
     """List the admissible actions in each observation turn (off: shorter prompts when the set never changes)."""
+    rollout_url: str | None = None
+    """Score rollouts on this OpenAI-compatible server (``.../v1``) instead of the local engine; the learner pushes
+    its adapter there after every update (:class:`~echorl_agent.llm_rl.remote.RemoteRollout`)."""
     system_prompt: str = (
         "You are an agent in a text game. Reply with the single best action from the admissible actions."
     )
@@ -81,6 +87,12 @@ class LLMPolicyConfig:
             self.planning = PlanningConfig.from_kwargs(self.planning)
         if self.planning.window is None:
             self.planning.window = 2
+        if self.rollout_url is not None and (self.plan_tokens or not self.lora_rank):
+            raise ValueError(f"rollout_url needs lora_rank > 0 and plan_tokens=0 (adapters travel by name, soft tokens "
+                             f"cannot), got lora_rank={self.lora_rank}, plan_tokens={self.plan_tokens}")
+        if self.engine_weight_dtype not in ("float32", "int8", "int4"):
+            raise ValueError(f"engine_weight_dtype must be 'float32', 'int8' or 'int4', got "
+                             f"engine_weight_dtype={self.engine_weight_dtype!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got device={self.device!r}")
 

@@ -79,8 +79,9 @@ class TrainableLM:
         pc = PrefixCacheConfig(max_tokens=cfg.max_kv_tokens, enable_prefix_caching=cfg.prefix_caching)
         rollout_model.requires_grad_(False).eval()
         self.engine = LLMEngine(LoadedModel(rollout_model, base.tokenizer, base.name, base.extra),
-                                EngineConfig(prefix_cache=pc))
-        self.capture = cfg.reuse_activations and self.boundary > 0
+                                EngineConfig(prefix_cache=pc, weight_dtype=cfg.engine_weight_dtype))
+        # captured activations are reused only where exact: float32 engine weights, frozen layers below b
+        self.capture = cfg.reuse_activations and self.boundary > 0 and cfg.engine_weight_dtype == "float32"
         if self.capture:
             self.engine.enable_capture(self.boundary)
 

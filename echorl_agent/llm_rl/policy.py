@@ -99,6 +99,12 @@ class LLMPolicy(BasePolicy):
         self._features: OrderedDict[tuple[str, int], torch.Tensor] = OrderedDict()
         self.recording = False
         """True while collecting rollouts: records (with activations) are kept for the learner."""
+        self.remote = None
+        if self.cfg.rollout_url:
+            from echorl_agent.llm_rl.remote import RemoteRollout
+
+            self.remote = RemoteRollout(self.cfg.rollout_url, tokenizer=self.lm.tokenizer)
+            self.remote.push(self.lm)
         self.to(self.lm.device)
         self.optimizer = self.optimizer_class(self.parameters(), lr=lr_schedule(1), **self.optimizer_kwargs)
 
@@ -131,7 +137,9 @@ class LLMPolicy(BasePolicy):
         return data
 
     def sync_engine(self) -> int:
-        """Push the learner's weights to the rollout engine (after an update); returns the weight version."""
+        """Push the learner's weights to the rollout engine or server (after an update); returns the version."""
+        if self.remote is not None:
+            return self.remote.push(self.lm)
         return self.lm.sync()
 
     def clear_store(self) -> None:
@@ -160,6 +168,8 @@ class LLMPolicy(BasePolicy):
         llm = self.lm.llm
         prompt, span = render_prompt(llm, state, self.cfg.system_prompt, self.cfg.show_admissible)
         cands = candidate_ids(llm, state["admissible"])
+        if self.remote is not None:
+            return self._remote_record(key, prompt, cands)
         holder: dict[str, torch.Tensor] = {}
         episode, t = str(state.get("episode", "")), int(state.get("t", 0))
 
@@ -186,6 +196,15 @@ class LLMPolicy(BasePolicy):
                          window=holder.get("window"))
         if self.lm.capture:
             rec.context_states, rec.cand_states = res.context_states, res.candidate_states
+        if self.recording:
+            self._store[key] = rec
+        return rec
+
+    def _remote_record(self, key: bytes, prompt: list[int], cands: list[list[int]]) -> StepRecord:
+        scores = torch.tensor(self.remote.score(prompt, cands), dtype=torch.float64)
+        rec = StepRecord(prompt, len(prompt), cands, self._logits(scores, cands).log_softmax(-1).float(), 0.0)
+        with torch.no_grad():  # the critic lives on the learner
+            rec.value = float(self.learner_scores(rec)[1].item())
         if self.recording:
             self._store[key] = rec
         return rec

