@@ -8,6 +8,9 @@ Two measurements per id, each side by side in one run:
   same games. Only ``step`` calls are timed; rewards must agree.
 * ``async 2 ÷ 1`` -- ``AsyncVectorEnv`` with 2 workers ÷ with 1 worker, env steps per second (random
   admissible commands, autoreset), i.e. how well the engine scales across processes on this machine.
+* ``step_timeout on ÷ off`` -- our env with its default per-step engine timeout (engine calls on a worker thread,
+  :class:`echorl_envs.core.EngineCaller`) ÷ the same env with ``step_timeout=None`` (direct calls), same plays,
+  alternated; rewards must agree.
 """
 
 from __future__ import annotations
@@ -106,6 +109,16 @@ def _bench(family: str, args: Any, make_raw: Callable[[gym.Env, int], Any], rewa
                     best[name] = (sps, total)
         rows.append(row_cls(family, env_id.removeprefix("EchoRL/"), "text, random admissible", best["ours"][0],
                             best["raw"][0], abs(best["ours"][1] - best["raw"][1]) < 1e-9))
+        direct = gym.make(env_id, **kwargs, step_timeout=None)
+        timed: dict[str, tuple[float, float]] = {}
+        for _ in range(args.repeats):
+            for name, e in (("on", env), ("off", direct)):
+                sps, total = _time_ours(e, plays)
+                if name not in timed or sps > timed[name][0]:
+                    timed[name] = (sps, total)
+        direct.close()
+        rows.append(row_cls(family, env_id.removeprefix("EchoRL/"), "step_timeout on / off (ours/raw cols)",
+                            timed["on"][0], timed["off"][0], abs(timed["on"][1] - timed["off"][1]) < 1e-9))
         two, one = _async_ratio(env_id, kwargs, steps, args.seed)
         rows.append(row_cls(family, env_id.removeprefix("EchoRL/"), "async 2 workers / 1 (ours/raw cols)", two, one,
                             True))

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from echorl_envs.alfworld.games import cache_root
-from echorl_envs.core import ReplayPickledEnv, Transition
+from echorl_envs.core import EngineError, EngineHost, ReplayPickledEnv, Transition, timeout_transition
 
 __all__ = ["TextWorldEnv", "CHALLENGE_SETTINGS", "generate_textworld_game"]
 
@@ -102,6 +102,47 @@ def generate_textworld_game(challenge: str, args: Sequence[str], split: str, see
     return game_file
 
 
+_STATE_KEYS = ("feedback", "score", "max_score", "won", "lost", "admissible_commands", "policy_commands", "objective")
+
+
+class _TextWorldEngine:
+    """``textworld.start`` on one compiled game, its states exported as plain dicts (they cross a process pipe)."""
+
+    def __init__(self) -> None:
+        self.env: Any = None
+
+    def start(self, path: Path) -> None:
+        import textworld
+
+        self.close()
+        infos = textworld.EnvInfos(admissible_commands=True, policy_commands=True, won=True, lost=True,
+                                   score=True, max_score=True, objective=True)
+        with warnings.catch_warnings():
+            # Jericho flags every TextWorld-compiled game as "not fully supported" (it lacks a per-game
+            # score table); textworld's own wrapper tracks score and state, so the warning is noise.
+            warnings.filterwarnings("ignore", message=".*not fully supported.*")
+            self.env = textworld.start(str(path), request_infos=infos)
+
+    @staticmethod
+    def _export(state: Any) -> dict[str, Any]:
+        out = {k: state[k] for k in _STATE_KEYS}
+        for k in ("admissible_commands", "policy_commands"):
+            out[k] = list(out[k]) if out[k] is not None else None
+        return out
+
+    def reset(self) -> dict[str, Any]:
+        return self._export(self.env.reset())
+
+    def step(self, action: str) -> dict[str, Any]:
+        state, _score, _done = self.env.step(action)
+        return self._export(state)
+
+    def close(self) -> None:
+        if self.env is not None:
+            self.env.close()
+        self.env = None
+
+
 class TextWorldEnv(ReplayPickledEnv):
     """A TextWorld challenge (Cote et al., 2018) generated offline and played on textworld's engine.
 
@@ -129,7 +170,9 @@ class TextWorldEnv(ReplayPickledEnv):
     Info:
         ``task``, ``admissible_actions``, ``won``, ``invalid_action``, ``step``, ``task_id``, ``score``,
         ``max_score``, ``lost`` and ``expert_action`` (the first command of textworld's current winning policy,
-        which is the walkthrough from the start state and is re-planned after a detour).
+        which is the walkthrough from the start state and is re-planned after a detour). A step whose engine
+        call exceeds ``step_timeout`` ends the episode truncated with ``info["error"]`` (the game is restarted
+        in a fresh engine at the next reset).
 
     Registered ids:
         ``EchoRL/TextWorld-Simple-v0``, ``EchoRL/TextWorld-CoinCollector-v0``,
@@ -142,6 +185,11 @@ class TextWorldEnv(ReplayPickledEnv):
         split: ``"train"`` or ``"eval"``.
         num_games: size of the pool (games are generated on first use).
         cache_dir: where compiled games are cached (default ``$ECHORL_CACHE_DIR`` or the user cache dir).
+        step_timeout: seconds one engine step may take before it is abandoned (:class:`~echorl_envs.core.
+            EngineHost`: after that the engine runs in a child process that is killed on a timeout); None calls
+            the engine directly, without a timeout.
+        reset_timeout: the same for a reset, which may load and compile a new game (used unless
+            ``step_timeout`` is None).
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
@@ -155,10 +203,15 @@ class TextWorldEnv(ReplayPickledEnv):
         num_games: int = 16,
         cache_dir: str | os.PathLike | None = None,
         render_mode: str | None = None,
+        step_timeout: float | None = 30.0,
+        reset_timeout: float = 300.0,
     ) -> None:
         super().__init__(render_mode=render_mode)
         self._ctor = dict(challenge=challenge, difficulty=difficulty, challenge_args=challenge_args, split=split,
-                          num_games=num_games, cache_dir=cache_dir, render_mode=render_mode)
+                          num_games=num_games, cache_dir=cache_dir, render_mode=render_mode,
+                          step_timeout=step_timeout, reset_timeout=reset_timeout)
+        self._host = EngineHost(_TextWorldEngine, step_timeout, name="echorl-textworld-engine")
+        self._reset_timeout = reset_timeout
         if challenge not in CHALLENGE_SETTINGS:
             hint = difflib.get_close_matches(challenge, CHALLENGE_SETTINGS, n=1)
             raise ValueError(f"challenge must be one of {sorted(CHALLENGE_SETTINGS)}, got challenge={challenge!r}"
@@ -178,8 +231,8 @@ class TextWorldEnv(ReplayPickledEnv):
         key = hashlib.sha1(json.dumps([_GEN_VERSION, self.challenge_args]).encode()).hexdigest()[:10]
         self.root = cache_root(cache_dir) / "textworld" / challenge / key / split
         self._paths: dict[int, Path] = {}
-        self._env: Any = None
         self._loaded: Path | None = None
+        self._game: Path | None = None
         self._state: Any = None
         self._score = 0
         self._index: int | None = None
@@ -208,28 +261,29 @@ class TextWorldEnv(ReplayPickledEnv):
 
     # ------------------------------------------------------------------ hooks
     def _reset_episode(self, options: dict[str, Any]) -> Transition:
-        import textworld
-
         index = self._select_index(options)
         path = self.game_path(index)
-        if self._loaded != path:
-            if self._env is not None:
-                self._env.close()
-            infos = textworld.EnvInfos(admissible_commands=True, policy_commands=True, won=True, lost=True,
-                                       score=True, max_score=True, objective=True)
-            with warnings.catch_warnings():
-                # Jericho flags every TextWorld-compiled game as "not fully supported" (it lacks a per-game
-                # score table); textworld's own wrapper tracks score and state, so the warning is noise.
-                warnings.filterwarnings("ignore", message=".*not fully supported.*")
-                self._env = textworld.start(str(path), request_infos=infos)
-            self._loaded = path
-        self._state = self._env.reset()
+        try:
+            self._state = self._start_and_reset(path)
+        except EngineError:  # one retry on a fresh engine process, then the error reaches the caller
+            self._loaded = None
+            self._state = self._start_and_reset(path)
         self._score = int(self._state["score"] or 0)
-        self._index, self._history = index, []
+        self._index, self._history, self._game = index, [], path
         return Transition(self._state["feedback"])
 
+    def _start_and_reset(self, path: Path) -> dict[str, Any]:
+        if self._loaded != path:
+            self._host.call("start", path, timeout=self._reset_timeout)
+            self._loaded = path
+        return self._host.call("reset", timeout=self._reset_timeout)
+
     def _apply(self, action: str) -> Transition:
-        self._state, _score, _done = self._env.step(action)
+        try:
+            self._state = self._host.call("step", action)
+        except EngineError as e:  # the engine process was killed or died: a fresh one starts at reset
+            self._loaded = None
+            return timeout_transition(e)
         score = int(self._state["score"] or 0)
         reward, self._score = float(score - self._score), score
         won, lost = bool(self._state["won"]), bool(self._state["lost"])
@@ -249,7 +303,7 @@ class TextWorldEnv(ReplayPickledEnv):
     def _info(self, invalid: bool, extra: dict[str, Any]) -> dict[str, Any]:
         st = self._state
         more = {
-            "task_id": f"{self.challenge}/{self._loaded.parent.name}" if self._loaded else "",
+            "task_id": f"{self.challenge}/{self._game.parent.name}" if self._game else "",
             "score": self._score,
             "max_score": int(st["max_score"]) if st is not None else 0,
             "lost": bool(st["lost"]) if st is not None else False,
@@ -258,8 +312,6 @@ class TextWorldEnv(ReplayPickledEnv):
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
-        if self._env is not None:
-            self._env.close()
-        self._env = None
+        self._host.close()
         self._loaded = None
         super().close()

@@ -271,6 +271,247 @@ def test_pickle_round_trip_keeps_cold_tier():
     _assert_same_batches(a, b)
 
 
+def _digest(buf: HotColdReplayBuffer) -> str:
+    """Fingerprint of a buffer's whole state (its checksummed pickle), to prove a failed load changed nothing."""
+    return buf.__getstate__()["sha256"]
+
+
+def _same_data(a: HotColdReplayBuffer, b: HotColdReplayBuffer) -> bool:
+    """Same stored data and counters (both tiers, leaves, plans)."""
+    if (a.num_added, a.pos, a.full, a._shift, a._td_max) != (b.num_added, b.pos, b.full, b._shift, b._td_max):
+        return False
+    pairs = [(getattr(a, k), getattr(b, k)) for k in ("observations", "actions", "rewards", "hot_plans", "hot_td")]
+    pairs.append((a.tree.leaves, b.tree.leaves))
+    if a.cold is not None:
+        pairs += [(a.cold.arrays[k][: a.cold.num_rows], b.cold.arrays[k][: b.cold.num_rows]) for k in a.cold.arrays]
+    return all(np.array_equal(x, y) for x, y in pairs)
+
+
+def _split_file(raw: bytes) -> tuple[int, dict]:
+    import json
+    import struct
+
+    (hlen,) = struct.unpack("<Q", raw[8:16])
+    return hlen, json.loads(raw[48 : 48 + hlen])
+
+
+def _rewrite_header(raw: bytes, edit, rehash: bool) -> bytes:
+    """Apply ``edit`` to the JSON header; keep the old header checksum unless ``rehash`` (a deliberate forgery)."""
+    import hashlib
+    import json
+    import struct
+
+    hlen, header = _split_file(raw)
+    edit(header)
+    new = json.dumps(header).encode()
+    length = struct.pack("<Q", len(new))
+    digest = hashlib.sha256(length + new).digest() if rehash else raw[16:48]
+    return raw[:8] + length + digest + new + raw[48 + hlen :]
+
+
+def test_single_byte_flips_raise_replay_file_error_or_load_identical_data(tmp_path):
+    a = _filled()
+    path = tmp_path / "replay.bin"
+    a.save(path)
+    raw = path.read_bytes()
+    hlen, _ = _split_file(raw)
+    b = _filled(seed=7)
+    before = _digest(b)
+    rng = np.random.default_rng(0)
+    header_pos = rng.integers(0, 48 + hlen, 300)  # magic, length, header checksum, JSON header
+    payload_pos = rng.integers(48 + hlen, len(raw), 100)
+    outcomes = {"error": 0, "identical": 0}
+    for i, p in enumerate(np.concatenate([header_pos, payload_pos])):
+        data = bytearray(raw)
+        data[p] ^= int(rng.integers(1, 256))
+        bad = tmp_path / f"flip{i}.bin"
+        bad.write_bytes(bytes(data))
+        try:
+            b.load(bad)
+        except ReplayFileError:
+            outcomes["error"] += 1
+            assert _digest(b) == before, f"a failed load (flip at byte {p}) modified the buffer"
+        else:  # any other exception type propagates and fails the test
+            assert _same_data(a, b), f"flip at byte {p} loaded different data silently"
+            outcomes["identical"] += 1
+            b = _filled(seed=7)
+        bad.unlink()
+    assert outcomes["error"] == 400, outcomes
+
+
+@pytest.mark.parametrize("rehash", [False, True], ids=["checksum-kept", "checksum-forged"])
+def test_targeted_header_edits_are_refused(tmp_path, rehash):
+    a = _filled()
+    path = tmp_path / "replay.bin"
+    a.save(path)
+    raw = path.read_bytes()
+    b = _filled(seed=7)
+    before = _digest(b)
+
+    def swap_arrays(h):  # exchange the table entries of two same-sized arrays (their data stay where they are)
+        e = {x["name"]: x for x in h["arrays"]}
+        e["observations"]["name"], e["next_observations"]["name"] = "next_observations", "observations"
+
+    def swap_offsets(h):
+        e = {x["name"]: x for x in h["arrays"]}
+        e["observations"]["offset"], e["next_observations"]["offset"] = (
+            e["next_observations"]["offset"], e["observations"]["offset"])
+
+    def meta(key, value):
+        return lambda h: h["meta"].__setitem__(key, value(h["meta"][key]))
+
+    edits = {
+        "pos": meta("pos", lambda v: (v + 1) % 4),
+        "num_added": meta("num_added", lambda v: v + 1),
+        "full": meta("full", lambda v: not v),
+        "shift": meta("shift", lambda v: (float.fromhex(v) + 1.0).hex()),
+        "td_max": meta("td_max", lambda v: (float.fromhex(v) / 4).hex()),
+        "swapped arrays": swap_arrays,
+        "swapped offsets": swap_offsets,
+        "cold pos": lambda h: h["meta"]["cold"].__setitem__("pos", (h["meta"]["cold"]["pos"] + 1) % 4),
+        "dropped array": lambda h: h["arrays"].pop(),
+        "stats": meta("stats", lambda v: None),
+        "rng": meta("rng", lambda v: {"bit_generator": "PCG64"}),
+    }
+    for what, edit in edits.items():
+        bad = tmp_path / "edited.bin"
+        bad.write_bytes(_rewrite_header(raw, edit, rehash))
+        with pytest.raises(ReplayFileError, match="header checksum" if not rehash else None) as err:
+            b.load(bad)
+        assert not rehash or "checksum" not in str(err.value) or "array" in str(err.value), (what, err.value)
+        assert _digest(b) == before, f"failed load after a {what!r} edit modified the buffer"
+    b.load(path)
+    assert _same_data(a, b)
+
+
+def _save_forever(bufs, path) -> None:  # child of the concurrency test
+    while True:
+        for buf in bufs:
+            buf.save(path)
+
+
+def _save_stalled(buf, path) -> None:  # child of the SIGKILL test: stalls after writing, before the rename
+    import os as _os
+    import time
+
+    _os.fsync = lambda fd: time.sleep(3600)
+    buf.save(path)
+
+
+def _wait_for(cond, timeout: float = 60.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_load_during_concurrent_saves_in_another_process_sees_one_version(tmp_path):
+    import multiprocessing as mp
+
+    v1, v2 = _filled(seed=1), _filled(seed=2)
+    add_steps(v2, np.ones((3, 2, 2), np.float32), np.ones((3, 2), np.float32), start=11)
+    path = tmp_path / "replay.bin"
+    v2.save(path)  # save() applies deferred leaf updates: both versions now equal what the child writes
+    v1.save(path)
+    assert not _same_data(v1, v2)
+    saver = mp.get_context("fork").Process(target=_save_forever, args=([v1, v2], path), daemon=True)
+    saver.start()
+    try:
+        c = make(hot=8, cold=8, n_envs=2, ema_decay=0.3)
+        seen, loads = set(), 0
+        while loads < 60 or len(seen) < 2:
+            c.load(path)
+            loads += 1
+            match = [k for k, v in (("v1", v1), ("v2", v2)) if _same_data(v, c)]
+            assert match, f"load {loads} returned a mix of versions"
+            seen.add(match[0])
+            assert loads < 3000, f"saw only {seen} in {loads} loads"
+    finally:
+        saver.kill()
+        saver.join()
+    assert seen == {"v1", "v2"}
+
+
+def test_sigkilled_save_keeps_the_previous_file_and_its_orphan_is_removed_later(tmp_path):
+    import multiprocessing as mp
+    import os
+    import signal
+
+    old, new = _filled(seed=1), _filled(seed=2)
+    path = tmp_path / "replay.bin"
+    old.save(path)
+    writer = mp.get_context("fork").Process(target=_save_stalled, args=(new, path), daemon=True)
+    writer.start()
+    tmps = lambda: sorted(tmp_path.glob(".replay.bin.*.tmp"))  # noqa: E731
+    _wait_for(lambda: len(tmps()) == 1)
+    orphan = tmps()[0]
+    assert f"-{writer.pid}." in orphan.name
+    c = make(hot=8, cold=8, n_envs=2, ema_decay=0.3)
+    c.load(path)  # the writer is alive and holds its lock: its file must survive
+    assert _same_data(old, c) and orphan.exists()
+    os.kill(writer.pid, signal.SIGKILL)
+    writer.join()
+    assert writer.exitcode == -signal.SIGKILL and orphan.exists()
+    c.load(path)  # the previous file is intact; the orphan is removed by this load
+    assert _same_data(old, c) and not orphan.exists()
+
+
+def test_save_removes_orphans_of_dead_processes_only(tmp_path):
+    import subprocess
+    import sys
+
+    from echorl_agent.replay.serialization import tmp_name
+
+    path = tmp_path / "replay.bin"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    mine = tmp_name(path)  # this process is alive: its name must be kept
+    orphan = mine.with_name(mine.name.replace(f"-{__import__('os').getpid()}.", f"-{dead.pid}."))
+    other = tmp_path / ".other.bin.x-1.tmp"
+    for f in (mine, orphan, other):
+        f.write_bytes(b"partial")
+    _filled().save(path)
+    assert mine.exists() and other.exists() and not orphan.exists()
+
+
+def test_sb3_save_replay_buffer_pickle_is_checksummed(tmp_path):
+    model = DQN("MlpPolicy", "CartPole-v1", buffer_size=64, learning_starts=1000, seed=0,
+                replay_buffer_class=HotColdReplayBuffer,
+                replay_buffer_kwargs={"config": ReplayConfig(cold_size=32, plan_source="observation", seed=0)})
+    model.learn(100)
+    ref = model.replay_buffer
+    path = tmp_path / "buffer.pkl"
+    model.save_replay_buffer(path)
+    raw = path.read_bytes()
+    blob = ref.__getstate__()["state"]
+    start = raw.find(blob)
+    assert start > 0
+    actions_at = start + blob.find(ref.actions.tobytes())  # the issue's case: two flipped bytes in `actions`
+    rng = np.random.default_rng(0)
+    positions = [(actions_at, actions_at + 5)] + [tuple(rng.integers(start, start + len(blob), 2)) for _ in range(30)]
+    for p, q in positions:
+        data = bytearray(raw)
+        data[p] ^= 0x01
+        data[q] ^= 0x10
+        path.write_bytes(bytes(data))
+        with pytest.raises(ReplayFileError, match="checksum"):
+            model.load_replay_buffer(path)
+    for p in rng.integers(0, len(raw), 30):  # anywhere, including pickle opcodes: never a silent change
+        data = bytearray(raw)
+        data[p] ^= 0xFF
+        path.write_bytes(bytes(data))
+        try:
+            model.load_replay_buffer(path)
+        except Exception:  # noqa: BLE001 - any refusal is fine; an outer opcode flip need not be ReplayFileError
+            continue
+        assert _same_data(ref, model.replay_buffer)
+    path.write_bytes(raw)
+    model.load_replay_buffer(path)
+    assert _same_data(ref, model.replay_buffer)
+
+
 # ------------------------------------------------------------------------------------------------ threads
 def test_concurrent_add_and_sample_are_consistent():
     buf = make(hot=64, cold=64, n_envs=2, plan_source="observation", seed=1)

@@ -10,23 +10,22 @@ restores it bit-exactly: the loaded buffer draws the same batches as the saved o
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import pickle
+import threading
 from typing import Any
 
 import numpy as np
 
 from echorl_agent.replay.cold import ColdStore
-from echorl_agent.replay.serialization import (
-    ReplayFileError,
-    read_array,
-    read_header,
-    verify_payload,
-    write_arrays,
-)
+from echorl_agent.replay.serialization import ReplayFileError, ReplayFileReader, remove_orphans, write_arrays
+from echorl_agent.replay.validation import COLD_FIELDS as _COLD_FIELDS
+from echorl_agent.replay.validation import HOT_FIELDS as _HOT_FIELDS
+from echorl_agent.replay.validation import stage_load
 
 __all__ = ["PersistenceMixin"]
 
-_COLD_FIELDS = ("observations", "next_observations", "actions", "rewards", "dones", "timeouts", "plans", "td", "seq")
-_HOT_FIELDS = ("observations", "next_observations", "actions", "rewards", "dones", "timeouts", "hot_td", "hot_seq")
+_PICKLE_FORMAT = "echorl-replay-pickle/1"
 
 
 class PersistenceMixin:
@@ -77,74 +76,85 @@ class PersistenceMixin:
     def load(self, path: str) -> None:
         """Replace this buffer's state with the one saved at ``path``.
 
-        The file is fully validated (format, size, SHA-256, layout against this buffer) before anything changes.
+        The file is opened once and fully validated through that descriptor (format, header and per-array SHA-256,
+        layout against this buffer, header counters against the payload: :mod:`echorl_agent.replay.validation`)
+        before anything changes, so a failed load leaves the buffer as it was and a save running concurrently in
+        another process (it renames a new file into place) cannot mix versions. Temporary files of killed saves
+        next to ``path`` are removed first.
 
         Raises:
             ReplayFileError: missing, truncated or corrupt file, or a file saved from a buffer with other spaces
                 or capacities (a ``ValueError`` subclass).
         """
         with self._lock:
-            header = read_header(path)
-            meta = header["meta"]
-            mine = self._layout()
-            if meta["layout"] != mine:
-                diff = {k: (meta["layout"].get(k), v) for k, v in mine.items() if meta["layout"].get(k) != v}
-                raise ReplayFileError(
-                    f"{path} was saved from a buffer with a different layout (saved, this): {diff}; build the buffer "
-                    "with the same spaces, buffer_size, cold_size and n_envs before load()"
-                )
-            verify_payload(path, header)
-            # ---- from here on the file is known intact and compatible: apply it
-            self.close()
-            self.plan_dim = None
-            self.hot_plans, self.tracker, self.cold, self._projection, self._tau_ref = None, None, None, None, None
-            if meta["plan_dim"] is not None:
-                self._allocate(int(meta["plan_dim"]))
-                self.hot_plans[...] = read_array(path, header, "hot_plans")
-                self.tracker.load_state_dict({"tau_bar": read_array(path, header, "tau_bar"), "dim": self.plan_dim,
-                                              "decay": self.config.ema_decay, **meta["tracker"]})
-            for name in _HOT_FIELDS:
-                getattr(self, name)[...] = read_array(path, header, name)
-            names = {e["name"] for e in header["arrays"]}
-            if "tau_ref" in names:
-                self._tau_ref = np.array(read_array(path, header, "tau_ref"))
-            if "projection" in names:
-                self._projection = np.array(read_array(path, header, "projection"))
-            if self.cold is not None and meta["cold"] is not None:
-                n = 0
-                for name in _COLD_FIELDS:
-                    data = read_array(path, header, f"cold_{name}")
-                    n = len(data)
-                    self.cold.arrays[name][:n] = data
-                self.cold.pos, self.cold.full = int(meta["cold"]["pos"]), bool(meta["cold"]["full"])
-                self.cold.flush()
-            nslots = self.hot_slots + self.cold_slots
-            self.tree.leaves[:] = 0.0
-            self.tree.leaves[:nslots] = read_array(path, header, "tree_leaves")
-            self.tree.rebuild()
-            self._c[...] = read_array(path, header, "c")
-            self.pos, self.full = int(meta["pos"]), bool(meta["full"])
-            self.num_added, self.num_sample_calls = int(meta["num_added"]), int(meta["num_sample_calls"])
-            self.plan_source = meta["plan_source"]
-            self._shift = float.fromhex(meta["shift"])
-            self._plan_norm_max = float.fromhex(meta["plan_norm_max"])
-            self._td_max = float.fromhex(meta["td_max"])
-            self._rng.bit_generator.state = meta["rng"]
-            self.stats = dict(meta["stats"])
-            self._dirty_hot.clear()
-            self._dirty_cold.clear()
+            remove_orphans(path)
+            with ReplayFileReader(path) as reader:
+                staged = stage_load(self, reader)
+                self._apply_loaded(staged)
+
+    def _apply_loaded(self, s: dict[str, Any]) -> None:
+        """Apply the state validated by :func:`stage_load` (no check can fail from here on)."""
+        arrays = s["arrays"]
+        self.close()
+        self.plan_dim = None
+        self.hot_plans, self.tracker, self.cold, self._projection, self._tau_ref = None, None, None, None, None
+        if s["plan_dim"] is not None:
+            self._allocate(s["plan_dim"])
+            self.hot_plans[...] = arrays["hot_plans"]
+            self.tracker.load_state_dict({"tau_bar": arrays["tau_bar"], "dim": self.plan_dim,
+                                          "decay": self.config.ema_decay, **s["tracker"]})
+        for name in _HOT_FIELDS:
+            getattr(self, name)[...] = arrays[name]
+        if "tau_ref" in arrays:
+            self._tau_ref = np.array(arrays["tau_ref"])
+        if "projection" in arrays:
+            self._projection = np.array(arrays["projection"])
+        if "cold" in s:
+            for name in _COLD_FIELDS:
+                data = arrays[f"cold_{name}"]
+                self.cold.arrays[name][: len(data)] = data
+            self.cold.pos, self.cold.full = s["cold"]
+            self.cold.flush()
+        nslots = self.hot_slots + self.cold_slots
+        self.tree.leaves[:] = 0.0
+        self.tree.leaves[:nslots] = arrays["tree_leaves"]
+        self.tree.rebuild()
+        self._c[...] = arrays["c"]
+        self.pos, self.full = s["pos"], s["full"]
+        self.num_added, self.num_sample_calls = s["num_added"], s["num_sample_calls"]
+        self.plan_source = s["plan_source"]
+        self._shift, self._plan_norm_max, self._td_max = s["shift"], s["plan_norm_max"], s["td_max"]
+        self._rng = s["rng"]
+        self.stats = s["stats"]
+        self._dirty_hot.clear()
+        self._dirty_cold.clear()
 
     # ------------------------------------------------------------------ pickling (SB3 save_replay_buffer)
     def __getstate__(self) -> dict[str, Any]:
+        """The state as one checksummed blob, so a corrupt ``save_replay_buffer`` pickle fails to load.
+
+        SB3 pickles the buffer object as it is; the arrays would be raw bytes inside the pickle, where a flipped
+        byte changes a stored value silently. Here the real state is pickled on its own and its SHA-256 kept next
+        to it; :meth:`__setstate__` checks it before unpickling. (The checksum detects corruption; like any pickle,
+        the file must still come from a trusted source.)
+        """
         with self._lock:
             self._flush()
             state = {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_demote_cache")}
-        state["plan_fn"] = None  # a bound policy method is not part of the buffer's data
-        return state
+            state["plan_fn"] = None  # a bound policy method is not part of the buffer's data
+            blob = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+        return {"format": _PICKLE_FORMAT, "sha256": hashlib.sha256(blob).hexdigest(), "state": blob}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        import threading
-
+    def __setstate__(self, wrapped: dict[str, Any]) -> None:
+        if not isinstance(wrapped, dict) or wrapped.get("format") != _PICKLE_FORMAT:
+            raise ReplayFileError(
+                "this pickled HotColdReplayBuffer is corrupt or not checksummed (no "
+                f"{_PICKLE_FORMAT!r} marker); re-save it with save_replay_buffer from this echorl version"
+            )
+        blob, digest = wrapped.get("state"), wrapped.get("sha256")
+        if not isinstance(blob, bytes) or not isinstance(digest, str) or hashlib.sha256(blob).hexdigest() != digest:
+            raise ReplayFileError("this pickled HotColdReplayBuffer is corrupt: checksum mismatch")
+        state = pickle.loads(blob)
         self.__dict__.update(state)
         self._lock = threading.RLock()
         assert self.cold is None or isinstance(self.cold, ColdStore)

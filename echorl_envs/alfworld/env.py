@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import re
 from collections.abc import Sequence
@@ -13,7 +14,7 @@ from echorl_envs.alfworld.engine import AlfredEngine
 from echorl_envs.alfworld.games import GeneratedPool, find_games, normalize_split
 from echorl_envs.alfworld.generator import DIFFICULTIES, GeneratorConfig
 from echorl_envs.alfworld.scenes import TASK_TYPES
-from echorl_envs.core import ReplayPickledEnv, Transition
+from echorl_envs.core import EngineError, EngineHost, ReplayPickledEnv, Transition, timeout_transition
 
 __all__ = ["ALFWorldEnv", "resolve_task_types"]
 
@@ -77,7 +78,8 @@ class ALFWorldEnv(ReplayPickledEnv):
     Info:
         ``task``, ``admissible_actions``, ``won``, ``invalid_action``, ``step``, ``task_id`` (game dir),
         ``task_type``, ``gamefile`` and, unless ``expert=False``, ``expert_action`` (alfworld's handcoded
-        expert, as ``AlfredExpert`` computes it).
+        expert, as ``AlfredExpert`` computes it). A step whose engine call exceeds ``step_timeout`` ends the
+        episode truncated with ``info["error"]`` (the engine is replaced at the next reset).
 
     Registered ids:
         ``EchoRL/ALFWorld-v0`` (all six types) and ``EchoRL/ALFWorld-<Type>-v0`` for ``PickAndPlace``,
@@ -95,6 +97,11 @@ class ALFWorldEnv(ReplayPickledEnv):
         data_path: downloaded ALFWorld data root; when set, games are discovered there instead of generated.
         cache_dir: where generated games are cached.
         expert: compute ``info["expert_action"]`` (about doubles the cost of a step).
+        step_timeout: seconds one engine step may take before it is abandoned (:class:`~echorl_envs.core.
+            EngineHost`: after that the engine runs in a child process that is killed on a timeout); None calls
+            the engine directly, without a timeout.
+        reset_timeout: the same for a reset, which may load and compile a new game (used unless
+            ``step_timeout`` is None).
     """
 
     def __init__(
@@ -108,13 +115,18 @@ class ALFWorldEnv(ReplayPickledEnv):
         cache_dir: str | os.PathLike | None = None,
         expert: bool = True,
         render_mode: str | None = None,
+        step_timeout: float | None = 30.0,
+        reset_timeout: float = 300.0,
     ) -> None:
         super().__init__(render_mode=render_mode)
         self._ctor = dict(
             task_types=task_types, split=split, num_games=num_games, difficulty=difficulty,
             generator_config=generator_config, data_path=data_path, cache_dir=cache_dir, expert=expert,
-            render_mode=render_mode,
+            render_mode=render_mode, step_timeout=step_timeout, reset_timeout=reset_timeout,
         )
+        self._host = EngineHost(functools.partial(AlfredEngine, expert=expert), step_timeout,
+                                   name="echorl-alfworld-engine")
+        self._reset_timeout = reset_timeout
         self.task_types = resolve_task_types(task_types)
         self.split = normalize_split(split)
         if generator_config is None:
@@ -142,7 +154,6 @@ class ALFWorldEnv(ReplayPickledEnv):
         else:
             self._pool = GeneratedPool(self.task_types, self.split, num_games, cfg, cache_dir)
         self.expert = expert
-        self._engine: AlfredEngine | None = None
         self._loaded: Path | None = None
         self._state: dict[str, Any] = {}
         self._task_text = ""
@@ -163,20 +174,28 @@ class ALFWorldEnv(ReplayPickledEnv):
     def _reset_episode(self, options: dict[str, Any]) -> Transition:
         index = self._select_index(options)
         game = self.game_path(index)
-        if self._engine is None:
-            self._engine = AlfredEngine(expert=self.expert)
-        if self._loaded != game:
-            self._engine.load(game)
-            self._loaded = game
-        self._state = self._engine.reset()
+        try:
+            self._state = self._load_and_reset(game)
+        except EngineError:  # one retry on a fresh engine process, then the error reaches the caller
+            self._loaded = None
+            self._state = self._load_and_reset(game)
         self._index, self._game, self._history = index, game, []
         m = _TASK_RE.search(self._state["feedback"])
         self._task_text = m.group(1).strip() if m else ""
         return Transition(self._state["feedback"], won=self._state["won"])
 
+    def _load_and_reset(self, game: Path) -> dict[str, Any]:
+        if self._loaded != game:
+            self._host.call("load", game, timeout=self._reset_timeout)
+            self._loaded = game
+        return self._host.call("reset", timeout=self._reset_timeout)
+
     def _apply(self, action: str) -> Transition:
-        assert self._engine is not None
-        self._state = self._engine.step(action)
+        try:
+            self._state = self._host.call("step", action)
+        except EngineError as e:  # the engine process was killed or died: a fresh one starts at reset
+            self._loaded = None
+            return timeout_transition(e)
         won = self._state["won"]
         return Transition(self._state["feedback"], reward=1.0 if won else 0.0, terminated=won, won=won)
 
@@ -215,8 +234,6 @@ class ALFWorldEnv(ReplayPickledEnv):
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
-        if self._engine is not None:
-            self._engine.close()
-        self._engine = None
+        self._host.close()
         self._loaded = None
         super().close()

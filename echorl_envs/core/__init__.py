@@ -10,6 +10,13 @@ from echorl_envs.core.base import (
     Transition,
     text_space,
 )
+from echorl_envs.core.engine_calls import (
+    EngineError,
+    EngineHost,
+    EngineProcess,
+    EngineTimeout,
+    timeout_transition,
+)
 from echorl_envs.core.replay_pickle import ReplayPickledEnv
 
 __all__ = [
@@ -17,6 +24,10 @@ __all__ = [
     "MAX_TEXT",
     "ActionMatch",
     "DatasetTextEnv",
+    "EngineError",
+    "EngineHost",
+    "EngineProcess",
+    "EngineTimeout",
     "InvalidAction",
     "ReplayPickledEnv",
     "TextEnv",
@@ -24,5 +35,6 @@ __all__ = [
     "match_action",
     "normalize_action",
     "text_space",
+    "timeout_transition",
     "to_printable",
 ]
