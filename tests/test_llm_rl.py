@@ -180,7 +180,7 @@ def test_lora_adapter_reloads_on_a_plain_hf_model(fresh, tmp_path):
 
 
 def test_behaviour_cloning_overfits_a_fixed_batch(fresh):
-    from echorl_agent.llm_rl.bc import collect_expert_states, behaviour_clone
+    from echorl_agent.llm_rl.bc import behaviour_clone, collect_expert_states
 
     policy, _ = make_policy(fresh)
     data = collect_expert_states(lambda: make_env(history=0), episodes=1, seed=0)

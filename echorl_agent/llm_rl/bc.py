@@ -13,7 +13,6 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import gymnasium as gym
 import numpy as np
 import torch
 
