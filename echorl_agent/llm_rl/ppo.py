@@ -16,7 +16,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import numpy as np
 import torch as th
 
 from echorl_agent.algorithms.echo_ppo import EchoPPO
@@ -71,7 +70,3 @@ class LLMPPO(EchoPPO):
         finally:
             if lm is not None:
                 self.policy_kwargs["lm"] = lm
-
-    def predict(self, observation: np.ndarray, state: Any = None, episode_start: Any = None,
-                deterministic: bool = False, action_masks: Any = None):
-        return self.policy.predict(observation, state, episode_start, deterministic)
