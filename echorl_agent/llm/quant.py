@@ -5,50 +5,39 @@ SmolLM2-135M, so on a CPU decode speed is set by memory traffic. ``"int8"`` and 
 the attention projections, MLP and LM head next to the float32 model (which stays the source of truth: the learner
 updates it and :meth:`QuantizedLinear.requantize` re-packs from it; embeddings and norms stay float32).
 
+The quantization is weight-only, in groups of 32 inputs with a scale and an offset each, GGUF's block size:
+int4 is Q4_1's scheme and int8 picks per group the better of Q8_0's symmetric scheme and an asymmetric one. The
+embedded SmolLM2 *is* a Q4_1 GGUF (Q8_0 embedding/LM head), so both modes reproduce its weights exactly (up to
+float rounding) and decode the same tokens as float32 up to float summation order; a model trained away from
+those grids (or loaded from float weights) pays a real quantization error, which the learner's truncated
+importance weights correct (:mod:`echorl_agent.llm_rl.policy`).
+
 Kernels, chosen by measurement on the reference machine (AMD EPYC, AVX2 + FMA + F16C, no AVX-512/VNNI, torch
-2.13 CPU; all 211 SmolLM2 matrices, one decode row, 1 thread, busy machine, ratios of one alternating run; see
-``benchmarks/RESULTS.md``, "Quantized decode"):
+2.13 CPU, 1 thread; ``benchmarks/RESULTS.md``, "Quantized decode"):
 
-=====================================================  =================  ======================================
-candidate                                              vs float32 linear  verdict
-=====================================================  =================  ======================================
-fbgemm ``quantized::linear_dynamic`` (int8 weights,    2.1x faster        **int8**: AVX2 ``vpmaddubsw`` kernels,
-per-token int8 activations)                            (2.5x at 8 rows)   1 byte/weight read
-fbgemm ``quantized::linear_dynamic_fp16``              0.9-1.5x           not worth a mode
-plain int8 dequantize-in-chunks + ``F.linear``         0.3-0.5x           the dequantize pass costs more than
-                                                                          the 3 saved bytes/weight
-``aten._weight_int8pack_mm``                           ~16x slower        no AVX2 fast path in torch 2.13
-``aten._weight_int4pack_mm_for_cpu``                   ~20-40x slower     no AVX2 fast path in torch 2.13
-int4 nibble-unpack + dequantize-in-chunks              0.1-0.3x           **int4** (the fastest 4-bit option)
-torchao 0.18.0 (installs without touching torch)       --                 its wheel has no CPU kernels: CPU
-                                                                          layouts call the same aten ops above
-=====================================================  =================  ======================================
+* ``aten._weight_int8pack_mm`` / ``_weight_int4pack_mm_for_cpu``: 4-7x *slower* than float32 ``F.linear`` for
+  one row (no AVX2 fast path in torch 2.13); torchao 0.18 ships no CPU kernels (its CPU layouts call these).
+* fbgemm ``quantized::linear_dynamic`` (int8 weights *and* 7-bit per-token activations): 2.2x faster than
+  float32, but the activation rounding cost 16% of the next-token choices (teacher-forced agreement 0.84) and
+  every 32-token greedy text of 50 diverged; it was this module's first int8 mode and was dropped.
+* our C kernel (:mod:`echorl_agent.llm.qkernel`, ``kernels/qlinear.c``): dequantizes each group in AVX2
+  registers and multiplies float32 activations, reading the packed weight once for up to ``KERNEL_ROWS`` rows:
+  the SmolLM2 LM head (49152 x 576, one row) 4.4x (int4) and 2.2x (int8) faster than float32 ``F.linear``.
 
-So ``"int8"`` is the fast mode; ``"int4"`` is a memory/quality mode (projections at 1/8 of float32's bytes in
-GGUF-Q4_1-style asymmetric groups of 32 along the input dimension, the LM head int8) that decodes *slower* than
-float32 on AVX2 CPUs until torch ships an AVX2 int4 kernel. The int4 path dequantizes 256-row slices and runs
-``F.linear``: on the full model it measured about as fast as ``_weight_int4pack_mm_for_cpu`` for one row, and
-prefill (hundreds of rows) amortizes the dequantization over the rows where the aten kernel does not.
-
-For the embedded SmolLM2 (a Q4_1 GGUF) int4 groups coincide with the GGUF blocks, so int4 reproduces those
-weights almost exactly, while int8's error is dominated by its 7-bit per-token activations (teacher-forced
-top-1 agreement with float32 on 6 prompts x 32 tokens: int8 0.84, int4 0.94).
-
-int8 details. fbgemm quantizes the activation per tensor (one scale for all rows), which would make a row's result
-depend on which other rows share the batch (prefill with vs without a cached prefix). Each row is therefore first
-scaled to max-abs 1 and given two extra columns ``+1, -1`` (multiplied by two zero weight columns): every batch then
-has min -1 and max +1, the same activation scale, and each row's result is independent of the batch -- the
-prefix cache stays bit-exact within the int8 mode. In effect the activations are quantized per token (7 bits,
-fbgemm's ``reduce_range`` for AVX2), so this is W8A8-dynamic rather than strictly weight-only.
+Prefill (more than ``KERNEL_ROWS`` rows) is compute-bound: it dequantizes ``_CHUNK`` outputs at a time and runs
+``F.linear``, so prefill costs about what float32's does. A row's result is bit-identical for every batch of up
+to ``KERNEL_ROWS`` rows; between the kernel and the prefill path it differs only by summation order, so with a
+quantized weight_dtype the prefix cache changes logits by ~1e-5, not bitwise (float32 stays the exact mode).
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
+
+from echorl_agent.llm import qkernel
 
 __all__ = [
     "WEIGHT_DTYPES", "QuantizedLinear", "quantize_model_linears", "linear_names", "check_weight_dtype", "lm_head_dtype"
@@ -57,12 +46,12 @@ __all__ = [
 WEIGHT_DTYPES = ("float32", "int8", "int4")
 """Values of ``EngineConfig.weight_dtype``."""
 
-INT4_GROUP = 32
-"""Input features per int4 scale/min group (as GGUF Q4_0/Q4_1 blocks)."""
-REDUCE_RANGE = True
-"""fbgemm's 7-bit activation range, which avoids int16 saturation of AVX2 ``vpmaddubsw`` (no VNNI here)."""
-_INT4_CHUNK = 256
-"""Output features dequantized at once by the int4 path (a [256, K] float32 slice stays in L2)."""
+GROUP = 32
+"""Input features per scale/offset group (as GGUF Q4_1 / Q8_0 blocks)."""
+KERNEL_ROWS = 8
+"""Up to this many rows (decode steps) run the C kernel; more rows (prefill) dequantize and use ``F.linear``."""
+_CHUNK = 256
+"""Output features dequantized at once on the prefill path (a [256, K] float32 slice stays in L2)."""
 
 
 def check_weight_dtype(weight_dtype: str) -> str:
@@ -76,10 +65,23 @@ def check_weight_dtype(weight_dtype: str) -> str:
 
 
 class QuantizedLinear(torch.nn.Module):
-    """``y = x W^T + b`` with ``W`` held as int8 (per output channel) or int4 (groups of 32) codes.
+    """``y = x W^T + b`` with ``W`` held as int8 or int4 codes in groups of 32 inputs (weight-only).
+
+    Each group of 32 inputs of one output has its own scale ``d`` and offset ``m`` (``w = d * q + m``):
+
+    * int4: ``q`` in 0..15 with ``d, m`` from the group's min/max (GGUF Q4_1's scheme and nibble layout).
+    * int8: per group the better (smaller squared error) of symmetric ``q`` in -127..127 with ``m = 0`` (GGUF
+      Q8_0's scheme) and asymmetric ``q`` in -128..127 over the group's min/max. Both reproduce a GGUF Q4_1 or
+      Q8_0 block exactly (up to float rounding), so the embedded SmolLM2 (a Q4_1 GGUF with a Q8_0 embedding)
+      loses nothing by going back to int8 or int4.
+
+    Activations stay float32. A few rows (a decode step, ``<= KERNEL_ROWS``) run the C kernel of
+    :mod:`echorl_agent.llm.qkernel`, which reads each packed weight once; more rows (prefill) dequantize
+    ``_CHUNK`` outputs at a time and use ``F.linear``. Both compute with the same dequantized weights, so a row's
+    result differs between the two paths only by float summation order.
 
     Args:
-        weight: float weight ``[out, in]``.
+        weight: float weight ``[out, in]`` with ``in`` a multiple of 32.
         bias: optional float bias ``[out]`` (kept in float32, added after the matmul).
         dtype: ``"int8"`` or ``"int4"``.
     """
@@ -91,10 +93,11 @@ class QuantizedLinear(torch.nn.Module):
         if weight.device.type != "cpu":
             raise ValueError(f"weight_dtype={dtype!r} runs on CPU only, got a weight on {weight.device}; use float32")
         self.dtype = dtype
+        self.bits = 8 if dtype == "int8" else 4
         self.out_features, self.in_features = weight.shape
-        if dtype == "int4" and self.in_features % (2 * INT4_GROUP):
-            raise ValueError(f"int4 needs in_features divisible by {2 * INT4_GROUP}, got {self.in_features}")
-        self.bias = None if bias is None else bias.detach().float().clone()
+        if self.in_features % GROUP:
+            raise ValueError(f"{dtype} needs in_features divisible by {GROUP}, got in_features={self.in_features}")
+        self.bias = None if bias is None else bias.detach().float().contiguous().clone()
         self.requantize(weight)
 
     def requantize(self, weight: torch.Tensor) -> None:
@@ -102,63 +105,51 @@ class QuantizedLinear(torch.nn.Module):
         w = weight.detach().float()
         if tuple(w.shape) != (self.out_features, self.in_features):
             raise ValueError(f"weight shape {tuple(w.shape)} != {(self.out_features, self.in_features)}")
-        if self.dtype == "int8":
-            self._pack_int8(w)
+        g = w.reshape(self.out_features, -1, GROUP)  # [N, G, 32]
+        lo, hi = g.amin(dim=-1, keepdim=True), g.amax(dim=-1, keepdim=True)
+        if self.bits == 4:
+            d = ((hi - lo) / 15.0).clamp(min=1e-30)
+            q = torch.round((g - lo) / d).clamp(0, 15).to(torch.uint8)
+            codes = q[..., :16] | (q[..., 16:] << 4)  # [N, G, 16]: low nibble input j, high nibble j + 16
+            m = lo
         else:
-            self._pack_int4(w)
-
-    # ------------------------------------------------------------------ int8 (fbgemm)
-    def _pack_int8(self, w: torch.Tensor) -> None:
-        scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12).double()  # symmetric, per output channel
-        w = F.pad(w, (0, 2))  # two zero columns for the +1/-1 range pins (module docstring)
-        zero = torch.zeros(w.shape[0], dtype=torch.long)
-        with warnings.catch_warnings():  # quantized-tensor creation is deprecated upstream, still the fbgemm API
-            warnings.simplefilter("ignore")
-            qw = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
-            self._packed = torch.ops.quantized.linear_prepack(qw, None)
-        self.scale = scale.float()
-
-    def _forward_int8(self, x: torch.Tensor) -> torch.Tensor:
-        amax = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-30)  # [N, 1]
-        pins = torch.tensor([1.0, -1.0], dtype=x.dtype).expand(x.shape[0], 2)
-        xn = torch.cat([x / amax, pins], dim=-1)  # [N, K + 2], every row spans exactly [-1, 1]
-        return torch.ops.quantized.linear_dynamic(xn, self._packed, REDUCE_RANGE) * amax
-
-    # ------------------------------------------------------------------ int4 (groups of 32, asymmetric)
-    def _pack_int4(self, w: torch.Tensor) -> None:
-        n, k = w.shape
-        g = w.view(n, k // INT4_GROUP, INT4_GROUP)
-        lo = g.amin(dim=-1, keepdim=True)
-        scale = ((g.amax(dim=-1, keepdim=True) - lo) / 15.0).clamp(min=1e-12)
-        q = torch.round((g - lo) / scale).clamp(0, 15).to(torch.uint8).view(n, k)
-        half = k // 2
-        self.codes = (q[:, :half] | (q[:, half:] << 4)).contiguous()  # [N, K/2]: low nibble j, high j + K/2
-        self.scale = scale  # [N, K/32, 1]
-        self.lo = lo
+            d_s = (torch.maximum(hi, -lo) / 127.0).clamp(min=1e-30)
+            q_s = torch.round(g / d_s).clamp(-127, 127)
+            d_a = ((hi - lo) / 255.0).clamp(min=1e-30)
+            q_a = (torch.round((g - lo) / d_a) - 128.0).clamp(-128, 127)
+            m_a = lo + 128.0 * d_a
+            err_s = (q_s * d_s - g).square().sum(-1, keepdim=True)
+            err_a = (q_a * d_a + m_a - g).square().sum(-1, keepdim=True)
+            use_a = err_a < err_s
+            codes = torch.where(use_a, q_a, q_s).to(torch.int8)
+            d = torch.where(use_a, d_a, d_s)
+            m = torch.where(use_a, m_a, torch.zeros_like(m_a))
+        self.codes = codes.reshape(self.out_features, -1).contiguous()
+        self.d = d.reshape(self.out_features, -1).contiguous()
+        self.m = m.reshape(self.out_features, -1).contiguous()
 
     def dequantized_weight(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
-        """float32 ``W[start:stop]`` as the quantized codes represent it (int4 path and tests)."""
-        if self.dtype == "int8":
-            w = self._packed.unpack()[0] if hasattr(self._packed, "unpack") else torch.ops.quantized.linear_unpack(
-                self._packed
-            )[0]
-            return w.dequantize()[start:stop, : self.in_features]
-        b = self.codes[start:stop]
-        u = torch.cat([b & 15, b >> 4], dim=1).view(b.shape[0], -1, INT4_GROUP).float()
-        return torch.addcmul(self.lo[start:stop], u, self.scale[start:stop]).view(b.shape[0], self.in_features)
-
-    def _forward_int4(self, x: torch.Tensor) -> torch.Tensor:
-        parts = [
-            F.linear(x, self.dequantized_weight(i, i + _INT4_CHUNK)) for i in range(0, self.out_features, _INT4_CHUNK)
-        ]
-        return torch.cat(parts, dim=-1)
+        """float32 ``W[start:stop]`` as the quantized codes represent it."""
+        c = self.codes[start:stop]
+        n = c.shape[0]
+        if self.bits == 4:
+            c = c.view(n, -1, GROUP // 2)
+            q = torch.cat([c & 15, c >> 4], dim=-1)
+        else:
+            q = c.view(n, -1, GROUP)
+        w = torch.addcmul(self.m[start:stop, :, None], q.float(), self.d[start:stop, :, None])
+        return w.view(n, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        x2 = x.reshape(-1, self.in_features).float()
-        y = self._forward_int8(x2) if self.dtype == "int8" else self._forward_int4(x2)
-        if self.bias is not None:
-            y = y + self.bias
+        x2 = x.reshape(-1, self.in_features).float().contiguous()
+        if x2.shape[0] <= KERNEL_ROWS and qkernel.load() is not None:
+            y = qkernel.q_linear(self.bits, x2, self.codes, self.d, self.m, self.bias)
+        else:
+            y = torch.cat([F.linear(x2, self.dequantized_weight(i, i + _CHUNK))
+                           for i in range(0, self.out_features, _CHUNK)], dim=-1)
+            if self.bias is not None:
+                y = y + self.bias
         return y.view(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
@@ -198,7 +189,8 @@ def quantize_model_linears(
 def lm_head_dtype(dtype: str) -> str:
     """The LM head stays int8 in int4 mode, as GGUF Q4 files keep ``output``/``token_embd`` at Q8_0.
 
-    Measured on SmolLM2-135M (teacher-forced top-1 agreement with float32 over 6 prompts x 32 tokens): int4
-    everywhere 0.90, int4 projections + int8 head 0.94; the embedded GGUF's tied embedding is Q8_0 itself.
+    The embedded GGUF's tied embedding is Q8_0 itself, which int8's groups of 32 reproduce exactly (int4 groups
+    would round it: with the old per-channel scheme, int4 everywhere agreed with float32 on 0.90 of next tokens
+    and int4 projections + int8 head on 0.94).
     """
     return "int8" if dtype == "int4" else dtype

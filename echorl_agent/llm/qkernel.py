@@ -1,0 +1,101 @@
+"""The C kernel behind quantized decode (``kernels/qlinear.c``): compiled on first use, loaded with ctypes.
+
+torch 2.13's CPU int8/int4 weight-only kernels have no AVX2 fast path (``benchmarks/RESULTS.md``, "Quantized
+decode") and torchao ships no CPU kernels, so the engine carries one small C file: a weight-only linear for a few
+rows that dequantizes each 32-weight group in registers and multiplies it into float32 activations. It is built
+once per machine with the system C compiler (``cc``/``gcc``, AVX2 + FMA when the CPU has them, portable C
+otherwise) into ``$ECHORL_CACHE`` (default ``~/.cache/echorl``)/kernels and reused from there. ctypes releases
+the GIL during the call.
+
+Without a C compiler :func:`load` returns ``None`` (one warning) and :class:`~echorl_agent.llm.quant.QuantizedLinear`
+falls back to dequantize-and-``F.linear``, which gives the same values more slowly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+__all__ = ["load", "q_linear"]
+
+_SRC = Path(__file__).with_name("kernels") / "qlinear.c"
+_lib: ctypes.CDLL | None = None
+_tried = False
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("ECHORL_CACHE", Path.home() / ".cache" / "echorl")) / "kernels"
+
+
+def _flags() -> list[str]:
+    simd = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+    return ["-O3", "-shared", "-fPIC", "-std=c99"] + (["-mavx2", "-mfma", "-mf16c"] if simd else [])
+
+
+def _build() -> Path:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise OSError("no C compiler found (set CC or install gcc)")
+    flags = _flags()
+    key = hashlib.sha256(_SRC.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    out = _cache_dir() / f"qlinear-{key}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:  # build aside, then rename: concurrent builds are safe
+        tmp_so = Path(tmp) / out.name
+        res = subprocess.run([cc, *flags, str(_SRC), "-o", str(tmp_so)], capture_output=True, text=True)
+        if res.returncode != 0:
+            raise OSError(f"{cc} failed: {res.stderr.strip()[-500:]}")
+        os.replace(tmp_so, out)
+    return out
+
+
+def load() -> ctypes.CDLL | None:
+    """The compiled kernel library, or ``None`` (after one warning) when it cannot be built on this machine."""
+    global _lib, _tried
+    if _tried:
+        return _lib
+    _tried = True
+    try:
+        lib = ctypes.CDLL(str(_build()))
+    except OSError as exc:
+        warnings.warn(f"quantized decode kernel unavailable ({exc}); using the slower dequantize + F.linear path",
+                      RuntimeWarning, stacklevel=2)
+        return None
+    args = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    for fn in (lib.q4_linear, lib.q8_linear):
+        fn.argtypes, fn.restype = args, ctypes.c_int
+    lib.qlinear_simd.restype = ctypes.c_int
+    _lib = lib
+    return lib
+
+
+def q_linear(bits: int, x: torch.Tensor, codes: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
+             bias: torch.Tensor | None) -> torch.Tensor:
+    """``x W^T + bias`` for contiguous float32 ``x [M, K]`` with ``W`` as group-32 codes (see the C file).
+
+    Raises:
+        RuntimeError: the kernel is not available (check :func:`load` first).
+    """
+    lib = load()
+    if lib is None:
+        raise RuntimeError("quantized decode kernel unavailable; check echorl_agent.llm.qkernel.load() first")
+    M, K = x.shape
+    N = d.shape[0]
+    y = torch.empty(M, N, dtype=torch.float32)
+    fn = lib.q4_linear if bits == 4 else lib.q8_linear
+    rc = fn(x.data_ptr(), M, K, codes.data_ptr(), d.data_ptr(), m.data_ptr(),
+            None if bias is None else bias.data_ptr(), y.data_ptr(), N, 0, N)
+    if rc != 0:
+        raise ValueError(f"in_features must be a multiple of 32, got K={K}")
+    return y
