@@ -84,6 +84,22 @@ def test_without_a_c_compiler_the_fallback_gives_the_same_values(monkeypatch):
         QuantizedLinear(torch.randn(4, 40), None, "int8")
 
 
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_kernel_threads_split_outputs_without_changing_results(dtype):
+    from echorl_agent.llm.qkernel import MT_MIN_WEIGHTS
+
+    g = torch.Generator().manual_seed(6)
+    w = torch.randn(MT_MIN_WEIGHTS // 576 + 7, 576, generator=g)  # large enough for the threaded path
+    q, x = QuantizedLinear(w, None, dtype), torch.randn(3, 576, generator=g)
+    try:
+        torch.set_num_threads(2)
+        two = q(x)
+    finally:
+        torch.set_num_threads(1)
+    assert torch.equal(two, q(x))
+    torch.testing.assert_close(two, F.linear(x, q.dequantized_weight()), atol=1e-4, rtol=1e-5)
+
+
 def test_requantize_equals_fresh_quantization():
     g = torch.Generator().manual_seed(2)
     w0, w1 = torch.randn(64, 128, generator=g), torch.randn(64, 128, generator=g)
@@ -129,12 +145,12 @@ _QUESTIONS = ("List three colors.", "What is the capital of France?", "Name a pl
 
 
 @needs_model
-@pytest.mark.parametrize("dtype,min_agree", [("int8", 0.75), ("int4", 0.85)])
+@pytest.mark.parametrize("dtype,min_agree", [("int8", 0.95), ("int4", 0.95)])
 def test_engine_quantized_next_token_agreement_with_float32(llm, dtype, min_agree):
-    """Teacher-forced top-1 agreement along float32's greedy continuations (measured: int8 0.84, int4 0.94).
+    """Teacher-forced top-1 agreement along float32's greedy continuations.
 
-    int8 does NOT keep whole greedy texts equal (its 7-bit per-token activations flip early tokens; see
-    benchmarks/RESULTS.md), so this asserts the per-token agreement actually measured, not text equality.
+    The embedded model is a Q4_1 GGUF, which both modes reproduce exactly, so only float summation order
+    separates them from float32 (measured: 100/100 greedy 32-token texts identical, benchmarks/RESULTS.md).
     """
     from echorl_agent.llm import SamplingParams
     from echorl_agent.llm.runner import SeqChunk
@@ -152,7 +168,7 @@ def test_engine_quantized_next_token_agreement_with_float32(llm, dtype, min_agre
         picks = lq[len(p) - 1 : -1].argmax(-1).tolist()
         agree += sum(a == b for a, b in zip(picks, r))
         total += len(r)
-    assert agree / total >= min_agree  # (first tokens alone are near-ties: 2 of 4 differ in both modes)
+    assert agree / total >= min_agree
 
 
 @needs_model

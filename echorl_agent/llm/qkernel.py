@@ -5,7 +5,7 @@ decode") and torchao ships no CPU kernels, so the engine carries one small C fil
 rows that dequantizes each 32-weight group in registers and multiplies it into float32 activations. It is built
 once per machine with the system C compiler (``cc``/``gcc``, AVX2 + FMA when the CPU has them, portable C
 otherwise) into ``$ECHORL_CACHE`` (default ``~/.cache/echorl``)/kernels and reused from there. ctypes releases
-the GIL during the call.
+the GIL during the call; large matrices are split over ``torch.get_num_threads()`` threads.
 
 Without a C compiler :func:`load` returns ``None`` (one warning) and :class:`~echorl_agent.llm.quant.QuantizedLinear`
 falls back to dequantize-and-``F.linear``, which gives the same values more slowly.
@@ -26,6 +26,9 @@ import torch
 
 __all__ = ["load", "q_linear"]
 
+MT_MIN_WEIGHTS = 1 << 20
+"""Matrices with at least this many weights use ``torch.get_num_threads()`` threads (each thread its own output
+rows, so a row's result does not depend on the thread count); smaller ones are not worth a thread start."""
 _SRC = Path(__file__).with_name("kernels") / "qlinear.c"
 _lib: ctypes.CDLL | None = None
 _tried = False
@@ -37,7 +40,7 @@ def _cache_dir() -> Path:
 
 def _flags() -> list[str]:
     simd = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
-    return ["-O3", "-shared", "-fPIC", "-std=c99"] + (["-mavx2", "-mfma", "-mf16c"] if simd else [])
+    return ["-O3", "-shared", "-fPIC", "-std=gnu99", "-pthread"] + (["-mavx2", "-mfma", "-mf16c"] if simd else [])
 
 
 def _build() -> Path:
@@ -76,6 +79,10 @@ def load() -> ctypes.CDLL | None:
     for fn in (lib.q4_linear, lib.q8_linear):
         fn.argtypes, fn.restype = args, ctypes.c_int
     lib.qlinear_simd.restype = ctypes.c_int
+    lib.q_linear_mt.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                                ctypes.c_int]
+    lib.q_linear_mt.restype = ctypes.c_int
     _lib = lib
     return lib
 
@@ -93,9 +100,14 @@ def q_linear(bits: int, x: torch.Tensor, codes: torch.Tensor, d: torch.Tensor, m
     M, K = x.shape
     N = d.shape[0]
     y = torch.empty(M, N, dtype=torch.float32)
-    fn = lib.q4_linear if bits == 4 else lib.q8_linear
-    rc = fn(x.data_ptr(), M, K, codes.data_ptr(), d.data_ptr(), m.data_ptr(),
-            None if bias is None else bias.data_ptr(), y.data_ptr(), N, 0, N)
+    bias_ptr = None if bias is None else bias.data_ptr()
+    threads = torch.get_num_threads() if N * K >= MT_MIN_WEIGHTS else 1
+    if threads > 1:
+        rc = lib.q_linear_mt(bits, x.data_ptr(), M, K, codes.data_ptr(), d.data_ptr(), m.data_ptr(), bias_ptr,
+                             y.data_ptr(), N, threads)
+    else:
+        fn = lib.q4_linear if bits == 4 else lib.q8_linear
+        rc = fn(x.data_ptr(), M, K, codes.data_ptr(), d.data_ptr(), m.data_ptr(), bias_ptr, y.data_ptr(), N, 0, N)
     if rc != 0:
         raise ValueError(f"in_features must be a multiple of 32, got K={K}")
     return y

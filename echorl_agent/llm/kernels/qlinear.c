@@ -121,3 +121,45 @@ int qlinear_simd(void) {
     return 0;
 #endif
 }
+
+/* Several threads: the output features are split into contiguous ranges, one per thread (each thread reads only
+ * its own weights). Threads are created per call, which costs tens of microseconds: callers use this only for
+ * matrices large enough to amortize that (the MLP and the LM head of a small model). */
+#include <pthread.h>
+
+typedef struct {
+    int bits, M, K, N, n0, n1;
+    const float *x, *d, *m, *bias;
+    const void *codes;
+    float *y;
+} qjob;
+
+static void *qjob_run(void *p) {
+    qjob *j = (qjob *)p;
+    if (j->bits == 4)
+        q4_linear(j->x, j->M, j->K, (const uint8_t *)j->codes, j->d, j->m, j->bias, j->y, j->N, j->n0, j->n1);
+    else
+        q8_linear(j->x, j->M, j->K, (const int8_t *)j->codes, j->d, j->m, j->bias, j->y, j->N, j->n0, j->n1);
+    return NULL;
+}
+
+int q_linear_mt(int bits, const float *x, int M, int K, const void *codes, const float *d, const float *m,
+                const float *bias, float *y, int N, int threads) {
+    if (K % GROUP) return -1;
+    if (threads > 16) threads = 16;
+    if (threads < 1) threads = 1;
+    qjob jobs[16];
+    pthread_t tid[16];
+    int started[16] = {0};
+    for (int t = 0; t < threads; t++) {
+        jobs[t] = (qjob){bits, M, K, N, (int)((long)N * t / threads), (int)((long)N * (t + 1) / threads),
+                         x, d, m, bias, codes, y};
+        if (t > 0) started[t] = pthread_create(&tid[t], NULL, qjob_run, &jobs[t]) == 0;
+    }
+    for (int t = 1; t < threads; t++)
+        if (!started[t]) qjob_run(&jobs[t]); /* could not start a thread: do its share here */
+    qjob_run(&jobs[0]);
+    for (int t = 1; t < threads; t++)
+        if (started[t]) pthread_join(tid[t], NULL);
+    return 0;
+}
