@@ -322,3 +322,42 @@ def test_learner_pushes_its_adapter_to_a_rollout_server(fresh):
         th.join(timeout=30)
         app.state.models.close()
         engine.stop()
+
+
+@pytest.mark.slow
+def test_quantized_rollouts_are_corrected_by_learner_recomputed_log_probs():
+    """Issue 16: rollouts on the int4 engine, learner in float32; old log-probs recomputed, IS weights logged."""
+    from echorl_agent.llm_rl.config import LLMPolicyConfig
+    from echorl_agent.llm_rl.lm import TrainableLM
+
+    torch.set_num_threads(1)
+    try:
+        lm = TrainableLM(LLMPolicyConfig(lora_rank=4, train_layers=2, max_kv_tokens=2048, engine_weight_dtype="int4"))
+    except ValueError as e:
+        pytest.skip(str(e))
+    assert lm.engine.runner.weight_dtype == "int4"
+
+    def rollout_and_weights():
+        policy, env = make_policy(lm)
+        policy.recording = True
+        obs, _ = env.reset(seed=2)
+        rows, acts = [], []
+        for _ in range(3):
+            a, _, _ = policy(torch.as_tensor(obs[None]))
+            rows.append(obs)
+            acts.append(int(a))
+            obs, *_ = env.step(int(a))
+        o, a = torch.as_tensor(np.stack(rows)), torch.tensor(acts)
+        old, w = policy.refresh_old_log_prob(o, a)
+        _, new, _, _ = policy.evaluate_actions_and_plans(o, a)
+        assert torch.equal(torch.exp(new - old), torch.ones(3))  # the update's ratio uses the learner's own log-probs
+        assert torch.all(w <= policy.cfg.is_truncation) and torch.all(w > 0)
+        return w
+
+    # the embedded GGUF is Q4_1: int4 reproduces its weights, so rollout and learner agree (the correction is ~1)
+    assert torch.all((rollout_and_weights() - 1).abs() < 1e-3)
+    for p in lm.trainable_parameters():  # a learner update moves the top layers off the Q4_1 grid
+        p.data.add_(0.05 * torch.randn_like(p))
+    lm.sync()
+    w = rollout_and_weights()
+    assert torch.all((w - 1).abs() < 0.5) and not torch.all((w - 1).abs() < 1e-6)  # a real, corrected mismatch
