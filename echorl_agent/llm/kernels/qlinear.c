@@ -41,15 +41,17 @@ static inline void unpack8(const int8_t *p, float d, float m, __m256 w[4]) {
     }
 }
 
-/* MR rows at once; always inlined so MR is a constant and the accumulators live in registers. */
+/* MR rows at once; always inlined so MR is a constant and the accumulators live in registers. With few rows,
+ * each row gets several accumulators so its FMAs do not wait on each other (latency 4, two FMA ports). */
 #define DEFINE_ROWS(NAME, UNPACK, CODE_T, GROUP_BYTES)                                                         \
     static inline __attribute__((always_inline)) void NAME(                                                    \
         const float *x, int mr, int K, const CODE_T *codes, const float *d, const float *m, const float *bias, \
         float *y, int N, int n0, int n1) {                                                                     \
-        const int G = K / GROUP;                                                                               \
+        const int G = K / GROUP, na = mr >= 4 ? 1 : (mr == 2 ? 2 : 4);                                       \
         for (int n = n0; n < n1; n++) {                                                                        \
-            __m256 acc[8];                                                                                     \
-            for (int r = 0; r < mr; r++) acc[r] = _mm256_setzero_ps();                                         \
+            __m256 acc[8][4];                                                                                  \
+            for (int r = 0; r < mr; r++)                                                                       \
+                for (int i = 0; i < na; i++) acc[r][i] = _mm256_setzero_ps();                                  \
             const CODE_T *c = codes + (size_t)n * G * (GROUP_BYTES);                                           \
             const float *dn = d + (size_t)n * G, *mn = m + (size_t)n * G;                                      \
             for (int g = 0; g < G; g++) {                                                                      \
@@ -57,13 +59,15 @@ static inline void unpack8(const int8_t *p, float d, float m, __m256 w[4]) {
                 UNPACK(c + (size_t)g * (GROUP_BYTES), dn[g], mn[g], w);                                        \
                 for (int r = 0; r < mr; r++) {                                                                 \
                     const float *xr = x + (size_t)r * K + g * GROUP;                                           \
-                    acc[r] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xr), acc[r]);                               \
-                    acc[r] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xr + 8), acc[r]);                           \
-                    acc[r] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xr + 16), acc[r]);                          \
-                    acc[r] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xr + 24), acc[r]);                          \
+                    for (int i = 0; i < 4; i++)                                                                \
+                        acc[r][i % na] = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(xr + 8 * i), acc[r][i % na]);   \
                 }                                                                                              \
             }                                                                                                  \
-            for (int r = 0; r < mr; r++) y[(size_t)r * N + n] = hsum(acc[r]) + (bias ? bias[n] : 0.0f);        \
+            for (int r = 0; r < mr; r++) {                                                                     \
+                __m256 s = acc[r][0];                                                                          \
+                for (int i = 1; i < na; i++) s = _mm256_add_ps(s, acc[r][i]);                                 \
+                y[(size_t)r * N + n] = hsum(s) + (bias ? bias[n] : 0.0f);                                      \
+            }                                                                                                  \
         }                                                                                                      \
     }
 #else
