@@ -41,32 +41,47 @@ static inline void unpack8(const int8_t *p, float d, float m, __m256 w[4]) {
     }
 }
 
-/* MR rows at once; always inlined so MR is a constant and the accumulators live in registers. With few rows,
- * each row gets several accumulators so its FMAs do not wait on each other (latency 4, two FMA ports). */
+/* One output feature for MR (1 or 2) rows; always inlined so MR is a constant and the accumulators live in
+ * registers. Each row has 4 accumulators (one per 8 inputs of a group, so its FMAs do not wait on each other)
+ * summed in a fixed order: a row's result is bit-identical whatever rows share its batch. The group's weights
+ * stay in L1 between the row pairs of one output, so memory traffic is one read of the weights per call. */
 #define DEFINE_ROWS(NAME, UNPACK, CODE_T, GROUP_BYTES)                                                         \
-    static inline __attribute__((always_inline)) void NAME(                                                    \
-        const float *x, int mr, int K, const CODE_T *codes, const float *d, const float *m, const float *bias, \
-        float *y, int N, int n0, int n1) {                                                                     \
-        const int G = K / GROUP, na = mr >= 4 ? 1 : (mr == 2 ? 2 : 4);                                       \
-        for (int n = n0; n < n1; n++) {                                                                        \
-            __m256 acc[8][4];                                                                                  \
+    static inline __attribute__((always_inline)) float NAME##_one(                                              \
+        const float *x, int mr, int K, const CODE_T *c, const float *dn, const float *mn, float *out) {        \
+        const int G = K / GROUP;                                                                               \
+        __m256 acc[2][4];                                                                                      \
+        for (int r = 0; r < mr; r++)                                                                           \
+            for (int i = 0; i < 4; i++) acc[r][i] = _mm256_setzero_ps();                                       \
+        for (int g = 0; g < G; g++) {                                                                          \
+            __m256 w[4];                                                                                       \
+            UNPACK(c + (size_t)g * (GROUP_BYTES), dn[g], mn[g], w);                                            \
             for (int r = 0; r < mr; r++)                                                                       \
-                for (int i = 0; i < na; i++) acc[r][i] = _mm256_setzero_ps();                                  \
+                for (int i = 0; i < 4; i++)                                                                    \
+                    acc[r][i] = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(x + (size_t)r * K + g * GROUP + 8 * i), \
+                                                acc[r][i]);                                                    \
+        }                                                                                                      \
+        for (int r = 0; r < mr; r++)                                                                           \
+            out[r] = hsum(_mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]),                                   \
+                                        _mm256_add_ps(acc[r][2], acc[r][3])));                                 \
+        return 0.0f;                                                                                           \
+    }                                                                                                          \
+    static void NAME(const float *x, int M, int K, const CODE_T *codes, const float *d, const float *m,        \
+                     const float *bias, float *y, int N, int n0, int n1) {                                     \
+        const int G = K / GROUP;                                                                               \
+        for (int n = n0; n < n1; n++) {                                                                        \
             const CODE_T *c = codes + (size_t)n * G * (GROUP_BYTES);                                           \
             const float *dn = d + (size_t)n * G, *mn = m + (size_t)n * G;                                      \
-            for (int g = 0; g < G; g++) {                                                                      \
-                __m256 w[4];                                                                                   \
-                UNPACK(c + (size_t)g * (GROUP_BYTES), dn[g], mn[g], w);                                        \
-                for (int r = 0; r < mr; r++) {                                                                 \
-                    const float *xr = x + (size_t)r * K + g * GROUP;                                           \
-                    for (int i = 0; i < 4; i++)                                                                \
-                        acc[r][i % na] = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(xr + 8 * i), acc[r][i % na]);   \
-                }                                                                                              \
+            const float b = bias ? bias[n] : 0.0f;                                                             \
+            float out[2];                                                                                      \
+            int r = 0;                                                                                         \
+            for (; r + 2 <= M; r += 2) {                                                                       \
+                NAME##_one(x + (size_t)r * K, 2, K, c, dn, mn, out);                                           \
+                y[(size_t)r * N + n] = out[0] + b;                                                             \
+                y[(size_t)(r + 1) * N + n] = out[1] + b;                                                       \
             }                                                                                                  \
-            for (int r = 0; r < mr; r++) {                                                                     \
-                __m256 s = acc[r][0];                                                                          \
-                for (int i = 1; i < na; i++) s = _mm256_add_ps(s, acc[r][i]);                                 \
-                y[(size_t)r * N + n] = hsum(s) + (bias ? bias[n] : 0.0f);                                      \
+            if (r < M) {                                                                                       \
+                NAME##_one(x + (size_t)r * K, 1, K, c, dn, mn, out);                                           \
+                y[(size_t)r * N + n] = out[0] + b;                                                             \
             }                                                                                                  \
         }                                                                                                      \
     }
@@ -82,36 +97,31 @@ static inline void unpack8(const int8_t *p, float d, float m, float w[GROUP]) {
     for (int j = 0; j < GROUP; j++) w[j] = d * (float)p[j] + m;
 }
 #define DEFINE_ROWS(NAME, UNPACK, CODE_T, GROUP_BYTES)                                                         \
-    static inline void NAME(const float *x, int mr, int K, const CODE_T *codes, const float *d, const float *m, \
-                            const float *bias, float *y, int N, int n0, int n1) {                              \
+    static void NAME(const float *x, int M, int K, const CODE_T *codes, const float *d, const float *m,        \
+                     const float *bias, float *y, int N, int n0, int n1) {                                     \
         const int G = K / GROUP;                                                                               \
-        for (int n = n0; n < n1; n++) {                                                                        \
-            float acc[8] = {0};                                                                                \
-            const CODE_T *c = codes + (size_t)n * G * (GROUP_BYTES);                                           \
-            for (int g = 0; g < G; g++) {                                                                      \
-                float w[GROUP];                                                                                \
-                UNPACK(c + (size_t)g * (GROUP_BYTES), d[(size_t)n * G + g], m[(size_t)n * G + g], w);          \
-                for (int r = 0; r < mr; r++)                                                                   \
-                    for (int j = 0; j < GROUP; j++) acc[r] += w[j] * x[(size_t)r * K + g * GROUP + j];         \
+        for (int n = n0; n < n1; n++)                                                                          \
+            for (int r = 0; r < M; r++) {                                                                      \
+                float acc = 0.0f;                                                                              \
+                const CODE_T *c = codes + (size_t)n * G * (GROUP_BYTES);                                       \
+                for (int g = 0; g < G; g++) {                                                                  \
+                    float w[GROUP];                                                                            \
+                    UNPACK(c + (size_t)g * (GROUP_BYTES), d[(size_t)n * G + g], m[(size_t)n * G + g], w);      \
+                    for (int j = 0; j < GROUP; j++) acc += w[j] * x[(size_t)r * K + g * GROUP + j];            \
+                }                                                                                              \
+                y[(size_t)r * N + n] = acc + (bias ? bias[n] : 0.0f);                                          \
             }                                                                                                  \
-            for (int r = 0; r < mr; r++) y[(size_t)r * N + n] = acc[r] + (bias ? bias[n] : 0.0f);             \
-        }                                                                                                      \
     }
 #endif
 
 DEFINE_ROWS(rows4, unpack4, uint8_t, GROUP / 2)
 DEFINE_ROWS(rows8, unpack8, int8_t, GROUP)
 
-/* Rows in blocks of 8 / 4 / 2 / 1 (constant block sizes, so each call below is specialised). */
 #define DEFINE_LINEAR(NAME, ROWS, CODE_T)                                                                      \
     int NAME(const float *x, int M, int K, const CODE_T *codes, const float *d, const float *m,                \
              const float *bias, float *y, int N, int n0, int n1) {                                             \
         if (K % GROUP) return -1;                                                                              \
-        int r = 0;                                                                                             \
-        for (; r + 8 <= M; r += 8) ROWS(x + (size_t)r * K, 8, K, codes, d, m, bias, y + (size_t)r * N, N, n0, n1); \
-        if (r + 4 <= M) { ROWS(x + (size_t)r * K, 4, K, codes, d, m, bias, y + (size_t)r * N, N, n0, n1); r += 4; } \
-        if (r + 2 <= M) { ROWS(x + (size_t)r * K, 2, K, codes, d, m, bias, y + (size_t)r * N, N, n0, n1); r += 2; } \
-        if (r < M) ROWS(x + (size_t)r * K, 1, K, codes, d, m, bias, y + (size_t)r * N, N, n0, n1);             \
+        ROWS(x, M, K, codes, d, m, bias, y, N, n0, n1);                                                        \
         return 0;                                                                                              \
     }
 
