@@ -21,8 +21,8 @@ Kernels, chosen by measurement on the reference machine (AMD EPYC, AVX2 + FMA + 
   float32, but the activation rounding cost 16% of the next-token choices (teacher-forced agreement 0.84) and
   every 32-token greedy text of 50 diverged; it was this module's first int8 mode and was dropped.
 * our C kernel (:mod:`echorl_agent.llm.qkernel`, ``kernels/qlinear.c``): dequantizes each group in AVX2
-  registers and multiplies float32 activations, reading the packed weight once for up to ``KERNEL_ROWS`` rows:
-  the SmolLM2 LM head (49152 x 576, one row) 4.4x (int4) and 2.2x (int8) faster than float32 ``F.linear``.
+  registers and multiplies float32 activations, reading the packed weight once for up to ``KERNEL_ROWS`` rows;
+  end to end, int8 decode ran 1.9x faster than float32 (0.53x llama.cpp's speed, RESULTS "second design").
 
 Prefill (more than ``KERNEL_ROWS`` rows) is compute-bound: it dequantizes ``_CHUNK`` outputs at a time and runs
 ``F.linear``, so prefill costs about what float32's does. A row's result is bit-identical for every batch of up
