@@ -15,6 +15,20 @@ Usage:
         --out benchmarks/results/learning_efficiency_gotolocal_s500.csv
     # pool several per-run CSVs (no training): one CI over every seed in them
     .venv/bin/python benchmarks/learning_efficiency.py --pool benchmarks/results/learning_efficiency*.csv
+
+Latent-planning sweep (issue 13 item 7). An arm is ``KIND[:key=value]...`` with KIND one of ``PPO``,
+``EchoPPO``, ``EchoPPO-noKL`` (lambda_KL = 0) and ``PPO-window`` (stock SB3 PPO whose features are
+``[s_t, F_phi body(window)]`` -- the same window through the same trajectory encoder as EchoPPO, no plan, no KL;
+:class:`echorl_agent.policies.WindowFeaturesExtractor`), and keys ``kl`` (lambda_KL), ``d`` (plan dimension),
+``k`` (window: the env's ``history``; PPO's stacked frames too) and ``enc`` (mlp / gru / transformer). Keys left
+at the defaults (k=3, d=16, kl=0.01, enc=mlp) are dropped from the name, so ``EchoPPO`` is the original arm and
+old CSVs pool with new ones. ``--sweep`` runs the one-factor-at-a-time grid ``SWEEP`` around the defaults.
+Seeds fixed before any sweep run (written here first, commit on branch wt-eval): tuning 300..304, confirmation
+600..609. Selection rule: the EchoPPO config with the lowest mean steps to target on the tuning seeds.
+    .venv/bin/python benchmarks/learning_efficiency.py --envs gotolocal --sweep --first-seed 300 --seeds 5 \
+        --workers 1 --out benchmarks/results/learning_efficiency_sweep_s300.csv
+    .venv/bin/python benchmarks/learning_efficiency.py --pool benchmarks/results/learning_efficiency_sweep_s300.csv
+    .venv/bin/python benchmarks/learning_efficiency.py --pool FILE.csv --reference PPO-window  # arm ÷ PPO-window
 """
 
 from __future__ import annotations
@@ -47,30 +61,94 @@ TASKS = {
 }
 
 
+ARM_KINDS = ("PPO", "EchoPPO", "EchoPPO-noKL", "PPO-window")
+ARM_KEYS = {"PPO": ("k",), "EchoPPO": ("k", "d", "kl", "enc"), "EchoPPO-noKL": ("k", "d", "enc"),
+            "PPO-window": ("k", "enc")}
+ENCODERS = ("mlp", "gru", "transformer")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One training configuration; ``name`` is its canonical spelling (the CSV's ``algo`` column)."""
+
+    kind: str
+    k: int = 3
+    d: int = 16
+    kl: float = 0.01
+    enc: str = "mlp"
+
+    @classmethod
+    def parse(cls, spec: str) -> Arm:
+        """``"EchoPPO:kl=0.1:d=64"`` → ``Arm``; ``EchoPPO:kl=0`` is ``EchoPPO-noKL``."""
+        kind, *pairs = spec.split(":")
+        if kind not in ARM_KINDS:
+            raise ValueError(f"arm kind must be one of {ARM_KINDS}, got {kind!r} in arm={spec!r}")
+        values: dict = {"kl": 0.0} if kind == "EchoPPO-noKL" else {}
+        for pair in pairs:
+            key, _, val = pair.partition("=")
+            if key not in ARM_KEYS[kind]:
+                raise ValueError(f"arm key must be one of {ARM_KEYS[kind]} for {kind}, got {key!r} in arm={spec!r}")
+            values[key] = val if key == "enc" else (float(val) if key == "kl" else int(val))
+        arm = cls(kind, **values)
+        if arm.kind == "EchoPPO" and arm.kl == 0.0:
+            arm = cls("EchoPPO-noKL", **{**values, "kl": 0.0})
+        if arm.enc not in ENCODERS or arm.k < 0 or arm.d < 1 or arm.kl < 0:
+            raise ValueError(f"bad arm {spec!r}: enc in {ENCODERS}, k >= 0, d >= 1, kl >= 0")
+        return arm
+
+    @property
+    def name(self) -> str:
+        default = Arm(self.kind, kl=0.0 if self.kind == "EchoPPO-noKL" else 0.01)
+        parts = [self.kind]
+        for key in ARM_KEYS[self.kind]:
+            val = getattr(self, key)
+            if val != getattr(default, key):
+                parts.append(f"{key}={val:g}" if key == "kl" else f"{key}={val}")
+        return ":".join(parts)
+
+
+# One factor at a time around the defaults (EchoRL leaves lambda_KL, d, k and F_phi open), plus PPO-window.
+SWEEP = ["PPO", "EchoPPO", "EchoPPO-noKL", "EchoPPO:kl=0.001", "EchoPPO:kl=0.1", "EchoPPO:d=4", "EchoPPO:d=64",
+         "EchoPPO:k=1", "EchoPPO:k=7", "EchoPPO:enc=gru", "EchoPPO:enc=transformer", "PPO-window"]
+
+
+def build_model(arm: Arm, vec, seed: int):
+    """The SB3 model of ``arm`` on ``vec``; every arm shares the PPO hyperparameters and the [64, 64] heads."""
+    from stable_baselines3 import PPO
+
+    from echorl_agent import EchoPPO
+    from echorl_agent.config import PlanningConfig
+    from echorl_agent.policies import WindowFeaturesExtractor
+
+    common = dict(n_steps=128, batch_size=256, n_epochs=4, learning_rate=1e-3, ent_coef=0.01, seed=seed, verbose=0)
+    if arm.kind == "PPO":
+        # PPO sees the same stacked window (flattened by MlpPolicy).
+        return PPO("MlpPolicy", vec, policy_kwargs={"net_arch": [64, 64]}, **common)
+    planning = PlanningConfig(encoder=arm.enc, encoder_arch=[128], latent_dim=arm.d, kl_coef=arm.kl)
+    if arm.kind == "PPO-window":
+        # Stock PPO reading [s_t, F_phi body(window)]: EchoPPO's encoder without the plan (no Gaussian, no KL).
+        return PPO("MlpPolicy", vec, policy_kwargs={
+            "net_arch": [64, 64], "features_extractor_class": WindowFeaturesExtractor,
+            "features_extractor_kwargs": {"planning": planning}}, **common)
+    # "EchoPPO" (any kl/d/k/enc) or the ablation "EchoPPO-noKL" (same policy, lambda_KL = 0)
+    return EchoPPO("EchoPolicy", vec, policy_kwargs={"net_arch": [64, 64], "planning": planning}, **common)
+
+
 def run_one(job: tuple[str, str, int, bool]) -> dict:
-    """Train one algorithm on one env with one seed; returns steps-to-target and curve summary."""
+    """Train one arm on one env with one seed; returns steps-to-target and curve summary."""
     name, algo, seed, quick = job
     import torch
 
     torch.set_num_threads(1)
-    from stable_baselines3 import PPO
-
-    from echorl_agent import EchoPPO
     from echorl_agent.callbacks import LearningCurveCallback
     from echorl_envs.wrappers import make_sb3_env
 
     task = TASKS[name]
+    arm = Arm.parse(algo)
     budget = task.budget // 4 if quick else task.budget
-    vec = make_sb3_env(task.env_id, n_envs=8, seed=1000 * seed, history=3, encoder_kwargs={"dim": 128},
+    vec = make_sb3_env(task.env_id, n_envs=8, seed=1000 * seed, history=arm.k, encoder_kwargs={"dim": 128},
                        env_kwargs={"max_episode_steps": task.max_episode_steps})
-    common = dict(n_steps=128, batch_size=256, n_epochs=4, learning_rate=1e-3, ent_coef=0.01, seed=seed, verbose=0)
-    if algo == "PPO":
-        # PPO sees the same stacked window (flattened by MlpPolicy), so the only difference is the plan.
-        model = PPO("MlpPolicy", vec, policy_kwargs={"net_arch": [64, 64]}, **common)
-    else:  # "EchoPPO", or the ablation "EchoPPO-noKL" (same policy, lambda_KL = 0)
-        kl_coef = 0.0 if algo == "EchoPPO-noKL" else 0.01
-        model = EchoPPO("EchoPolicy", vec, policy_kwargs={"net_arch": [64, 64], "encoder_arch": [128],
-                                                          "latent_dim": 16, "kl_coef": kl_coef}, **common)
+    model = build_model(arm, vec, seed)
     cb = LearningCurveCallback(target_success=task.target, window=50, stop_at_target=True)
     t0 = time.perf_counter()
     model.learn(budget, callback=cb)
@@ -99,8 +177,12 @@ def main() -> None:
     ap.add_argument("--pool", nargs="+", metavar="CSV", help="no training: summarise these per-run CSVs together")
     ap.add_argument("--envs", nargs="+", default=list(TASKS), choices=list(TASKS))
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--arms", nargs="+", default=["PPO", "EchoPPO"], choices=["PPO", "EchoPPO", "EchoPPO-noKL"],
-                    help="PPO is always run (the baseline); EchoPPO-noKL ablates the plan-consistency KL")
+    ap.add_argument("--arms", nargs="+", default=["PPO", "EchoPPO"], metavar="ARM",
+                    help="KIND[:key=value]... (see the module docstring); PPO is always run (the baseline); "
+                         "EchoPPO-noKL ablates the plan-consistency KL, PPO-window the plan")
+    ap.add_argument("--sweep", action="store_true", help="run the arms of SWEEP (overrides --arms)")
+    ap.add_argument("--reference", default="PPO", metavar="ARM",
+                    help="the arm the others are divided by in the summary (default PPO)")
     ap.add_argument("--quick", action="store_true", help="quarter budgets (smoke run)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "learning_efficiency.csv"))
     args = ap.parse_args()
@@ -109,12 +191,15 @@ def main() -> None:
     if args.pool:
         rows = _read_rows(args.pool)
         envs = [e for e in TASKS if any(r["env"] == e for r in rows)]
-        arms = ["PPO", *dict.fromkeys(r["algo"] for r in rows if r["algo"] != "PPO")]
+        ref = Arm.parse(args.reference).name
+        arms = [ref, *dict.fromkeys(r["algo"] for r in rows if r["algo"] != ref)]
         print(summary_table(rows, envs, arms))
         seeds = sorted({r["seed"] for r in rows})
         print(f"\npooled {len(rows)} runs from {len(args.pool)} files, {len(seeds)} seeds: {seeds}")
         return
-    arms = ["PPO", *[a for a in args.arms if a != "PPO"]]
+    names = [Arm.parse(a).name for a in (SWEEP if args.sweep else args.arms)]
+    ref = Arm.parse(args.reference).name
+    arms = [ref, *dict.fromkeys(a for a in ["PPO", *names] if a != ref)]
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -161,32 +246,33 @@ def _read_rows(paths: list[str]) -> list[dict]:
 
 
 def summary_table(rows: list[dict], envs: list[str], arms: list[str]) -> str:
-    """Arm ÷ PPO per env with a bootstrap CI over the seeds both arms ran (paired by seed)."""
+    """Arm ÷ reference (``arms[0]``, PPO by default) per env, bootstrap CI over the seeds both ran (paired)."""
     table = []
+    ref = arms[0]
     for e in envs:
         task = TASKS[e]
         for arm in arms[1:]:
             by = {(r["algo"], r["seed"]): r for r in rows if r["env"] == e}
-            common = sorted(s for (a, s) in by if a == arm and ("PPO", s) in by)
+            common = sorted(s for (a, s) in by if a == arm and (ref, s) in by)
             if not common:
                 continue
 
             def get(algo: str, key: str, common: list[int] = common, by: dict = by) -> np.ndarray:
                 return np.array([by[(algo, s)][key] for s in common], dtype=float)
 
-            ppo, echo = get("PPO", "steps"), get(arm, "steps")
+            ppo, echo = get(ref, "steps"), get(arm, "steps")
             lo, hi = bootstrap_ratio(echo, ppo)
             table.append([
                 f"{task.env_id} (success>={task.target:.0%} over 50 ep)", arm,
-                f"{ppo.mean():,.0f} ± {ppo.std(ddof=1):,.0f} ({int(get('PPO', 'reached').sum())}/{len(ppo)})",
+                f"{ppo.mean():,.0f} ± {ppo.std(ddof=1):,.0f} ({int(get(ref, 'reached').sum())}/{len(ppo)})",
                 f"{echo.mean():,.0f} ± {echo.std(ddof=1):,.0f} ({int(get(arm, 'reached').sum())}/{len(echo)})",
                 f"{echo.mean() / ppo.mean():.2f} [{lo:.2f}, {hi:.2f}]",
                 f"{np.mean(echo / ppo):.2f}",
-                f"{get('PPO', 'seconds').mean():.0f} / {get(arm, 'seconds').mean():.0f}",
+                f"{get(ref, 'seconds').mean():.0f} / {get(arm, 'seconds').mean():.0f}",
                 f"{int((echo < ppo).sum())}/{len(common)}",
             ])
-    headers = ["env (target)", "arm", "PPO steps (reached)", "arm steps (reached)", "arm ÷ PPO [95% CI]",
-               "mean per-seed ratio", "s/run PPO / arm", "seeds arm faster"]
+    headers = ["env (target)", "arm", f"{ref} steps (reached)", "arm steps (reached)", f"arm ÷ {ref} [95% CI]",
+               "mean per-seed ratio", f"s/run {ref} / arm", "seeds arm faster"]
     return tabulate(table, headers=headers, tablefmt="github")
 
 

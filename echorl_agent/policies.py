@@ -29,7 +29,7 @@ from torch import nn
 
 from echorl_agent.config import PlanningConfig
 
-__all__ = ["EchoPolicy", "PlanFeaturesExtractor", "TrajectoryEncoder", "gaussian_kl"]
+__all__ = ["EchoPolicy", "PlanFeaturesExtractor", "TrajectoryEncoder", "WindowFeaturesExtractor", "gaussian_kl"]
 
 #: Logit given to masked actions (sb3-contrib's MaskableCategorical uses the same value).
 MASKED_LOGIT = -1e8
@@ -77,17 +77,20 @@ class TrajectoryEncoder(nn.Module):
             )
             self.body = nn.TransformerEncoder(layer, num_layers=1, enable_nested_tensor=False)
             out = width
+        self.hidden_dim = out
         self.head = nn.Linear(out, 2 * cfg.latent_dim)
 
-    def forward(self, window: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+    def hidden(self, window: th.Tensor) -> th.Tensor:
+        """The encoder's output before the Gaussian head, ``[B, hidden_dim]``."""
         if self.cfg.encoder == "mlp":
-            h = self.body(window)
-        elif self.cfg.encoder == "gru":
+            return self.body(window)
+        if self.cfg.encoder == "gru":
             _, h_n = self.body(window)  # h_n: [1, B, H]
-            h = h_n[-1]
-        else:
-            h = self.body(self.proj(window) + self.pos)[:, -1]  # [B, H]
-        mu, log_std = self.head(h).chunk(2, dim=-1)
+            return h_n[-1]
+        return self.body(self.proj(window) + self.pos)[:, -1]  # [B, H]
+
+    def forward(self, window: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+        mu, log_std = self.head(self.hidden(window)).chunk(2, dim=-1)
         lo, hi = self.cfg.log_std_bounds
         return mu, log_std.clamp(lo, hi)
 
@@ -127,6 +130,38 @@ class PlanFeaturesExtractor(BaseFeaturesExtractor):
         f = self.frames(obs)
         mu, _ = self.encoder(f[:, 1:])
         return th.cat([f[:, -1], mu], dim=-1)
+
+
+class WindowFeaturesExtractor(BaseFeaturesExtractor):
+    """``[s_t, h_t]`` with ``h_t`` the trajectory encoder's output over the window: the same encoder as
+    :class:`PlanFeaturesExtractor` but no plan (no Gaussian head, no KL).
+
+    A baseline for plain SB3 ``PPO``: it sees the same window through the same ``F_phi`` body as ``EchoPolicy``,
+    so a comparison with ``EchoPPO`` isolates the latent plan and its consistency term::
+
+        PPO("MlpPolicy", vec, policy_kwargs={"features_extractor_class": WindowFeaturesExtractor,
+                                             "features_extractor_kwargs": {"planning": PlanningConfig()}})
+
+    Args:
+        observation_space: ``Box(k + 2, D)`` (from ``make_sb3_env(..., history=k)``).
+        planning: encoder settings (``encoder``, ``encoder_arch``, ``dropout``, ``num_heads``); ``latent_dim`` and
+            ``kl_coef`` are unused.
+    """
+
+    def __init__(self, observation_space: spaces.Space, planning: PlanningConfig | None = None) -> None:
+        if not isinstance(observation_space, spaces.Box) or len(observation_space.shape) != 2 or observation_space.shape[0] < 2:
+            raise ValueError(
+                f"WindowFeaturesExtractor needs a history window observation Box(k + 2, D), got {observation_space}; "
+                "build the env with make_sb3_env(env_id, history=k)"
+            )
+        frames, frame_dim = observation_space.shape
+        encoder = TrajectoryEncoder(frame_dim, frames - 1, planning or PlanningConfig())
+        del encoder.head  # no plan: only the body is used (``hidden``)
+        super().__init__(observation_space, features_dim=frame_dim + encoder.hidden_dim)
+        self.encoder = encoder
+
+    def forward(self, obs: th.Tensor) -> th.Tensor:
+        return th.cat([obs[:, -1], self.encoder.hidden(obs[:, 1:])], dim=-1)
 
 
 _BASE_KWARGS = set(inspect.signature(ActorCriticPolicy.__init__).parameters) - {"self"}

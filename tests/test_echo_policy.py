@@ -286,3 +286,35 @@ def test_echo_ppo_drrn_on_envs_whose_action_set_changes(env_id):
     assert model.num_timesteps == 256
     assert all(picked.all() for picked, _ in log)  # only admissible slots are ever chosen
     assert len({h for _, hashes in log for h in hashes}) > 1  # the encoded action set really changed
+
+
+@pytest.mark.parametrize("encoder", ["mlp", "gru", "transformer"])
+def test_window_features_extractor_is_the_plan_encoder_body_without_the_plan(encoder):
+    from echorl_agent.policies import WindowFeaturesExtractor
+
+    vec = corridor_vec(n=2, history=2)
+    cfg = PlanningConfig(encoder=encoder, encoder_arch=[16], num_heads=2)
+    model = PPO("MlpPolicy", vec, n_steps=64, batch_size=64, n_epochs=1, seed=0, policy_kwargs={
+        "net_arch": [16], "features_extractor_class": WindowFeaturesExtractor,
+        "features_extractor_kwargs": {"planning": cfg}}).learn(128)
+    ext = model.policy.features_extractor
+    assert isinstance(ext, WindowFeaturesExtractor) and not hasattr(ext.encoder, "head")  # no Gaussian plan
+    obs = torch.as_tensor(vec.reset(), dtype=torch.float32)  # [2, k + 2 = 4, 32]
+    feats = ext(obs)
+    assert feats.shape == (2, 32 + 16) == (2, ext.features_dim)
+    assert torch.equal(feats[:, :32], obs[:, -1])  # s_t
+    # the window part is the same F_phi body EchoPolicy's plan head reads: copy the weights over and compare
+    echo = small(corridor_vec(n=2, history=2), encoder=encoder, encoder_arch=[16])
+    plan_enc = echo.policy.features_extractor.encoder
+    plan_enc.load_state_dict(ext.encoder.state_dict(), strict=False)
+    with torch.no_grad():
+        assert torch.allclose(feats[:, 32:], plan_enc.hidden(obs[:, 1:]))
+
+
+def test_window_features_extractor_needs_a_history_window():
+    from gymnasium import spaces
+
+    from echorl_agent.policies import WindowFeaturesExtractor
+
+    with pytest.raises(ValueError, match="history window"):
+        WindowFeaturesExtractor(spaces.Box(0, 1, (32,)))
