@@ -27,7 +27,7 @@ def test_quantized_linear_matches_float32_within_tolerance(dtype, tol):
     q = QuantizedLinear(w, b, dtype)
     wq = q.dequantized_weight()
     assert (wq - w).abs().max().item() <= (w.abs().amax() / 127 if dtype == "int8" else 0.02)
-    for rows in (1, 3, 8, 24):  # the C kernel (<= KERNEL_ROWS rows) and the dequantize + F.linear path
+    for rows in (1, 3, 8, 24, 140):  # the C kernel (<= KERNEL_ROWS rows) and the dequantize + F.linear path
         x = torch.randn(rows, 576, generator=g)
         y, ref = q(x), F.linear(x, w, b)
         assert y.shape == ref.shape == (rows, 300)
@@ -59,12 +59,13 @@ def test_quantized_linear_row_result_does_not_depend_on_batch(dtype):
 
     g = torch.Generator().manual_seed(1)
     q = QuantizedLinear(torch.randn(256, 576, generator=g) * 0.05, None, dtype)
-    x = torch.randn(40, 576, generator=g)
+    x = torch.randn(KERNEL_ROWS + 24, 576, generator=g)
     x[3] *= 100.0  # weight-only: an outlier row changes nothing for the others
     small = q(x[:KERNEL_ROWS])
     # decode steps (the C kernel): a row's result is bit-identical whichever rows share its batch
     assert torch.equal(torch.cat([q(x[i : i + 1]) for i in range(KERNEL_ROWS)]), small)
     assert torch.equal(q(x[2:5]), small[2:5])
+    assert torch.equal(q(x[5:18]), small[5:18])
     # prefill (dequantize + F.linear): the same dot products, summed in another order
     torch.testing.assert_close(q(x)[:KERNEL_ROWS], small, atol=1e-4, rtol=1e-5)
 

@@ -27,8 +27,8 @@ import torch
 __all__ = ["load", "q_linear"]
 
 MT_MIN_WEIGHTS = 1 << 20
-"""Matrices with at least this many weights use ``torch.get_num_threads()`` threads (each thread its own output
-rows, so a row's result does not depend on the thread count); smaller ones are not worth a thread start."""
+"""Calls with at least this many weights x rows use ``torch.get_num_threads()`` threads (each thread its own output
+features, so a row's result does not depend on the thread count); smaller ones are not worth a thread start."""
 _SRC = Path(__file__).with_name("kernels") / "qlinear.c"
 _lib: ctypes.CDLL | None = None
 _tried = False
@@ -104,7 +104,7 @@ def q_linear(bits: int, x: torch.Tensor, codes: torch.Tensor, d: torch.Tensor, m
     N = d.shape[0]
     y = torch.empty(M, N, dtype=torch.float32)
     bias_ptr = None if bias is None else bias.data_ptr()
-    threads = torch.get_num_threads() if N * K >= MT_MIN_WEIGHTS else 1
+    threads = torch.get_num_threads() if N * K * M >= MT_MIN_WEIGHTS else 1
     if threads > 1:
         rc = lib.q_linear_mt(bits, x.data_ptr(), M, K, codes.data_ptr(), d.data_ptr(), m.data_ptr(), bias_ptr,
                              y.data_ptr(), N, threads)

@@ -41,48 +41,66 @@ static inline void unpack8(const int8_t *p, float d, float m, __m256 w[4]) {
     }
 }
 
-/* One output feature for MR (1 or 2) rows; always inlined so MR is a constant and the accumulators live in
- * registers. Each row has 4 accumulators (one per 8 inputs of a group, so its FMAs do not wait on each other)
- * summed in a fixed order: a row's result is bit-identical whatever rows share its batch. The group's weights
- * stay in L1 between the row pairs of one output, so memory traffic is one read of the weights per call. */
+/* A tile of NO output features x MR rows (NO * MR = 8 accumulators, one per (output, row)); always inlined so NO
+ * and MR are constants and the accumulators live in registers. Each group of an output is dequantized once for
+ * all MR rows. Every (row, output) dot product is summed in the same order whatever tile computes it (one
+ * accumulator, groups in order, 4 FMAs of 8 inputs each per group, then one horizontal sum), so a row's result
+ * is bit-identical whatever rows share its batch and however the outputs are split over threads. */
 #define DEFINE_ROWS(NAME, UNPACK, CODE_T, GROUP_BYTES)                                                         \
-    static inline __attribute__((always_inline)) float NAME##_one(                                              \
-        const float *x, int mr, int K, const CODE_T *c, const float *dn, const float *mn, float *out) {        \
+    static inline __attribute__((always_inline)) void NAME##_tile(                                              \
+        const float *x, int K, const CODE_T *c, const float *dn, const float *mn, const float *bias, float *y,  \
+        int N, int n, const int NO, const int MR) {                                                            \
         const int G = K / GROUP;                                                                               \
-        __m256 acc[2][4];                                                                                      \
-        for (int r = 0; r < mr; r++)                                                                           \
-            for (int i = 0; i < 4; i++) acc[r][i] = _mm256_setzero_ps();                                       \
+        __m256 acc[8];                                                                                         \
+        for (int i = 0; i < NO * MR; i++) acc[i] = _mm256_setzero_ps();                                        \
         for (int g = 0; g < G; g++) {                                                                          \
-            __m256 w[4];                                                                                       \
-            UNPACK(c + (size_t)g * (GROUP_BYTES), dn[g], mn[g], w);                                            \
-            for (int r = 0; r < mr; r++)                                                                       \
-                for (int i = 0; i < 4; i++)                                                                    \
-                    acc[r][i] = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(x + (size_t)r * K + g * GROUP + 8 * i), \
-                                                acc[r][i]);                                                    \
+            for (int j = 0; j < NO; j++) {                                                                     \
+                __m256 w[4];                                                                                   \
+                UNPACK(c + ((size_t)j * G + g) * (GROUP_BYTES), dn[(size_t)j * G + g], mn[(size_t)j * G + g], w); \
+                for (int r = 0; r < MR; r++) {                                                                 \
+                    const float *xr = x + (size_t)r * K + g * GROUP;                                           \
+                    __m256 a = acc[j * MR + r];                                                                \
+                    a = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xr), a);                                         \
+                    a = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xr + 8), a);                                     \
+                    a = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xr + 16), a);                                    \
+                    a = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xr + 24), a);                                    \
+                    acc[j * MR + r] = a;                                                                       \
+                }                                                                                              \
+            }                                                                                                  \
         }                                                                                                      \
-        for (int r = 0; r < mr; r++)                                                                           \
-            out[r] = hsum(_mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]),                                   \
-                                        _mm256_add_ps(acc[r][2], acc[r][3])));                                 \
-        return 0.0f;                                                                                           \
+        for (int j = 0; j < NO; j++)                                                                           \
+            for (int r = 0; r < MR; r++)                                                                       \
+                y[(size_t)r * N + n + j] = hsum(acc[j * MR + r]) + (bias ? bias[n + j] : 0.0f);                \
     }                                                                                                          \
     static void NAME(const float *x, int M, int K, const CODE_T *codes, const float *d, const float *m,        \
                      const float *bias, float *y, int N, int n0, int n1) {                                     \
         const int G = K / GROUP;                                                                               \
-        for (int n = n0; n < n1; n++) {                                                                        \
-            const CODE_T *c = codes + (size_t)n * G * (GROUP_BYTES);                                           \
-            const float *dn = d + (size_t)n * G, *mn = m + (size_t)n * G;                                      \
-            const float b = bias ? bias[n] : 0.0f;                                                             \
-            float out[2];                                                                                      \
-            int r = 0;                                                                                         \
-            for (; r + 2 <= M; r += 2) {                                                                       \
-                NAME##_one(x + (size_t)r * K, 2, K, c, dn, mn, out);                                           \
-                y[(size_t)r * N + n] = out[0] + b;                                                             \
-                y[(size_t)(r + 1) * N + n] = out[1] + b;                                                       \
+        for (int r = 0; r < M;) {                                                                              \
+            const int rem = M - r, MR = rem >= 8 ? 8 : rem >= 4 ? 4 : rem >= 2 ? 2 : 1, NO = 8 / MR;         \
+            const float *xr = x + (size_t)r * K;                                                               \
+            float *yr = y + (size_t)r * N;                                                                     \
+            int n = n0;                                                                                        \
+            for (; n + NO <= n1; n += NO) {                                                                    \
+                const CODE_T *c = codes + (size_t)n * G * (GROUP_BYTES);                                       \
+                const float *dn = d + (size_t)n * G, *mn = m + (size_t)n * G;                                  \
+                switch (MR) {                                                                                  \
+                case 8: NAME##_tile(xr, K, c, dn, mn, bias, yr, N, n, 1, 8); break;                            \
+                case 4: NAME##_tile(xr, K, c, dn, mn, bias, yr, N, n, 2, 4); break;                            \
+                case 2: NAME##_tile(xr, K, c, dn, mn, bias, yr, N, n, 4, 2); break;                            \
+                default: NAME##_tile(xr, K, c, dn, mn, bias, yr, N, n, 8, 1);                                  \
+                }                                                                                              \
             }                                                                                                  \
-            if (r < M) {                                                                                       \
-                NAME##_one(x + (size_t)r * K, 1, K, c, dn, mn, out);                                           \
-                y[(size_t)r * N + n] = out[0] + b;                                                             \
+            for (; n < n1; n++) {                                                                              \
+                const CODE_T *c = codes + (size_t)n * G * (GROUP_BYTES);                                       \
+                const float *dn = d + (size_t)n * G, *mn = m + (size_t)n * G;                                  \
+                switch (MR) {                                                                                  \
+                case 8: NAME##_tile(xr, K, c, dn, mn, bias, yr, N, n, 1, 8); break;                            \
+                case 4: NAME##_tile(xr, K, c, dn, mn, bias, yr, N, n, 1, 4); break;                            \
+                case 2: NAME##_tile(xr, K, c, dn, mn, bias, yr, N, n, 1, 2); break;                            \
+                default: NAME##_tile(xr, K, c, dn, mn, bias, yr, N, n, 1, 1);                                  \
+                }                                                                                              \
             }                                                                                                  \
+            r += MR;                                                                                           \
         }                                                                                                      \
     }
 #else
