@@ -78,8 +78,11 @@ def run_agent(env_id: str, agent: PriorCacheAgent, episodes: int, max_steps: int
             "queries": agent.prior.num_queries - q0, "seconds": time.perf_counter() - t0}
 
 
-def seed_study(args, engine, encoder) -> list[dict]:
-    """Uncached vs cached (delta = ``args.deltas[0]``) on the same instances, one fresh cache per seed."""
+def seed_study(args, make_prior, encoder) -> list[dict]:
+    """Uncached vs cached (delta = ``args.deltas[0]``) on the same instances, one fresh prior and cache per seed.
+
+    ``make_prior()`` returns a fresh :class:`LLMActionPrior` (its ``num_queries`` counts this seed's queries).
+    """
     out = Path(args.out)
     done = {(r["seed"], r["variant"]) for r in _read_jsonl(out)}
     delta = args.deltas[0]
@@ -89,7 +92,7 @@ def seed_study(args, engine, encoder) -> list[dict]:
                 continue
             cfg = None if variant == "no cache" else PriorCacheConfig(delta=delta, capacity=4096, refresh_rate=0.05,
                                                                       seed=seed)
-            agent = PriorCacheAgent(LLMActionPrior(engine, temperature=1.0), encoder, use_cache=cfg is not None,
+            agent = PriorCacheAgent(make_prior(), encoder, use_cache=cfg is not None,
                                     cache_config=cfg)
             res = run_agent(args.envs[0], agent, args.episodes, args.max_steps, seed=seed)
             res.update(seed=seed, variant=variant, env=args.envs[0], max_steps=args.max_steps,
@@ -249,7 +252,7 @@ def main() -> None:
     head = ["env", "variant", "steps", "LLM queries", "hit rate", "wall s", "success [95% CI]",
             "queries base/this", "time base/this", "success this/base"]
     if args.seeds:
-        rows = seed_study(args, engine, encoder)
+        rows = seed_study(args, lambda: LLMActionPrior(engine, temperature=1.0), encoder)
         print(f"\n## Seed study: {args.envs[0]}, {args.episodes} episodes per seed, max {args.max_steps} steps\n")
         print(seed_summary(rows))
     else:
