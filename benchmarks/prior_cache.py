@@ -129,7 +129,7 @@ def seed_summary(rows: list[dict]) -> str:
         ["query ratio no cache / cache [95% CI over seeds]", f"{ratio[0]:.2f}x [{ratio[1]:.2f}, {ratio[2]:.2f}]"],
         ["wall-time ratio [95% CI]", f"{time_ratio[0]:.2f}x [{time_ratio[1]:.2f}, {time_ratio[2]:.2f}]"],
         ["per-seed query ratios (min / median / max)", " / ".join(
-            f"{q:.1f}" for q in np.percentile([b["queries"] / max(1, r["queries"]) for b, r in zip(base, cach)],
+            f"{q:.1f}" for q in np.percentile([b["queries"] / max(1, r["queries"]) for b, r in zip(base, cach, strict=True)],
                                               [0, 50, 100]))],
         ["success no cache [Wilson 95%]", ci_text(sum(a), n)],
         ["success cache [Wilson 95%]", ci_text(sum(c), n)],
