@@ -2,6 +2,7 @@
 
 Run:  .venv/bin/python benchmarks/prior_cache.py [--envs ID ...] [--episodes 10] [--max-steps 15]
                                                   [--deltas 0.95 0.99] [--dqn-steps 64] [--nn-sizes 1000 4000 16000]
+      [--first-seed 700 --seeds 15 --out FILE.jsonl]   (seed study: see below)
 
 Three parts, all measured in this one run:
 
@@ -13,6 +14,12 @@ Three parts, all measured in this one run:
    with and without the cache (LLM queries per env step; learning itself is not the point at this budget).
 3. **Nearest-neighbour backends**: microseconds per top-1 query of numpy / faiss / hnswlib at several cache sizes
    (384-d unit vectors, the MiniLM size), which sets ``AUTO_SWITCH_SIZE``.
+
+With ``--seeds N`` part 1 becomes a seed study (benchmarks/preregistered.md): for each seed s of
+``first_seed .. first_seed + N - 1`` a fresh prior and a fresh cache (RNG seed s) play ``--episodes`` instances
+(env seeds ``episode_seed(s, ep)``), uncached and cached on the same instances; one JSON line per (seed, variant)
+goes to ``--out`` (a rerun skips the pairs already there), then the pooled query ratio and the paired success
+difference are reported with 95% bootstrap CIs over seeds.
 """
 
 from __future__ import annotations
@@ -22,7 +29,9 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # the machine is shared: one BLAS thread, like torch below
 
 import argparse
+import json
 import time
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -32,6 +41,7 @@ from tabulate import tabulate
 import echorl_envs  # noqa: F401 - registers the ids
 from echorl_agent.eval.report import wilson_interval
 from echorl_agent.eval.runner import episode_seed
+from echorl_agent.eval.stats import mcnemar_exact, paired_bootstrap, ratio_bootstrap
 from echorl_agent.priors import (
     AdaptiveConfig,
     FaissIndex,
@@ -47,24 +57,91 @@ from echorl_agent.priors import (
 )
 
 
-def run_agent(env_id: str, agent: PriorCacheAgent, episodes: int, max_steps: int) -> dict:
+def run_agent(env_id: str, agent: PriorCacheAgent, episodes: int, max_steps: int, seed: int = 0) -> dict:
+    """Play env seeds ``episode_seed(seed, 0..episodes-1)``; per-episode wins are in ``won``."""
     env = gym.make(env_id, max_episode_steps=max_steps)
-    wins, steps = 0, 0
+    won, steps = [], 0
     t0 = time.perf_counter()
     q0 = agent.prior.num_queries
     for ep in range(episodes):
-        seed = episode_seed(0, ep)
-        obs, info = env.reset(seed=seed)
-        agent.reset(env_id, obs, info, seed)
+        env_seed = episode_seed(seed, ep)
+        obs, info = env.reset(seed=env_seed)
+        agent.reset(env_id, obs, info, env_seed)
         done = False
         while not done:
             obs, r, term, trunc, info = env.step(agent.act(obs, info))
             steps += 1
             done = term or trunc
-        wins += int(info.get("won", False))
+        won.append(bool(info.get("won", False)))
     env.close()
-    return {"wins": wins, "episodes": episodes, "steps": steps, "queries": agent.prior.num_queries - q0,
-            "seconds": time.perf_counter() - t0}
+    return {"wins": sum(won), "won": won, "episodes": episodes, "steps": steps,
+            "queries": agent.prior.num_queries - q0, "seconds": time.perf_counter() - t0}
+
+
+def seed_study(args, make_prior, encoder) -> list[dict]:
+    """Uncached vs cached (delta = ``args.deltas[0]``) on the same instances, one fresh prior and cache per seed.
+
+    ``make_prior()`` returns a fresh :class:`LLMActionPrior` (its ``num_queries`` counts this seed's queries).
+    """
+    out = Path(args.out)
+    done = {(r["seed"], r["variant"]) for r in _read_jsonl(out)}
+    delta = args.deltas[0]
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
+        for variant in ("no cache", f"cache delta={delta}"):
+            if (seed, variant) in done:
+                continue
+            cfg = None if variant == "no cache" else PriorCacheConfig(delta=delta, capacity=4096, refresh_rate=0.05,
+                                                                      seed=seed)
+            agent = PriorCacheAgent(make_prior(), encoder, use_cache=cfg is not None,
+                                    cache_config=cfg)
+            res = run_agent(args.envs[0], agent, args.episodes, args.max_steps, seed=seed)
+            res.update(seed=seed, variant=variant, env=args.envs[0], max_steps=args.max_steps,
+                       hit_rate=agent.cache.counters.hit_rate if agent.cache is not None else 0.0)
+            with out.open("a") as f:
+                f.write(json.dumps(res) + "\n")
+            print(f"seed {seed} {variant}: {res['wins']}/{args.episodes} won, {res['steps']} steps, "
+                  f"{res['queries']} queries, {res['seconds']:.0f} s", flush=True)
+    return _read_jsonl(out)
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def seed_summary(rows: list[dict]) -> str:
+    """Pooled query ratio and paired success difference over the seeds that have both variants."""
+    by = {(r["seed"], r["variant"] == "no cache"): r for r in rows}
+    seeds = sorted(s for s, base in by if base and (s, False) in by)
+    if not seeds:
+        return "no seed has both variants yet"
+    base = [by[s, True] for s in seeds]
+    cach = [by[s, False] for s in seeds]
+    ratio = ratio_bootstrap([b["queries"] for b in base], [c["queries"] for c in cach])
+    time_ratio = ratio_bootstrap([b["seconds"] for b in base], [c["seconds"] for c in cach])
+    diff = paired_bootstrap([np.mean(c["won"]) - np.mean(b["won"]) for b, c in zip(base, cach, strict=True)])
+    a = [w for b in base for w in b["won"]]
+    c = [w for r in cach for w in r["won"]]
+    n = len(a)
+    rows_out = [
+        ["seeds", f"{seeds[0]}-{seeds[-1]} ({len(seeds)})"],
+        ["episodes (paired)", n],
+        ["LLM queries no cache / cache", f"{sum(b['queries'] for b in base)} / {sum(r['queries'] for r in cach)}"],
+        ["query ratio no cache / cache [95% CI over seeds]", f"{ratio[0]:.2f}x [{ratio[1]:.2f}, {ratio[2]:.2f}]"],
+        ["wall-time ratio [95% CI]", f"{time_ratio[0]:.2f}x [{time_ratio[1]:.2f}, {time_ratio[2]:.2f}]"],
+        ["per-seed query ratios (min / median / max)", " / ".join(
+            f"{q:.1f}" for q in np.percentile([b["queries"] / max(1, r["queries"]) for b, r in zip(base, cach, strict=True)],
+                                              [0, 50, 100]))],
+        ["success no cache [Wilson 95%]", ci_text(sum(a), n)],
+        ["success cache [Wilson 95%]", ci_text(sum(c), n)],
+        ["success cache - no cache [95% CI over seeds]", f"{diff[0]:+.3f} [{diff[1]:+.3f}, {diff[2]:+.3f}]"],
+        ["McNemar p (exact, paired episodes)", f"{mcnemar_exact(c, a):.3g}"],
+    ]
+    return tabulate(rows_out, tablefmt="github")
+
+
+def ci_text(wins: int, n: int) -> str:
+    lo, hi = wilson_interval(wins, n)
+    return f"{wins / n:.2f} [{lo:.2f}, {hi:.2f}] ({wins}/{n})"
 
 
 def agent_part(args, engine, encoder) -> list[list]:
@@ -155,7 +232,12 @@ def main() -> None:
     ap.add_argument("--deltas", type=float, nargs="+", default=[0.95, 0.99])
     ap.add_argument("--dqn-steps", type=int, default=64, help="0 skips the PosteriorDQN part")
     ap.add_argument("--nn-sizes", type=int, nargs="*", default=[1000, 4000, 16000])
+    ap.add_argument("--first-seed", type=int, default=700, help="seed study: first seed")
+    ap.add_argument("--seeds", type=int, default=0, help="seed study over this many seeds (0: the one-run table)")
+    ap.add_argument("--out", default="benchmarks/results/prior_cache_seeds.jsonl", help="seed study: JSON lines")
     args = ap.parse_args()
+    if args.seeds < 0:
+        raise ValueError(f"--seeds must be >= 0, got --seeds {args.seeds}")
     torch.set_num_threads(1)
 
     from echorl_agent.llm.engine import LLMEngine
@@ -169,9 +251,14 @@ def main() -> None:
 
     head = ["env", "variant", "steps", "LLM queries", "hit rate", "wall s", "success [95% CI]",
             "queries base/this", "time base/this", "success this/base"]
-    agent_rows = agent_part(args, engine, encoder)
-    print("\n## Agent: PriorCacheAgent (SmolLM2 prior, MiniLM state keys)\n")
-    print(tabulate(agent_rows, head, tablefmt="github"))
+    if args.seeds:
+        rows = seed_study(args, lambda: LLMActionPrior(engine, temperature=1.0), encoder)
+        print(f"\n## Seed study: {args.envs[0]}, {args.episodes} episodes per seed, max {args.max_steps} steps\n")
+        print(seed_summary(rows))
+    else:
+        agent_rows = agent_part(args, engine, encoder)
+        print("\n## Agent: PriorCacheAgent (SmolLM2 prior, MiniLM state keys)\n")
+        print(tabulate(agent_rows, head, tablefmt="github"))
     if args.dqn_steps > 0:
         dqn_rows = dqn_part(args, engine, encoder)
         print("\n## PosteriorDQN exploration\n")

@@ -3,6 +3,8 @@ instance, which is far more sensitive than comparing two independent success rat
 
 * :func:`paired_bootstrap` -- 95% percentile-bootstrap CI of the mean paired difference (instances resampled with
   a fixed seed, so the same rows always give the same interval).
+* :func:`ratio_bootstrap` -- 95% percentile-bootstrap CI of a pooled ratio sum(num) / sum(den) over paired units
+  (e.g. seeds: LLM queries without ÷ with a cache), resampling the units jointly.
 * :func:`mcnemar_exact` -- McNemar's exact test for paired binary outcomes (two-sided binomial test on the
   discordant pairs; McNemar 1947, the exact form of Fagerland et al. 2013).
 """
@@ -14,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["paired_bootstrap", "mcnemar_exact", "BOOTSTRAP_SEED", "BOOTSTRAP_RESAMPLES"]
+__all__ = ["paired_bootstrap", "ratio_bootstrap", "mcnemar_exact", "BOOTSTRAP_SEED", "BOOTSTRAP_RESAMPLES"]
 
 #: Fixed seed and size of the paired bootstrap (results must not change between two runs of the same command).
 BOOTSTRAP_SEED = 0
@@ -44,6 +46,39 @@ def paired_bootstrap(diffs: Sequence[float], resamples: int = BOOTSTRAP_RESAMPLE
     alpha = (1.0 - level) / 2
     lo, hi = np.quantile(means, [alpha, 1.0 - alpha])
     return float(d.mean()), float(lo), float(hi)
+
+
+def ratio_bootstrap(num: Sequence[float], den: Sequence[float], resamples: int = BOOTSTRAP_RESAMPLES,
+                    seed: int = BOOTSTRAP_SEED, level: float = 0.95) -> tuple[float, float, float]:
+    """Pooled ratio ``sum(num) / sum(den)`` and its percentile-bootstrap CI, resampling units (seeds) jointly.
+
+    Pooling sums rather than averaging per-unit ratios keeps one unit with a tiny denominator from dominating.
+
+    Args:
+        num: one numerator per unit (e.g. LLM queries of the uncached agent on one seed).
+        den: the same units' denominators (e.g. queries of the cached agent on that seed); must pair with ``num``.
+        resamples: bootstrap resamples.
+        seed: RNG seed of the resampling.
+        level: confidence level.
+
+    Returns:
+        (ratio, low, high); (nan, nan, nan) for no unit.
+    """
+    n, d = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
+    if n.shape != d.shape:
+        raise ValueError(f"num and den must pair up, got len(num)={n.size}, len(den)={d.size}")
+    if n.size == 0:
+        return math.nan, math.nan, math.nan
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got level={level!r}")
+    if d.sum() <= 0:
+        raise ValueError(f"den must have a positive sum, got sum(den)={d.sum()}")
+    idx = np.random.default_rng(seed).integers(0, n.size, size=(resamples, n.size))
+    sums = d[idx].sum(axis=1)
+    ratios = n[idx].sum(axis=1)[sums > 0] / sums[sums > 0]
+    alpha = (1.0 - level) / 2
+    lo, hi = np.quantile(ratios, [alpha, 1.0 - alpha])
+    return float(n.sum() / d.sum()), float(lo), float(hi)
 
 
 def mcnemar_exact(a: Sequence[bool], b: Sequence[bool]) -> float:
