@@ -57,14 +57,42 @@ def evaluate(model, args, seed: int) -> list[dict]:
             episode_seed = 100_000 + 1000 * seed + ep  # held out: training used other seeds
             torch.manual_seed(episode_seed)
             obs, _ = env.reset(seed=episode_seed)
-            done, steps, ret, info = False, 0, 0.0, {}
+            done, steps, ret, info, actions = False, 0, 0.0, {}, []
             while not done:
                 a, _ = model.predict(obs, deterministic=mode == "deterministic")
-                obs, r, term, trunc, info = env.step(int(np.asarray(a).reshape(-1)[0]))
+                index = int(np.asarray(a).reshape(-1)[0])
+                actions.append(env.action_text(index))
+                obs, r, term, trunc, info = env.step(index)
                 steps, ret, done = steps + 1, ret + float(r), term or trunc
             rows.append({"mode": mode, "episode_seed": episode_seed, "won": bool(info.get("won")),
-                         "return": ret, "steps": steps})
+                         "return": ret, "steps": steps, "actions": actions})
     return rows
+
+
+def trace(args) -> None:
+    """Replay the first deterministic evaluation episodes of a saved run (``--trace METHOD SEED``) and print the
+    actions, the probability the policy gave each chosen action, and the expert's action at that step."""
+    from echorl_agent import EchoPPO
+
+    method, seed = args.trace[0], int(args.trace[1])
+    model = EchoPPO.load(Path(args.out) / f"{method}-seed{seed}" / "model.zip",
+                         custom_objects={"policy_kwargs": dict(POLICY)})
+    env = make_llm_env(args.env, args.history, args.max_steps)
+    for ep in range(args.eval_episodes):
+        episode_seed = 100_000 + 1000 * seed + ep
+        obs, info = env.reset(seed=episode_seed)
+        done, steps = False, []
+        while not done:
+            expert = info.get("expert_action")
+            a, _ = model.predict(obs, deterministic=True)
+            index = int(np.asarray(a).reshape(-1)[0])
+            probs = model.policy.record(obs).rollout_logp.softmax(-1)
+            steps.append(f"{env.action_text(index)} (p={float(probs[index]):.2f}"
+                         + ("" if env.action_text(index) == expert else f"; expert: {expert}") + ")")
+            obs, _, term, trunc, info = env.step(index)
+            done = term or trunc
+        print(f"{method} seed {seed}, episode seed {episode_seed}: won={bool(info.get('won'))} in {len(steps)}: "
+              + ", ".join(steps), flush=True)
 
 
 def run(method: str, seed: int, args) -> None:
@@ -193,8 +221,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--summary", action="store_true", help="only print the table of what is in --out")
     ap.add_argument("--reference", default=None, choices=METHODS,
                     help="also print every method's paired success difference to this method")
+    ap.add_argument("--trace", nargs=2, metavar=("METHOD", "SEED"),
+                    help="replay --eval-episodes greedy evaluation episodes of a saved run, printing its actions")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if args.trace:
+        trace(args)
+        return
     if args.summary:
         summary(args)
         return
