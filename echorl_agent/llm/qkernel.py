@@ -55,7 +55,7 @@ def _build() -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:  # build aside, then rename: concurrent builds are safe
         tmp_so = Path(tmp) / out.name
-        res = subprocess.run([cc, *flags, str(_SRC), "-o", str(tmp_so)], capture_output=True, text=True)
+        res = subprocess.run([cc, *flags, str(_SRC), "-o", str(tmp_so), "-lm"], capture_output=True, text=True)
         if res.returncode != 0:
             raise OSError(f"{cc} failed: {res.stderr.strip()[-500:]}")
         os.replace(tmp_so, out)
@@ -83,6 +83,9 @@ def load() -> ctypes.CDLL | None:
                                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                                 ctypes.c_int]
     lib.q_linear_mt.restype = ctypes.c_int
+    p, i, f, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int64
+    lib.q_decode_layers.argtypes = [i, p, i, i, i, i, i, i, i, f, f, p, p, p, p, p, i64, p, p, i, p, i, p, i, i]
+    lib.q_decode_layers.restype = ctypes.c_int
     _lib = lib
     return lib
 

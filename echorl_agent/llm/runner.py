@@ -20,7 +20,10 @@ import torch
 import torch.nn.functional as F
 
 from echorl_agent.kernels.attention import decode_plan, paged_attention, paged_decode_attention
-from echorl_agent.llm.quant import QuantizedLinear, check_weight_dtype, linear_names, quantize_model_linears
+from echorl_agent.llm.fused_decode import FusedDecoder
+from echorl_agent.llm.quant import (
+    KERNEL_ROWS, QuantizedLinear, check_weight_dtype, linear_names, quantize_model_linears
+)
 
 __all__ = ["ModelRunner", "SeqChunk", "SUPPORTED_MODEL_TYPES"]
 
@@ -106,6 +109,10 @@ class ModelRunner:
         self.v_pool = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.capture_layer: int | None = None
         self.h_pool: torch.Tensor | None = None  # [num_blocks * block_size, hidden], see enable_capture
+        self.fused = FusedDecoder.create(self)
+        """Runs whole decode steps in C with quantized weights (:mod:`echorl_agent.llm.fused_decode`); None when
+        it does not apply. ``use_fused_decode = False`` keeps the per-op Python path (for comparisons)."""
+        self.use_fused_decode = True
 
     def enable_capture(self, layer: int | None) -> None:
         """Keep every token's residual stream entering ``layer`` in a pool beside the KV (None: stop).
@@ -166,6 +173,8 @@ class ModelRunner:
             self.quantized[name].requantize(lin.weight)
             if lin.bias is not None:
                 self.quantized[name].bias = lin.bias.detach().float().clone()
+        if self.fused is not None:
+            self.fused.refresh()
         return todo
 
     def _linears_of(self, names: list[str]) -> list[str]:
@@ -265,9 +274,7 @@ class ModelRunner:
 
         # a pure decode step (one new token per sequence) on the torch path: the gather rows and padding mask
         # depend only on the block tables, so they are built once here instead of once per layer
-        plan = None
-        if not use_triton and n == len(chunks):
-            plan = decode_plan(tables, ctx_t, bs, self.num_kv_heads)
+        pure_decode = not use_triton and n == len(chunks)
 
         x = self.inner.embed_tokens(ids_t)  # [N, hidden]
         injections: dict[int, list[tuple[int, torch.Tensor]]] = {}
@@ -282,7 +289,12 @@ class ModelRunner:
         cos, sin = cos[0], sin[0]
         flat = (self.num_layers, self.num_blocks * bs, self.num_kv_heads, self.head_dim)
         k_flat, v_flat = self.k_pool.view(flat), self.v_pool.view(flat)
-        for li, layer in enumerate(self.layers):
+        fused = (self.fused is not None and self.use_fused_decode and pure_decode and n <= KERNEL_ROWS
+                 and not injections and self.fused.applies())
+        plan = decode_plan(tables, ctx_t, bs, self.num_kv_heads) if pure_decode and not fused else None
+        if fused:
+            x = self.fused.run(x, cos, sin, slots_t, tables, ctx_t)
+        for li, layer in enumerate([] if fused else self.layers):
             if li == self.capture_layer:  # before injection: captured activations never depend on soft tokens
                 self.h_pool[slots_t] = x
             for i, e in injections.get(li, ()):

@@ -177,3 +177,235 @@ int q_linear_mt(int bits, const float *x, int M, int K, const void *codes, const
         if (started[t]) pthread_join(tid[t], NULL);
     return 0;
 }
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Fused decode: every decoder layer of a Llama-family model for M decode tokens in one call.
+ *
+ * One decode step in Python runs ~20 torch ops per layer (norms, projections, RoPE, KV write, attention, MLP);
+ * at one token per sequence their dispatch costs as much as the matmuls. This function runs the whole layer
+ * stack for M rows: RMSNorm -> q/k/v (+bias) -> RoPE (HF's rotate_half form, cos/sin given per row) -> K/V into
+ * the paged pool -> attention over the row's blocks -> o_proj -> residual -> RMSNorm -> SiLU(gate) * up -> down
+ * -> residual. Rows are independent (each row's arithmetic is the same whatever else is in the batch).
+ *
+ * Layer table (int64 per layer, FUSED_TAB entries): ln1, ln2, then (codes, d, m, bias) for q, k, v, o, gate, up,
+ * down; bias 0 = none. The caller owns every buffer; x [M, hidden] is updated in place.
+ * --------------------------------------------------------------------------------------------------------------- */
+#include <math.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FUSED_TAB 30
+
+static void rmsnorm(const float *x, const float *w, float *out, int H, float eps) {
+    float ss = 0.0f;
+    for (int i = 0; i < H; i++) ss += x[i] * x[i];
+    const float inv = 1.0f / sqrtf(ss / (float)H + eps);
+    for (int i = 0; i < H; i++) out[i] = w[i] * (x[i] * inv);
+}
+
+/* Output features [N * tid / T, N * (tid + 1) / T) of one linear (t: codes, d, m, bias pointers). */
+static void qlin_part(int bits, const int64_t *t, const float *x, int M, int K, float *y, int N, int tid, int T) {
+    const float *bias = (const float *)(intptr_t)t[3];
+    const int n0 = (int)((long)N * tid / T), n1 = (int)((long)N * (tid + 1) / T);
+    if (bits == 4)
+        q4_linear(x, M, K, (const uint8_t *)(intptr_t)t[0], (const float *)(intptr_t)t[1],
+                  (const float *)(intptr_t)t[2], bias, y, N, n0, n1);
+    else
+        q8_linear(x, M, K, (const int8_t *)(intptr_t)t[0], (const float *)(intptr_t)t[1],
+                  (const float *)(intptr_t)t[2], bias, y, N, n0, n1);
+}
+
+static void rope(float *v, const float *cos, const float *sin, int D) {
+    const int h = D / 2;
+    for (int i = 0; i < h; i++) {
+        const float a = v[i], b = v[i + h];
+        v[i] = a * cos[i] - b * sin[i];
+        v[i + h] = b * cos[i + h] + a * sin[i + h];
+    }
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+static inline float dot(const float *a, const float *b, int n) { /* n % 8 == 0 (head_dim) */
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    for (; i < n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    return hsum(_mm256_add_ps(s0, s1));
+}
+static inline void axpy(float w, const float *x, float *y, int n) { /* y += w x, n % 8 == 0 */
+    const __m256 vw = _mm256_set1_ps(w);
+    for (int i = 0; i < n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(vw, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+}
+#else
+static inline float dot(const float *a, const float *b, int n) {
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+static inline void axpy(float w, const float *x, float *y, int n) {
+    for (int i = 0; i < n; i++) y[i] += w * x[i];
+}
+#endif
+
+/* A spinning barrier for the fused decode's threads (a decode step of a small model has ~240 phases of tens of
+ * microseconds: a futex round trip per phase would cost more than the work). Waiters yield the CPU after a while,
+ * so an oversubscribed machine does not starve the thread everyone waits for. */
+typedef struct {
+    int count, gen, n;
+} sbar;
+
+static void sbar_wait(sbar *b) {
+    if (b->n == 1) return;
+    const int gen = __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE);
+    if (__atomic_add_fetch(&b->count, 1, __ATOMIC_ACQ_REL) == b->n) {
+        __atomic_store_n(&b->count, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&b->gen, gen + 1, __ATOMIC_RELEASE);
+        return;
+    }
+    for (int spins = 0; __atomic_load_n(&b->gen, __ATOMIC_ACQUIRE) == gen; spins++)
+        if (spins > 4000) sched_yield();
+}
+
+typedef struct {
+    int L, bits, M, H, n_heads, n_kv, D, inter, max_blocks, block_size, capture_layer, threads;
+    const int64_t *tab, *slots, *tables, *ctx_lens;
+    float eps, scale;
+    float *x, *k_pool, *v_pool, *h_pool;
+    const float *cos, *sin;
+    int64_t layer_stride, max_ctx;
+    float *h, *q, *k, *v, *o, *g, *u, *p; /* scratch; p: max_ctx attention scores per thread */
+    sbar bar;
+    int go; /* workers start when set: the thread count is final by then */
+} dctx;
+
+typedef struct {
+    dctx *c;
+    int tid;
+} dworker;
+
+static void attend(const dctx *c, float *kl, float *vl, int r, int hh, float *p) {
+    const int QD = c->n_heads * c->D, KD = c->n_kv * c->D, D = c->D, bs = c->block_size;
+    const int kvh = hh / (c->n_heads / c->n_kv);
+    const int64_t n = c->ctx_lens[r], *tb = c->tables + (size_t)r * c->max_blocks;
+    const float *qh = c->q + (size_t)r * QD + hh * D;
+    float mx = -INFINITY, sum = 0.0f;
+    for (int64_t s = 0; s < n; s++) {
+        p[s] = c->scale * dot(qh, kl + (size_t)(tb[s / bs] * bs + s % bs) * KD + kvh * D, D);
+        mx = p[s] > mx ? p[s] : mx;
+    }
+    for (int64_t s = 0; s < n; s++) {
+        p[s] = expf(p[s] - mx);
+        sum += p[s];
+    }
+    float *oh = c->o + (size_t)r * QD + hh * D;
+    for (int i = 0; i < D; i++) oh[i] = 0.0f;
+    for (int64_t s = 0; s < n; s++) axpy(p[s] / sum, vl + (size_t)(tb[s / bs] * bs + s % bs) * KD + kvh * D, oh, D);
+}
+
+/* One thread's part of every layer: linears and attention split over threads (each output feature / head is
+ * computed whole by one thread, so the result does not depend on the thread count), norms, RoPE and residuals on
+ * thread 0, a barrier between phases. */
+static void *decode_worker(void *arg) {
+    dworker *w = (dworker *)arg;
+    dctx *c = w->c;
+    for (int spins = 0; !__atomic_load_n(&c->go, __ATOMIC_ACQUIRE); spins++)
+        if (spins > 4000) sched_yield();
+    const int tid = w->tid, T = c->threads, M = c->M, H = c->H, D = c->D, inter = c->inter;
+    const int QD = c->n_heads * D, KD = c->n_kv * D;
+    float *p = c->p + (size_t)tid * c->max_ctx;
+    for (int li = 0; li < c->L; li++) {
+        const int64_t *t = c->tab + (size_t)li * FUSED_TAB;
+        float *kl = c->k_pool + (size_t)li * c->layer_stride, *vl = c->v_pool + (size_t)li * c->layer_stride;
+        if (tid == 0) {
+            if (li == c->capture_layer && c->h_pool)
+                for (int r = 0; r < M; r++)
+                    memcpy(c->h_pool + (size_t)c->slots[r] * H, c->x + (size_t)r * H, sizeof(float) * H);
+            for (int r = 0; r < M; r++)
+                rmsnorm(c->x + (size_t)r * H, (const float *)(intptr_t)t[0], c->h + (size_t)r * H, H, c->eps);
+        }
+        sbar_wait(&c->bar);
+        qlin_part(c->bits, t + 2, c->h, M, H, c->q, QD, tid, T);
+        qlin_part(c->bits, t + 6, c->h, M, H, c->k, KD, tid, T);
+        qlin_part(c->bits, t + 10, c->h, M, H, c->v, KD, tid, T);
+        sbar_wait(&c->bar);
+        if (tid == 0)
+            for (int r = 0; r < M; r++) {
+                const float *cs = c->cos + (size_t)r * D, *sn = c->sin + (size_t)r * D;
+                for (int hh = 0; hh < c->n_heads; hh++) rope(c->q + (size_t)r * QD + hh * D, cs, sn, D);
+                for (int hh = 0; hh < c->n_kv; hh++) rope(c->k + (size_t)r * KD + hh * D, cs, sn, D);
+                memcpy(kl + (size_t)c->slots[r] * KD, c->k + (size_t)r * KD, sizeof(float) * KD);
+                memcpy(vl + (size_t)c->slots[r] * KD, c->v + (size_t)r * KD, sizeof(float) * KD);
+            }
+        sbar_wait(&c->bar);
+        const int items = M * c->n_heads;
+        for (int it = items * tid / T; it < items * (tid + 1) / T; it++) attend(c, kl, vl, it / c->n_heads, it % c->n_heads, p);
+        sbar_wait(&c->bar);
+        qlin_part(c->bits, t + 14, c->o, M, QD, c->h, H, tid, T);
+        sbar_wait(&c->bar);
+        if (tid == 0) {
+            for (size_t i = 0; i < (size_t)M * H; i++) c->x[i] += c->h[i];
+            for (int r = 0; r < M; r++)
+                rmsnorm(c->x + (size_t)r * H, (const float *)(intptr_t)t[1], c->h + (size_t)r * H, H, c->eps);
+        }
+        sbar_wait(&c->bar);
+        qlin_part(c->bits, t + 18, c->h, M, H, c->g, inter, tid, T);
+        qlin_part(c->bits, t + 22, c->h, M, H, c->u, inter, tid, T);
+        const int n0 = (int)((long)inter * tid / T), n1 = (int)((long)inter * (tid + 1) / T);
+        for (int r = 0; r < M; r++)
+            for (int n = n0; n < n1; n++) {
+                float *gv = c->g + (size_t)r * inter + n;
+                *gv = *gv / (1.0f + expf(-*gv)) * c->u[(size_t)r * inter + n];
+            }
+        sbar_wait(&c->bar);
+        qlin_part(c->bits, t + 26, c->g, M, inter, c->h, H, tid, T);
+        sbar_wait(&c->bar);
+        if (tid == 0)
+            for (size_t i = 0; i < (size_t)M * H; i++) c->x[i] += c->h[i];
+    }
+    return NULL;
+}
+
+int q_decode_layers(int L, const int64_t *tab, int bits, int M, int H, int n_heads, int n_kv, int D, int inter,
+                    float eps, float scale, float *x, const float *cos, const float *sin, float *k_pool,
+                    float *v_pool, int64_t layer_stride, const int64_t *slots, const int64_t *tables,
+                    int max_blocks, const int64_t *ctx_lens, int block_size, float *h_pool, int capture_layer,
+                    int threads) {
+    if (H % GROUP || (n_heads * D) % GROUP || inter % GROUP || n_heads % n_kv || D % 8) return -1;
+    if (threads > 16) threads = 16;
+    if (threads < 1) threads = 1;
+    const int QD = n_heads * D, KD = n_kv * D;
+    int64_t max_ctx = 1;
+    for (int r = 0; r < M; r++) max_ctx = ctx_lens[r] > max_ctx ? ctx_lens[r] : max_ctx;
+    float *buf = (float *)malloc(sizeof(float) * ((size_t)M * (H + 2 * QD + 2 * KD + 2 * inter) + threads * max_ctx));
+    if (!buf) return -2;
+    dctx c = {L, bits, M, H, n_heads, n_kv, D, inter, max_blocks, block_size, capture_layer, threads,
+              tab, slots, tables, ctx_lens, eps, scale, x, k_pool, v_pool, h_pool, cos, sin, layer_stride, max_ctx};
+    c.h = buf;
+    c.q = c.h + (size_t)M * H;
+    c.k = c.q + (size_t)M * QD;
+    c.v = c.k + (size_t)M * KD;
+    c.o = c.v + (size_t)M * KD;
+    c.g = c.o + (size_t)M * QD;
+    c.u = c.g + (size_t)M * inter;
+    c.p = c.u + (size_t)M * inter;
+    dworker ws[16];
+    pthread_t tid[16];
+    int started = 1;
+    for (int t = 1; t < threads; t++) {
+        ws[t] = (dworker){&c, t};
+        if (pthread_create(&tid[t], NULL, decode_worker, &ws[t]) != 0) break;
+        started++;
+    }
+    c.threads = started; /* fewer threads than asked if some could not start: the split adapts */
+    c.bar = (sbar){0, 0, started};
+    __atomic_store_n(&c.go, 1, __ATOMIC_RELEASE);
+    ws[0] = (dworker){&c, 0};
+    decode_worker(&ws[0]);
+    for (int t = 1; t < started; t++) pthread_join(tid[t], NULL);
+    free(buf);
+    return 0;
+}
