@@ -12,7 +12,10 @@ step budget, stochastic (sampled actions) and deterministic (argmax):
 
 Results go to ``--out`` (one JSON line per evaluated episode in ``episodes.jsonl``, a run folder per
 method/seed with curve.csv, model.zip, adapter/, tb/), and ``--summary`` prints the table with Wilson 95% CIs
-pooled over seeds, and the env steps each PPO variant needed to reach ``ppo``'s final training success.
+pooled over seeds, and the env steps each PPO variant needed to reach ``ppo``'s final training success. With
+``--reference frozen`` it adds every method's paired difference to the reference (the same held-out episodes): mean
+difference with a 95% bootstrap CI over seeds (per-seed mean differences) and over episodes, McNemar's exact p, and
+the number of seeds where the method beat / tied / lost to the reference.
 
 Run: ``python benchmarks/llm_rl_learning.py --methods frozen bc ppo bc+ppo echoppo --seeds 0 1 2`` then
 ``python benchmarks/llm_rl_learning.py --summary``. Runs already in ``episodes.jsonl`` are skipped (resumable;
@@ -39,6 +42,7 @@ from tabulate import tabulate  # noqa: E402
 
 import echorl_envs  # noqa: E402,F401
 from echorl_agent.eval.report import wilson_interval as wilson  # noqa: E402
+from echorl_agent.eval.stats import mcnemar_exact, paired_bootstrap  # noqa: E402
 from echorl_agent.llm_rl.train import LLMTrainConfig, make_llm_env, train_llm  # noqa: E402
 
 METHODS = ("frozen", "bc", "ppo", "bc+ppo", "echoppo")
@@ -53,14 +57,42 @@ def evaluate(model, args, seed: int) -> list[dict]:
             episode_seed = 100_000 + 1000 * seed + ep  # held out: training used other seeds
             torch.manual_seed(episode_seed)
             obs, _ = env.reset(seed=episode_seed)
-            done, steps, ret, info = False, 0, 0.0, {}
+            done, steps, ret, info, actions = False, 0, 0.0, {}, []
             while not done:
                 a, _ = model.predict(obs, deterministic=mode == "deterministic")
-                obs, r, term, trunc, info = env.step(int(np.asarray(a).reshape(-1)[0]))
+                index = int(np.asarray(a).reshape(-1)[0])
+                actions.append(env.action_text(index))
+                obs, r, term, trunc, info = env.step(index)
                 steps, ret, done = steps + 1, ret + float(r), term or trunc
             rows.append({"mode": mode, "episode_seed": episode_seed, "won": bool(info.get("won")),
-                         "return": ret, "steps": steps})
+                         "return": ret, "steps": steps, "actions": actions})
     return rows
+
+
+def trace(args) -> None:
+    """Replay the first deterministic evaluation episodes of a saved run (``--trace METHOD SEED``) and print the
+    actions, the probability the policy gave each chosen action, and the expert's action at that step."""
+    from echorl_agent import EchoPPO
+
+    method, seed = args.trace[0], int(args.trace[1])
+    model = EchoPPO.load(Path(args.out) / f"{method}-seed{seed}" / "model.zip",
+                         custom_objects={"policy_kwargs": dict(POLICY)})
+    env = make_llm_env(args.env, args.history, args.max_steps)
+    for ep in range(args.eval_episodes):
+        episode_seed = 100_000 + 1000 * seed + ep
+        obs, info = env.reset(seed=episode_seed)
+        done, steps = False, []
+        while not done:
+            expert = info.get("expert_action")
+            a, _ = model.predict(obs, deterministic=True)
+            index = int(np.asarray(a).reshape(-1)[0])
+            probs = model.policy.record(obs).rollout_logp.softmax(-1)
+            steps.append(f"{env.action_text(index)} (p={float(probs[index]):.2f}"
+                         + ("" if env.action_text(index) == expert else f"; expert: {expert}") + ")")
+            obs, _, term, trunc, info = env.step(index)
+            done = term or trunc
+        print(f"{method} seed {seed}, episode seed {episode_seed}: won={bool(info.get('won'))} in {len(steps)}: "
+              + ", ".join(steps), flush=True)
 
 
 def run(method: str, seed: int, args) -> None:
@@ -93,6 +125,33 @@ def steps_to(curve: Path, target: float) -> float | None:
     return None
 
 
+def paired(data: list[dict], method: str, reference: str, mode: str) -> dict | None:
+    """``method`` − ``reference`` success on the episodes both played in ``mode`` (paired by seed and episode seed).
+
+    Returns None when no episode pairs up; otherwise the seed-level mean difference and its bootstrap CI (seeds are
+    the independent units: each trains its own model), the episode-level CI, McNemar's exact p and the counts of
+    seeds where ``method``'s success is above / equal to / below the reference's.
+    """
+    ref = {(d["seed"], d["episode_seed"]): bool(d["won"]) for d in data
+           if d["method"] == reference and d["mode"] == mode}
+    pairs: dict[int, list[tuple[bool, bool]]] = {}
+    for d in sorted((d for d in data if d["method"] == method and d["mode"] == mode),
+                    key=lambda d: (d["seed"], d["episode_seed"])):
+        key = (d["seed"], d["episode_seed"])
+        if key in ref:
+            pairs.setdefault(d["seed"], []).append((bool(d["won"]), ref[key]))
+    if not pairs:
+        return None
+    per_seed = [float(np.mean([a for a, _ in ps]) - np.mean([b for _, b in ps])) for ps in pairs.values()]
+    flat = [p for ps in pairs.values() for p in ps]
+    seed_diff, seed_lo, seed_hi = paired_bootstrap(per_seed)
+    _, ep_lo, ep_hi = paired_bootstrap([float(a) - float(b) for a, b in flat])
+    return {"seeds": len(pairs), "episodes": len(flat), "diff": seed_diff, "seed_ci": (seed_lo, seed_hi),
+            "episode_ci": (ep_lo, ep_hi), "mcnemar_p": mcnemar_exact([a for a, _ in flat], [b for _, b in flat]),
+            "better": sum(d > 0 for d in per_seed), "tied": sum(d == 0 for d in per_seed),
+            "worse": sum(d < 0 for d in per_seed)}
+
+
 def summary(args) -> None:
     path = Path(args.out) / "episodes.jsonl"
     data = [json.loads(line) for line in open(path)]
@@ -110,6 +169,21 @@ def summary(args) -> None:
                           f"{np.mean([d['steps'] for d in rs]):.1f}", f"{train:.0f}"])
     print(tabulate(table, headers=["method", "eval", "seeds", "episodes", "success [95% CI]", "steps",
                                    "train s/seed"], tablefmt="github"))
+    if args.reference:
+        lines = []
+        for method in METHODS:
+            for mode in ("stochastic", "deterministic"):
+                p = None if method == args.reference else paired(data, method, args.reference, mode)
+                if p is not None:
+                    lines.append([f"{method} − {args.reference}", mode, p["seeds"], p["episodes"],
+                                  f"{p['diff']:+.2f} [{p['seed_ci'][0]:+.2f}, {p['seed_ci'][1]:+.2f}]",
+                                  f"[{p['episode_ci'][0]:+.2f}, {p['episode_ci'][1]:+.2f}]", f"{p['mcnemar_p']:.2g}",
+                                  f"{p['better']}/{p['tied']}/{p['worse']}"])
+        if lines:
+            print(f"\npaired difference in success vs {args.reference} (same held-out episodes):")
+            print(tabulate(lines, headers=["difference", "eval", "seeds", "episodes", "diff [95% CI over seeds]",
+                                           "95% CI over episodes", "McNemar p", "seeds better/tied/worse"],
+                           tablefmt="github"))
     # env steps to reach ppo's final training success (per seed), for every PPO variant
     finals = {}
     for d in Path(args.out).glob("ppo-seed*/curve.csv"):
@@ -145,8 +219,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eval-episodes", type=int, default=6)
     ap.add_argument("--out", default="benchmarks/results/llm_rl_learning")
     ap.add_argument("--summary", action="store_true", help="only print the table of what is in --out")
+    ap.add_argument("--reference", default=None, choices=METHODS,
+                    help="also print every method's paired success difference to this method")
+    ap.add_argument("--trace", nargs=2, metavar=("METHOD", "SEED"),
+                    help="replay --eval-episodes greedy evaluation episodes of a saved run, printing its actions")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if args.trace:
+        trace(args)
+        return
     if args.summary:
         summary(args)
         return
