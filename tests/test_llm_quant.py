@@ -40,8 +40,8 @@ def test_quantized_linear_matches_float32_within_tolerance(dtype, tol):
 def test_quantized_linear_reproduces_gguf_blocks(dtype):
     """Q4_1 blocks (d * q + m, q in 0..15) and Q8_0 blocks (d * q, q in -127..127) come back unchanged."""
     g = torch.Generator().manual_seed(4)
-    d = torch.rand(64, 18, 1, generator=g) * 0.01 + 1e-3
-    m = torch.randn(64, 18, 1, generator=g) * 0.05
+    d = (torch.rand(64, 18, 1, generator=g) * 0.01 + 1e-3).half().float()  # GGUF stores d and m as float16
+    m = (torch.randn(64, 18, 1, generator=g) * 0.05).half().float()
     q4 = torch.randint(0, 16, (64, 18, 32), generator=g)
     q4[..., 0], q4[..., 1] = 0, 15  # ggml's Q4_1 maps each block's min to 0 and max to 15
     w = (q4.float() * d + m).view(64, 576)
@@ -51,6 +51,8 @@ def test_quantized_linear_reproduces_gguf_blocks(dtype):
         q8[..., 0] = 127  # ggml's Q8_0: d = amax / 127
         w = (q8.float() * d).view(64, 576)
         assert (QuantizedLinear(w, None, dtype).dequantized_weight() - w).abs().max().item() <= 2e-7
+    with pytest.raises(ValueError, match="float16"):
+        QuantizedLinear(torch.full((4, 32), 1e5), None, dtype)
 
 
 @pytest.mark.parametrize("dtype", ["int8", "int4"])

@@ -44,6 +44,8 @@ class FusedDecoder:
         self.eps = float(runner.layers[0].input_layernorm.variance_epsilon)
         self.bits = runner.quantized["model.layers.0.self_attn.q_proj"].bits
         self._mods = [[layer.get_submodule(n) for n in _LINEARS] for layer in runner.layers]
+        self._attn_mods = [layer.self_attn._modules for layer in runner.layers]
+        self._mlp_mods = [layer.mlp._modules for layer in runner.layers]
         self.refresh()
 
     @classmethod
@@ -89,11 +91,11 @@ class FusedDecoder:
 
     def applies(self) -> bool:
         """True while every projection of every layer is still the module the quantized copies were made from."""
+        # plain dict lookups (nn.Module.__getattr__ would cost ~1 ms per decode step over 30 layers x 7 modules)
         return all(
-            layer.self_attn.q_proj is mods[0] and layer.self_attn.o_proj is mods[3] and layer.mlp.down_proj is mods[6]
-            and layer.self_attn.k_proj is mods[1] and layer.self_attn.v_proj is mods[2]
-            and layer.mlp.gate_proj is mods[4] and layer.mlp.up_proj is mods[5]
-            for layer, mods in zip(self.runner.layers, self._mods, strict=True)
+            sa["q_proj"] is mods[0] and sa["k_proj"] is mods[1] and sa["v_proj"] is mods[2] and sa["o_proj"] is mods[3]
+            and mlp["gate_proj"] is mods[4] and mlp["up_proj"] is mods[5] and mlp["down_proj"] is mods[6]
+            for sa, mlp, mods in zip(self._attn_mods, self._mlp_mods, self._mods, strict=True)
         )
 
     def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,

@@ -57,6 +57,18 @@ at 16 rows, 1.45x at 60, 1.25x at 128 and 0.9x at 512 (the dequantization pass i
 re-reads the packed weights for every 8 rows)."""
 _CHUNK = 256
 """Output features dequantized at once on the prefill path (a [256, K] float32 slice stays in L2)."""
+_HALF_MAX = float(torch.finfo(torch.float16).max)
+
+
+def _half(t: torch.Tensor) -> torch.Tensor:
+    """``t`` rounded to float16 precision, kept as float32 for the arithmetic that follows."""
+    return t.to(torch.float16).float()
+
+
+def _nonzero(d: torch.Tensor) -> torch.Tensor:
+    """Scales safe to divide by: a zero scale (a constant group, or one below float16's range) divides by 1 and
+    its codes then do not matter, since every weight of the group dequantizes to the offset."""
+    return torch.where(d > 0, d, torch.ones_like(d))
 
 
 def check_weight_dtype(weight_dtype: str) -> str:
@@ -72,13 +84,14 @@ def check_weight_dtype(weight_dtype: str) -> str:
 class QuantizedLinear(torch.nn.Module):
     """``y = x W^T + b`` with ``W`` held as int8 or int4 codes in groups of 32 inputs (weight-only).
 
-    Each group of 32 inputs of one output has its own scale ``d`` and offset ``m`` (``w = d * q + m``):
+    Each group of 32 inputs of one output has its own scale ``d`` and offset ``m`` (``w = d * q + m``), stored as
+    float16 like GGUF's blocks (a decode step reads 0.625 bytes per int4 weight, 1.125 per int8 weight):
 
     * int4: ``q`` in 0..15 with ``d, m`` from the group's min/max (GGUF Q4_1's scheme and nibble layout).
-    * int8: per group the better (smaller squared error) of symmetric ``q`` in -127..127 with ``m = 0`` (GGUF
-      Q8_0's scheme) and asymmetric ``q`` in -128..127 over the group's min/max. Both reproduce a GGUF Q4_1 or
-      Q8_0 block exactly (up to float rounding), so the embedded SmolLM2 (a Q4_1 GGUF with a Q8_0 embedding)
-      loses nothing by going back to int8 or int4.
+    * int8: per group the best (smallest squared error) of symmetric ``q`` in -127..127 with ``m = 0`` (GGUF
+      Q8_0's scheme), asymmetric ``q`` in -128..127 over the group's min/max, and Q4_1's 16-level grid. Both
+      modes reproduce a GGUF Q4_1 block exactly and int8 a Q8_0 block, so the embedded SmolLM2 (a Q4_1 GGUF
+      with a Q8_0 embedding) loses nothing by going back to int8 or int4.
 
     Activations stay float32. Up to ``KERNEL_ROWS`` rows (decode steps, short prefills) run the C kernel of
     :mod:`echorl_agent.llm.qkernel`, which reads each packed weight once; more rows (prefill) dequantize
@@ -112,26 +125,35 @@ class QuantizedLinear(torch.nn.Module):
             raise ValueError(f"weight shape {tuple(w.shape)} != {(self.out_features, self.in_features)}")
         g = w.reshape(self.out_features, -1, GROUP)  # [N, G, 32]
         lo, hi = g.amin(dim=-1, keepdim=True), g.amax(dim=-1, keepdim=True)
+        if not bool(torch.isfinite(lo).all() and torch.isfinite(hi).all()) or max(-lo.min(), hi.max()) > _HALF_MAX / 2:
+            raise ValueError(f"{self.dtype} stores group scales as float16: weights must be finite and below "
+                             f"{_HALF_MAX / 2:g} in magnitude, got range [{lo.min():g}, {hi.max():g}]; use float32")
+        # Scales and offsets are rounded to float16 first (GGUF's block format) and the codes chosen for the
+        # rounded values, so the kernel's half-precision scales reproduce exactly what the codes were fitted to.
         if self.bits == 4:
-            d = ((hi - lo) / 15.0).clamp(min=1e-30)
-            q = torch.round((g - lo) / d).clamp(0, 15).to(torch.uint8)
+            d, m = _half((hi - lo) / 15.0), _half(lo)
+            q = torch.round((g - m) / _nonzero(d)).clamp(0, 15).to(torch.uint8)
             codes = q[..., :16] | (q[..., 16:] << 4)  # [N, G, 16]: low nibble input j, high nibble j + 16
-            m = lo
         else:
-            d_s = (torch.maximum(hi, -lo) / 127.0).clamp(min=1e-30)
-            q_s = torch.round(g / d_s).clamp(-127, 127)
-            d_a = ((hi - lo) / 255.0).clamp(min=1e-30)
-            q_a = (torch.round((g - lo) / d_a) - 128.0).clamp(-128, 127)
-            m_a = lo + 128.0 * d_a
-            err_s = (q_s * d_s - g).square().sum(-1, keepdim=True)
-            err_a = (q_a * d_a + m_a - g).square().sum(-1, keepdim=True)
-            use_a = err_a < err_s
-            codes = torch.where(use_a, q_a, q_s).to(torch.int8)
-            d = torch.where(use_a, d_a, d_s)
-            m = torch.where(use_a, m_a, torch.zeros_like(m_a))
+            d_s = _half(torch.maximum(hi, -lo) / 127.0)
+            q_s = torch.round(g / _nonzero(d_s)).clamp(-127, 127)
+            d_a = _half((hi - lo) / 255.0)
+            m_a = _half(lo + 128.0 * d_a)
+            q_a = torch.round((g - m_a) / _nonzero(d_a)).clamp(-128, 127)
+            # Q4_1's own grid (16 levels from the min): a 4-bit block's d/17 and lo + 128 d are not float16 values,
+            # so without this candidate int8 would round the embedded model's Q4_1 blocks.
+            d_4, m_4 = _half((hi - lo) / 15.0), _half(lo)
+            q_4 = torch.round((g - m_4) / _nonzero(d_4)).clamp(0, 15)
+            cands = [(q_s, d_s, torch.zeros_like(d_s)), (q_a, d_a, m_a), (q_4, d_4, m_4)]
+            err = torch.cat([(qc * dc + mc - g).square().sum(-1, keepdim=True) for qc, dc, mc in cands], dim=-1)
+            best = err.argmin(dim=-1, keepdim=True)  # [N, G, 1]; ties go to the earlier (Q8_0 first)
+            pick = [best == i for i in range(len(cands))]
+            codes = sum(torch.where(p, qc, 0.0) for p, (qc, _, _) in zip(pick, cands)).to(torch.int8)
+            d = sum(torch.where(p, dc, 0.0) for p, (_, dc, _) in zip(pick, cands))
+            m = sum(torch.where(p, mc, 0.0) for p, (_, _, mc) in zip(pick, cands))
         self.codes = codes.reshape(self.out_features, -1).contiguous()
-        self.d = d.reshape(self.out_features, -1).contiguous()
-        self.m = m.reshape(self.out_features, -1).contiguous()
+        self.d = d.reshape(self.out_features, -1).to(torch.float16).contiguous()
+        self.m = m.reshape(self.out_features, -1).to(torch.float16).contiguous()
 
     def dequantized_weight(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """float32 ``W[start:stop]`` as the quantized codes represent it."""
@@ -142,7 +164,7 @@ class QuantizedLinear(torch.nn.Module):
             q = torch.cat([c & 15, c >> 4], dim=-1)
         else:
             q = c.view(n, -1, GROUP)
-        w = torch.addcmul(self.m[start:stop, :, None], q.float(), self.d[start:stop, :, None])
+        w = torch.addcmul(self.m[start:stop, :, None].float(), q.float(), self.d[start:stop, :, None].float())
         return w.view(n, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

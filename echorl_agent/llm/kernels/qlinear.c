@@ -1,16 +1,33 @@
 /* Weight-only quantized linear for a few rows: y[M, N] = x[M, K] W[N, K]^T (+ bias), W in groups of 32 inputs.
  *
- * w = d[n, g] * q + m[n, g] for the 32 inputs of group g of output n; x and y stay float32 (weight-only).
+ * w = d[n, g] * q + m[n, g] for the 32 inputs of group g of output n, d and m stored as IEEE half (as GGUF's
+ * blocks); x and y stay float32 (weight-only).
  *   int4: q in 0..15, 16 bytes per group, low nibble = input j, high nibble = input j + 16 (GGUF Q4_1's layout).
  *   int8: q in -128..127, 32 bytes per group (m = 0 is GGUF Q8_0).
  * Every weight is dequantized in registers once per call and used for all M rows, so a decode step reads each
- * packed weight once (0.56 / 1.06 bytes per weight with the scales, against 4 for float32).
+ * packed weight once (0.625 / 1.125 bytes per weight with the scales, against 4 for float32).
  * Loaded by echorl_agent/llm/qkernel.py (compiled on first use with the machine's C compiler).
  */
 #include <stdint.h>
 #include <stddef.h>
 
 #define GROUP 32
+
+typedef uint16_t half; /* IEEE binary16 bits */
+
+#if defined(__F16C__)
+#include <immintrin.h>
+static inline float h2f(half h) { return _cvtsh_ss(h); }
+#else
+static inline float h2f(half h) { /* exact half -> float without F16C */
+    const uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 31, f = h & 1023;
+    union { uint32_t u; float f; } v;
+    if (e == 31) v.u = s | 0x7F800000u | (f << 13);
+    else if (e) v.u = s | ((e + 112) << 23) | (f << 13);
+    else { v.f = (float)f * (1.0f / 16777216.0f); v.u |= s; } /* zero / subnormal: f * 2^-24 */
+    return v.f;
+}
+#endif
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -48,7 +65,7 @@ static inline void unpack8(const int8_t *p, float d, float m, __m256 w[4]) {
  * is bit-identical whatever rows share its batch and however the outputs are split over threads. */
 #define DEFINE_ROWS(NAME, UNPACK, CODE_T, GROUP_BYTES)                                                         \
     static inline __attribute__((always_inline)) void NAME##_tile(                                              \
-        const float *x, int K, const CODE_T *c, const float *dn, const float *mn, const float *bias, float *y,  \
+        const float *x, int K, const CODE_T *c, const half *dn, const half *mn, const float *bias, float *y,    \
         int N, int n, const int NO, const int MR) {                                                            \
         const int G = K / GROUP;                                                                               \
         __m256 acc[8];                                                                                         \
@@ -56,7 +73,9 @@ static inline void unpack8(const int8_t *p, float d, float m, __m256 w[4]) {
         for (int g = 0; g < G; g++) {                                                                          \
             for (int j = 0; j < NO; j++) {                                                                     \
                 __m256 w[4];                                                                                   \
-                UNPACK(c + ((size_t)j * G + g) * (GROUP_BYTES), dn[(size_t)j * G + g], mn[(size_t)j * G + g], w); \
+                const size_t jg = (size_t)j * G + g;                                                           \
+                _mm_prefetch((const char *)(c + (jg + (size_t)NO * G) * (GROUP_BYTES)), _MM_HINT_T0);          \
+                UNPACK(c + jg * (GROUP_BYTES), h2f(dn[jg]), h2f(mn[jg]), w);                                   \
                 for (int r = 0; r < MR; r++) {                                                                 \
                     const float *xr = x + (size_t)r * K + g * GROUP;                                           \
                     __m256 a = acc[j * MR + r];                                                                \
@@ -72,7 +91,7 @@ static inline void unpack8(const int8_t *p, float d, float m, __m256 w[4]) {
             for (int r = 0; r < MR; r++)                                                                       \
                 y[(size_t)r * N + n + j] = hsum(acc[j * MR + r]) + (bias ? bias[n + j] : 0.0f);                \
     }                                                                                                          \
-    static void NAME(const float *x, int M, int K, const CODE_T *codes, const float *d, const float *m,        \
+    static void NAME(const float *x, int M, int K, const CODE_T *codes, const half *d, const half *m,          \
                      const float *bias, float *y, int N, int n0, int n1) {                                     \
         const int G = K / GROUP;                                                                               \
         for (int r = 0; r < M;) {                                                                              \
@@ -82,7 +101,7 @@ static inline void unpack8(const int8_t *p, float d, float m, __m256 w[4]) {
             int n = n0;                                                                                        \
             for (; n + NO <= n1; n += NO) {                                                                    \
                 const CODE_T *c = codes + (size_t)n * G * (GROUP_BYTES);                                       \
-                const float *dn = d + (size_t)n * G, *mn = m + (size_t)n * G;                                  \
+                const half *dn = d + (size_t)n * G, *mn = m + (size_t)n * G;                                    \
                 switch (MR) {                                                                                  \
                 case 8: NAME##_tile(xr, K, c, dn, mn, bias, yr, N, n, 1, 8); break;                            \
                 case 4: NAME##_tile(xr, K, c, dn, mn, bias, yr, N, n, 2, 4); break;                            \
@@ -92,7 +111,7 @@ static inline void unpack8(const int8_t *p, float d, float m, __m256 w[4]) {
             }                                                                                                  \
             for (; n < n1; n++) {                                                                              \
                 const CODE_T *c = codes + (size_t)n * G * (GROUP_BYTES);                                       \
-                const float *dn = d + (size_t)n * G, *mn = m + (size_t)n * G;                                  \
+                const half *dn = d + (size_t)n * G, *mn = m + (size_t)n * G;                                    \
                 switch (MR) {                                                                                  \
                 case 8: NAME##_tile(xr, K, c, dn, mn, bias, yr, N, n, 1, 8); break;                            \
                 case 4: NAME##_tile(xr, K, c, dn, mn, bias, yr, N, n, 1, 4); break;                            \
@@ -115,7 +134,7 @@ static inline void unpack8(const int8_t *p, float d, float m, float w[GROUP]) {
     for (int j = 0; j < GROUP; j++) w[j] = d * (float)p[j] + m;
 }
 #define DEFINE_ROWS(NAME, UNPACK, CODE_T, GROUP_BYTES)                                                         \
-    static void NAME(const float *x, int M, int K, const CODE_T *codes, const float *d, const float *m,        \
+    static void NAME(const float *x, int M, int K, const CODE_T *codes, const half *d, const half *m,          \
                      const float *bias, float *y, int N, int n0, int n1) {                                     \
         const int G = K / GROUP;                                                                               \
         for (int n = n0; n < n1; n++)                                                                          \
@@ -124,7 +143,8 @@ static inline void unpack8(const int8_t *p, float d, float m, float w[GROUP]) {
                 const CODE_T *c = codes + (size_t)n * G * (GROUP_BYTES);                                       \
                 for (int g = 0; g < G; g++) {                                                                  \
                     float w[GROUP];                                                                            \
-                    UNPACK(c + (size_t)g * (GROUP_BYTES), d[(size_t)n * G + g], m[(size_t)n * G + g], w);      \
+                    const size_t ng = (size_t)n * G + g;                                                       \
+                    UNPACK(c + (size_t)g * (GROUP_BYTES), h2f(d[ng]), h2f(m[ng]), w);                          \
                     for (int j = 0; j < GROUP; j++) acc += w[j] * x[(size_t)r * K + g * GROUP + j];            \
                 }                                                                                              \
                 y[(size_t)r * N + n] = acc + (bias ? bias[n] : 0.0f);                                          \
@@ -136,7 +156,7 @@ DEFINE_ROWS(rows4, unpack4, uint8_t, GROUP / 2)
 DEFINE_ROWS(rows8, unpack8, int8_t, GROUP)
 
 #define DEFINE_LINEAR(NAME, ROWS, CODE_T)                                                                      \
-    int NAME(const float *x, int M, int K, const CODE_T *codes, const float *d, const float *m,                \
+    int NAME(const float *x, int M, int K, const CODE_T *codes, const half *d, const half *m,                  \
              const float *bias, float *y, int N, int n0, int n1) {                                             \
         if (K % GROUP) return -1;                                                                              \
         ROWS(x, M, K, codes, d, m, bias, y, N, n0, n1);                                                        \
@@ -161,7 +181,8 @@ int qlinear_simd(void) {
 
 typedef struct {
     int bits, M, K, N, n0, n1;
-    const float *x, *d, *m, *bias;
+    const float *x, *bias;
+    const half *d, *m;
     const void *codes;
     float *y;
 } qjob;
@@ -175,7 +196,7 @@ static void *qjob_run(void *p) {
     return NULL;
 }
 
-int q_linear_mt(int bits, const float *x, int M, int K, const void *codes, const float *d, const float *m,
+int q_linear_mt(int bits, const float *x, int M, int K, const void *codes, const half *d, const half *m,
                 const float *bias, float *y, int N, int threads) {
     if (K % GROUP) return -1;
     if (threads > 16) threads = 16;
@@ -185,7 +206,7 @@ int q_linear_mt(int bits, const float *x, int M, int K, const void *codes, const
     int started[16] = {0};
     for (int t = 0; t < threads; t++) {
         jobs[t] = (qjob){bits, M, K, N, (int)((long)N * t / threads), (int)((long)N * (t + 1) / threads),
-                         x, d, m, bias, codes, y};
+                         x, bias, d, m, codes, y};
         if (t > 0) started[t] = pthread_create(&tid[t], NULL, qjob_run, &jobs[t]) == 0;
     }
     for (int t = 1; t < threads; t++)
@@ -227,11 +248,11 @@ static void qlin_part(int bits, const int64_t *t, const float *x, int M, int K, 
     const float *bias = (const float *)(intptr_t)t[3];
     const int n0 = (int)((long)N * tid / T), n1 = (int)((long)N * (tid + 1) / T);
     if (bits == 4)
-        q4_linear(x, M, K, (const uint8_t *)(intptr_t)t[0], (const float *)(intptr_t)t[1],
-                  (const float *)(intptr_t)t[2], bias, y, N, n0, n1);
+        q4_linear(x, M, K, (const uint8_t *)(intptr_t)t[0], (const half *)(intptr_t)t[1],
+                  (const half *)(intptr_t)t[2], bias, y, N, n0, n1);
     else
-        q8_linear(x, M, K, (const int8_t *)(intptr_t)t[0], (const float *)(intptr_t)t[1],
-                  (const float *)(intptr_t)t[2], bias, y, N, n0, n1);
+        q8_linear(x, M, K, (const int8_t *)(intptr_t)t[0], (const half *)(intptr_t)t[1],
+                  (const half *)(intptr_t)t[2], bias, y, N, n0, n1);
 }
 
 static void rope(float *v, const float *cos, const float *sin, int D) {
@@ -256,7 +277,8 @@ static inline float dot(const float *a, const float *b, int n) { /* n % 8 == 0 (
 }
 static inline void axpy(float w, const float *x, float *y, int n) { /* y += w x, n % 8 == 0 */
     const __m256 vw = _mm256_set1_ps(w);
-    for (int i = 0; i < n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(vw, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (int i = 0; i < n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(vw, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
 }
 #else
 static inline float dot(const float *a, const float *b, int n) {
@@ -360,7 +382,8 @@ static void *decode_worker(void *arg) {
             }
         sbar_wait(&c->bar);
         const int items = M * c->n_heads;
-        for (int it = items * tid / T; it < items * (tid + 1) / T; it++) attend(c, kl, vl, it / c->n_heads, it % c->n_heads, p);
+        for (int it = items * tid / T; it < items * (tid + 1) / T; it++)
+            attend(c, kl, vl, it / c->n_heads, it % c->n_heads, p);
         sbar_wait(&c->bar);
         qlin_part(c->bits, t + 14, c->o, M, QD, c->h, H, tid, T);
         sbar_wait(&c->bar);
