@@ -65,20 +65,24 @@ def _step(eng, chunks, fused):
     return torch.stack(logits), k1, v1
 
 
-@pytest.mark.parametrize("dtype", ["int8", "int4"])
-def test_fused_decode_matches_per_op_path(llm, dtype):
+# int8 multiplies float activations: the two paths differ by float summation order only. int4 rounds activations
+# to int16 per group of 32, so an order-of-summation difference of 1e-7 can move a value across a rounding step
+# (~1e-5 of its group's largest input), and that grows over 30 layers (measured max 0.008 on logits of ~10-20);
+# the argmax must still agree.
+@pytest.mark.parametrize("dtype,tol", [("int8", 2e-4), ("int4", 2e-2)])
+def test_fused_decode_matches_per_op_path(llm, dtype, tol):
     eng = _engine(llm, dtype)
     assert eng.runner.fused is not None and eng.runner.fused.bits == (8 if dtype == "int8" else 4)
     chunks = _prefilled(llm, eng)
     ref, k_ref, v_ref = _step(eng, chunks, fused=False)
     got, k_got, v_got = _step(eng, chunks, fused=True)
     assert not torch.equal(got, ref)  # really a different code path (summation order differs) ...
-    torch.testing.assert_close(got, ref, atol=2e-4, rtol=0)  # ... with the same arithmetic
+    torch.testing.assert_close(got, ref, atol=tol, rtol=0)  # ... with the same arithmetic
     assert torch.equal(got.argmax(-1), ref.argmax(-1))
     written = (k_ref != 0).any(-1).any(-1)  # [L, blocks, block_size]: slots holding keys
     assert torch.equal((k_got != 0).any(-1).any(-1), written)  # the new K/V went to the same slots
-    torch.testing.assert_close(k_got, k_ref, atol=1e-4, rtol=0)
-    torch.testing.assert_close(v_got, v_ref, atol=1e-4, rtol=0)
+    torch.testing.assert_close(k_got, k_ref, atol=tol / 2, rtol=0)
+    torch.testing.assert_close(v_got, v_ref, atol=tol / 2, rtol=0)
 
 
 def test_fused_row_does_not_depend_on_batch_or_threads(llm):

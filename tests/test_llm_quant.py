@@ -19,6 +19,18 @@ def _rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
     return ((y - ref).abs().max() / ref.abs().max()).item()
 
 
+def _kernel_math(q: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
+    """What the C kernel computes, written out in torch: int8 multiplies float x into the dequantized weights;
+    int4 rounds x to int16 per group of 32 (d * q . x_rounded + m * group sum of x)."""
+    b = 0.0 if q.bias is None else q.bias
+    if q.bits == 8:
+        return F.linear(x, q.dequantized_weight()) + b
+    xg = x.view(x.shape[0], -1, 32)
+    dx = xg.abs().amax(-1, keepdim=True) / 32767.0
+    xr = (torch.round(xg * torch.where(dx > 0, 1.0 / dx, torch.zeros_like(dx))) * dx).view_as(x)
+    return F.linear(xr, q.dequantized_weight(offsets=False)) + xg.sum(-1) @ q.m.float().T + b
+
+
 @pytest.mark.parametrize("dtype,tol", [("int8", 0.01), ("int4", 0.12)])
 def test_quantized_linear_matches_float32_within_tolerance(dtype, tol):
     # stated tolerance: max |error| <= tol * max |y| on Gaussian weights/inputs (int8 ~0.004, int4 ~0.06-0.09 seen)
@@ -32,8 +44,10 @@ def test_quantized_linear_matches_float32_within_tolerance(dtype, tol):
         y, ref = q(x), F.linear(x, w, b)
         assert y.shape == ref.shape == (rows, 300)
         assert _rel_err(y, ref) <= tol
-        # weight-only: exactly F.linear over the dequantized codes, up to float summation order
-        torch.testing.assert_close(y, F.linear(x, wq, b), atol=1e-5, rtol=1e-5)
+        # the kernel's arithmetic exactly, up to float summation order
+        torch.testing.assert_close(y, _kernel_math(q, x), atol=1e-5, rtol=1e-5)
+        # int4's int16 activation rounding is invisible next to the weights' quantization error
+        assert _rel_err(y, F.linear(x, wq, b)) <= 1e-4
 
 
 @pytest.mark.parametrize("dtype", ["int8", "int4"])
@@ -62,7 +76,7 @@ def test_quantized_linear_row_result_does_not_depend_on_batch(dtype):
     g = torch.Generator().manual_seed(1)
     q = QuantizedLinear(torch.randn(256, 576, generator=g) * 0.05, None, dtype)
     x = torch.randn(KERNEL_ROWS + 24, 576, generator=g)
-    x[3] *= 100.0  # weight-only: an outlier row changes nothing for the others
+    x[3] *= 100.0  # an outlier row changes nothing for the others (activations are rounded per row)
     small = q(x[:KERNEL_ROWS])
     # decode steps (the C kernel): a row's result is bit-identical whichever rows share its batch
     assert torch.equal(torch.cat([q(x[i : i + 1]) for i in range(KERNEL_ROWS)]), small)
@@ -100,7 +114,7 @@ def test_kernel_threads_split_outputs_without_changing_results(dtype):
     finally:
         torch.set_num_threads(1)
     assert torch.equal(two, q(x))
-    torch.testing.assert_close(two, F.linear(x, q.dequantized_weight()), atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(two, _kernel_math(q, x), atol=1e-4, rtol=1e-5)
 
 
 def test_requantize_equals_fresh_quantization():

@@ -20,16 +20,20 @@ Kernels, chosen by measurement on the reference machine (AMD EPYC, AVX2 + FMA + 
 * fbgemm ``quantized::linear_dynamic`` (int8 weights *and* 7-bit per-token activations): 2.2x faster than
   float32, but the activation rounding cost 16% of the next-token choices (teacher-forced agreement 0.84) and
   every 32-token greedy text of 50 diverged; it was this module's first int8 mode and was dropped.
-* our C kernel (:mod:`echorl_agent.llm.qkernel`, ``kernels/qlinear.c``): dequantizes each group in AVX2
-  registers once for up to 8 rows and multiplies float32 activations. Decode steps run the whole layer stack in
-  C (:mod:`echorl_agent.llm.fused_decode`), which removed the per-op Python overhead that had held int8 decode
+* our C kernel (:mod:`echorl_agent.llm.qkernel`, ``kernels/qlinear.c``): int8 dequantizes each group in AVX2
+  registers once for up to 8 rows and multiplies float32 activations; int4 rounds the activations to int16 per
+  group of 32 (~1e-5 of the group's largest input; int8 activations, llama.cpp's choice, cost 12% of the
+  teacher-forced next tokens here) and multiplies with integer dot products, 1.4-1.6x faster than unpacking
+  nibbles to float for one row. Decode steps run the whole layer stack in C
+  (:mod:`echorl_agent.llm.fused_decode`), which removed the per-op Python overhead that had held int8 decode
   at 0.53x llama.cpp's speed (RESULTS "second design" and "fused decode").
 
 Up to ``KERNEL_ROWS`` rows (decode steps, short prefill chunks) run the kernel; long prefill chunks are
-compute-bound and dequantize ``_CHUNK`` outputs at a time for ``F.linear``, so they cost about what float32's do.
-A row's result is bit-identical for every batch of up to ``KERNEL_ROWS`` rows; between the kernel and the long
-prefill path it differs only by summation order, so with a quantized weight_dtype the prefix cache can change
-logits by ~1e-5, not bitwise (float32 stays the exact mode).
+compute-bound and dequantize ``_CHUNK`` outputs at a time for ``F.linear`` (int4 with the kernel's int16
+activation rounding, :func:`int16_activations`), so they cost about what float32's do. A row's result is
+bit-identical for every batch of up to ``KERNEL_ROWS`` rows; between the kernel and the long prefill path it
+differs only by summation order (for int4, plus the rounding flips that can cause), so with a quantized
+weight_dtype the prefix cache can change logits slightly, not bitwise (float32 stays the exact mode).
 """
 
 from __future__ import annotations
@@ -71,6 +75,15 @@ def _nonzero(d: torch.Tensor) -> torch.Tensor:
     return torch.where(d > 0, d, torch.ones_like(d))
 
 
+def int16_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The int4 kernel's activation rounding for float32 ``x [M, K]``: per row and group of 32 inputs,
+    ``round(x / dx) * dx`` with ``dx = max|x| / 32767``; also returns the exact group sums ``[M, K / 32]``."""
+    g = x.view(x.shape[0], -1, GROUP)
+    dx = g.abs().amax(dim=-1, keepdim=True) / 32767.0
+    inv = torch.where(dx > 0, 1.0 / dx, torch.zeros_like(dx))
+    return (torch.round(g * inv) * dx).view_as(x), g.sum(dim=-1)
+
+
 def check_weight_dtype(weight_dtype: str) -> str:
     """Return ``weight_dtype`` or raise a ValueError naming the field and the allowed values."""
     if weight_dtype not in WEIGHT_DTYPES:
@@ -93,10 +106,10 @@ class QuantizedLinear(torch.nn.Module):
       modes reproduce a GGUF Q4_1 block exactly and int8 a Q8_0 block, so the embedded SmolLM2 (a Q4_1 GGUF
       with a Q8_0 embedding) loses nothing by going back to int8 or int4.
 
-    Activations stay float32. Up to ``KERNEL_ROWS`` rows (decode steps, short prefills) run the C kernel of
-    :mod:`echorl_agent.llm.qkernel`, which reads each packed weight once; more rows (prefill) dequantize
-    ``_CHUNK`` outputs at a time and use ``F.linear``. Both compute with the same dequantized weights, so a row's
-    result differs between the two paths only by float summation order.
+    Activations stay float32 (int4 rounds them to int16 per group inside the product). Up to ``KERNEL_ROWS``
+    rows (decode steps, short prefills) run the C kernel of :mod:`echorl_agent.llm.qkernel`, which reads each
+    packed weight once; more rows (prefill) dequantize ``_CHUNK`` outputs at a time and use ``F.linear``. Both
+    compute the same arithmetic, so a row's result differs between the two paths only by float summation order.
 
     Args:
         weight: float weight ``[out, in]`` with ``in`` a multiple of 32.
@@ -155,8 +168,8 @@ class QuantizedLinear(torch.nn.Module):
         self.d = d.reshape(self.out_features, -1).to(torch.float16).contiguous()
         self.m = m.reshape(self.out_features, -1).to(torch.float16).contiguous()
 
-    def dequantized_weight(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
-        """float32 ``W[start:stop]`` as the quantized codes represent it."""
+    def dequantized_weight(self, start: int = 0, stop: int | None = None, offsets: bool = True) -> torch.Tensor:
+        """float32 ``W[start:stop]`` as the quantized codes represent it (``offsets=False``: ``d * q`` only)."""
         c = self.codes[start:stop]
         n = c.shape[0]
         if self.bits == 4:
@@ -164,6 +177,8 @@ class QuantizedLinear(torch.nn.Module):
             q = torch.cat([c & 15, c >> 4], dim=-1)
         else:
             q = c.view(n, -1, GROUP)
+        if not offsets:
+            return (q.float() * self.d[start:stop, :, None].float()).view(n, self.in_features)
         w = torch.addcmul(self.m[start:stop, :, None].float(), q.float(), self.d[start:stop, :, None].float())
         return w.view(n, self.in_features)
 
@@ -172,9 +187,16 @@ class QuantizedLinear(torch.nn.Module):
         x2 = x.reshape(-1, self.in_features).float().contiguous()
         if x2.shape[0] <= KERNEL_ROWS and qkernel.load() is not None:
             y = qkernel.q_linear(self.bits, x2, self.codes, self.d, self.m, self.bias)
-        else:
+        elif self.bits == 8:
             y = torch.cat([F.linear(x2, self.dequantized_weight(i, i + _CHUNK))
                            for i in range(0, self.out_features, _CHUNK)], dim=-1)
+            if self.bias is not None:
+                y = y + self.bias
+        else:  # the kernel's int4 arithmetic: int16-rounded x times d * q, plus the offsets times x's group sums
+            xr, sx = int16_activations(x2)
+            y = torch.cat([F.linear(xr, self.dequantized_weight(i, i + _CHUNK, offsets=False))
+                           for i in range(0, self.out_features, _CHUNK)], dim=-1)
+            y = y + sx @ self.m.float().T
             if self.bias is not None:
                 y = y + self.bias
         return y.view(*shape[:-1], self.out_features)
