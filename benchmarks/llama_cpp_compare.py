@@ -116,17 +116,17 @@ def speed(llm, dtypes: list[str], threads: list[int], rounds: int) -> list[list]
             res: dict[str, list[float]] = {}
             agree = None
             for _ in range(rounds):  # alternate ours / theirs
-                t_ours, r = _timed(lambda: eng.generate([prompt100], _greedy(128))[0].token_ids)
+                t_ours, r = _timed(lambda: eng.generate([prompt100], _greedy(128))[0].token_ids)  # noqa: B023
                 res.setdefault("decode_ours", []).append(128 / t_ours)
                 if cpp:
                     cpp.m.reset()
-                    t_th, theirs = _timed(lambda: cpp.generate(prompt100, 128))
+                    t_th, theirs = _timed(lambda: cpp.generate(prompt100, 128))  # noqa: B023
                     res.setdefault("decode_theirs", []).append(128 / t_th)
                     agree = _common_prefix(r, theirs)
-                t_ours, _r = _timed(lambda: cold.generate([prompt512], _greedy(1)))
+                t_ours, _r = _timed(lambda: cold.generate([prompt512], _greedy(1)))  # noqa: B023
                 res.setdefault("prefill_ours", []).append(512 / t_ours)
                 if cpp:
-                    t_th, _r = _timed(lambda: cpp.prefill(prompt512))
+                    t_th, _r = _timed(lambda: cpp.prefill(prompt512))  # noqa: B023
                     res.setdefault("prefill_theirs", []).append(512 / t_th)
                 if th == threads[0]:
                     res.setdefault("dialogue_ours", []).append(_dialogue_ours(_ours(llm, dt), llm, 10))
@@ -134,11 +134,11 @@ def speed(llm, dtypes: list[str], threads: list[int], rounds: int) -> list[list]
                         res.setdefault("dialogue_theirs", []).append(_dialogue_theirs(cpp, llm, 10))
                     batch = [_ids(llm, 100, f"Agent {i}. ") for i in range(8)]
                     beng = _ours(llm, dt, max_num_seqs=8)
-                    t_ours, _r = _timed(lambda: beng.generate(batch, _greedy(64)))
+                    t_ours, _r = _timed(lambda: beng.generate(batch, _greedy(64)))  # noqa: B023
                     res.setdefault("batch_ours", []).append(8 * 64 / t_ours)
                     if cpp:
                         cpp.m.reset()
-                        t_th, _r = _timed(lambda: cpp.generate(batch[0], 64))
+                        t_th, _r = _timed(lambda: cpp.generate(batch[0], 64))  # noqa: B023
                         res.setdefault("batch_theirs", []).append(64 / t_th)
             rows.extend(_rows(res, dt, th, agree))
     return rows
@@ -146,7 +146,7 @@ def speed(llm, dtypes: list[str], threads: list[int], rounds: int) -> list[list]
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
     n = 0
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         if x != y:
             break
         n += 1

@@ -178,12 +178,12 @@ def test_engine_quantized_next_token_agreement_with_float32(llm, dtype, min_agre
     eng = _engine(llm, dtype)
     assert len(eng.runner.quantized) == 30 * 7 + 1  # every projection, MLP and the LM head
     agree = total = 0
-    for p, r in zip(prompts, ref):
+    for p, r in zip(prompts, ref, strict=True):
         ids = p + r
         blocks = list(range(eng.cache.num_blocks_needed(len(ids))))
         (lq,) = eng.runner.forward([SeqChunk(ids, 0, blocks, all_logits=True)])
         picks = lq[len(p) - 1 : -1].argmax(-1).tolist()
-        agree += sum(a == b for a, b in zip(picks, r))
+        agree += sum(a == b for a, b in zip(picks, r, strict=True))
         total += len(r)
     assert agree / total >= min_agree
 

@@ -157,13 +157,11 @@ class QuantizedLinear(torch.nn.Module):
             # so without this candidate int8 would round the embedded model's Q4_1 blocks.
             d_4, m_4 = _half((hi - lo) / 15.0), _half(lo)
             q_4 = torch.round((g - m_4) / _nonzero(d_4)).clamp(0, 15)
-            cands = [(q_s, d_s, torch.zeros_like(d_s)), (q_a, d_a, m_a), (q_4, d_4, m_4)]
-            err = torch.cat([(qc * dc + mc - g).square().sum(-1, keepdim=True) for qc, dc, mc in cands], dim=-1)
-            best = err.argmin(dim=-1, keepdim=True)  # [N, G, 1]; ties go to the earlier (Q8_0 first)
-            pick = [best == i for i in range(len(cands))]
-            codes = sum(torch.where(p, qc, 0.0) for p, (qc, _, _) in zip(pick, cands)).to(torch.int8)
-            d = sum(torch.where(p, dc, 0.0) for p, (_, dc, _) in zip(pick, cands))
-            m = sum(torch.where(p, mc, 0.0) for p, (_, _, mc) in zip(pick, cands))
+            qs, ds = torch.stack([q_s, q_a, q_4]), torch.stack([d_s, d_a, d_4])  # candidates first
+            ms = torch.stack([torch.zeros_like(m_a), m_a, m_4])
+            best = (qs * ds + ms - g).square().sum(-1, keepdim=True).argmin(dim=0, keepdim=True)  # [1, N, G, 1]
+            codes = qs.gather(0, best.expand(1, *qs.shape[1:]))[0].to(torch.int8)
+            d, m = ds.gather(0, best)[0], ms.gather(0, best)[0]
         self.codes = codes.reshape(self.out_features, -1).contiguous()
         self.d = d.reshape(self.out_features, -1).to(torch.float16).contiguous()
         self.m = m.reshape(self.out_features, -1).to(torch.float16).contiguous()

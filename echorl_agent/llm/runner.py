@@ -22,7 +22,11 @@ import torch.nn.functional as F
 from echorl_agent.kernels.attention import decode_plan, paged_attention, paged_decode_attention
 from echorl_agent.llm.fused_decode import FusedDecoder
 from echorl_agent.llm.quant import (
-    KERNEL_ROWS, QuantizedLinear, check_weight_dtype, linear_names, quantize_model_linears
+    KERNEL_ROWS,
+    QuantizedLinear,
+    check_weight_dtype,
+    linear_names,
+    quantize_model_linears,
 )
 
 __all__ = ["ModelRunner", "SeqChunk", "SUPPORTED_MODEL_TYPES"]
