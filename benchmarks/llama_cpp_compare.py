@@ -11,6 +11,9 @@ Parts (``--parts``):
 * ``speed``: decode of a 100-token prompt + 128 tokens at 1 and 2 threads; prefill of 512 tokens; a 10-turn
   dialogue (+60 prompt tokens and 16 generated per turn) with prefix reuse; 8 sequences x 64 tokens batched (ours)
   vs one llama.cpp stream.
+* ``requantize``: time to re-pack the quantized copies after a learner update (``ModelRunner.refresh_weights``):
+  one decoder layer (its 7 projections, what a LoRA-on-top-layers update touches per layer), the LM head and the
+  whole model, median of 3, 1 thread.
 * ``quality``: greedy agreement of each quantized mode with float32 on ``--prompts`` prompts (first 32 tokens
   identical) and the ScoringAgent's greedy action agreement with float32 on ``--states`` MiniGrid states.
 
@@ -225,6 +228,27 @@ def action_agreement(llm, dtypes: list[str], n_states: int, env_id: str) -> dict
     return {dt: float(np.mean([a == b for a, b in zip(picks[dt], picks["float32"], strict=True)])) for dt in dtypes}
 
 
+def requantize_times(llm, dtypes: list[str]) -> list[list]:
+    torch.set_num_threads(1)
+    rows = []
+    for dt in dtypes:
+        if dt == "float32":
+            continue
+        runner = _ours(llm, dt).runner
+        layer = [f"model.layers.29.{n}.weight" for n in ("self_attn.q_proj", "self_attn.k_proj",
+                                                          "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+                                                          "mlp.up_proj", "mlp.down_proj")]
+        for what, names in (("one decoder layer (7 projections)", layer), ("LM head", ["lm_head.weight"]),
+                            ("whole model", None)):
+            times = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                runner.refresh_weights(names)
+                times.append(time.perf_counter() - t0)
+            rows.append([what, dt, f"{sorted(times)[1] * 1e3:.0f} ms"])
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--parts", default="speed,quality")
@@ -242,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
         rows = speed(llm, dtypes, [int(t) for t in args.threads.split(",")], args.rounds)
         print(tabulate(rows, ["measure", "weight_dtype", "our engine", "llama.cpp", "ours / theirs", "note"],
                        tablefmt="github"), flush=True)
+    if "requantize" in parts:
+        print(tabulate(requantize_times(llm, dtypes), ["re-pack", "weight_dtype", "median"], tablefmt="github"),
+              flush=True)
     if "quality" in parts:
         torch.set_num_threads(1)
         q = [d for d in dtypes if d != "float32"]

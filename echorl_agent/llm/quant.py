@@ -5,7 +5,7 @@ SmolLM2-135M, so on a CPU decode speed is set by memory traffic. ``"int8"`` and 
 the attention projections, MLP and LM head next to the float32 model (which stays the source of truth: the learner
 updates it and :meth:`QuantizedLinear.requantize` re-packs from it; embeddings and norms stay float32).
 
-The quantization is weight-only, in groups of 32 inputs with a scale and an offset each, GGUF's block size:
+The weights are quantized in groups of 32 inputs with a scale and an offset each, GGUF's block size:
 int4 is Q4_1's scheme and int8 picks per group the better of Q8_0's symmetric scheme and an asymmetric one. The
 embedded SmolLM2 *is* a Q4_1 GGUF (Q8_0 embedding/LM head), so both modes reproduce its weights exactly (up to
 float rounding) and decode the same tokens as float32 up to float summation order; a model trained away from
@@ -95,7 +95,7 @@ def check_weight_dtype(weight_dtype: str) -> str:
 
 
 class QuantizedLinear(torch.nn.Module):
-    """``y = x W^T + b`` with ``W`` held as int8 or int4 codes in groups of 32 inputs (weight-only).
+    """``y = x W^T + b`` with ``W`` held as int8 or int4 codes in groups of 32 inputs.
 
     Each group of 32 inputs of one output has its own scale ``d`` and offset ``m`` (``w = d * q + m``), stored as
     float16 like GGUF's blocks (a decode step reads 0.625 bytes per int4 weight, 1.125 per int8 weight):
