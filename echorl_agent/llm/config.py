@@ -72,7 +72,7 @@ class EngineConfig:
     attention_backend: str = "auto"
     """"auto" (Triton on CUDA, torch reference on CPU), "torch" or "triton"."""
     weight_dtype: str = "float32"
-    """Decode weights: "float32" (exact), "int8" (fast on CPU) or "int4" (smallest); see echorl_agent.llm.quant."""
+    """Decode weights: "float32" (exact), "int8" (fast on CPU, best batched) or "int4" (smallest, fastest single stream); see echorl_agent.llm.quant."""
 
     def __post_init__(self) -> None:
         check_weight_dtype(self.weight_dtype)

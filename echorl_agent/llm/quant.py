@@ -89,7 +89,7 @@ def check_weight_dtype(weight_dtype: str) -> str:
     if weight_dtype not in WEIGHT_DTYPES:
         raise ValueError(
             f"weight_dtype must be one of {WEIGHT_DTYPES}, got weight_dtype={weight_dtype!r}; "
-            "use 'float32' for exact decoding, 'int8' for fast CPU decoding or 'int4' for the smallest weights"
+            "use 'float32' for exact decoding, 'int8' for fast batched CPU decoding or 'int4' for the smallest weights and fastest single stream"
         )
     return weight_dtype
 

@@ -22,7 +22,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--policy", default="priority", choices=["priority", "bandwidth", "fcfs"],
                    help="request ordering (default: %(default)s, EchoRL Eq. 5)")
     p.add_argument("--weight-dtype", default="float32", choices=["float32", "int8", "int4"],
-                   help="decode weights: float32 (exact), int8 (fast on CPU) or int4 (smallest)")
+                   help="decode weights: float32 (exact), int8 (fast on CPU, best batched) or int4 (smallest, fastest single stream)")
     p.add_argument("--max-loras", type=int, default=2,
                    help="LoRA adapters loaded at once via /v1/load_lora_adapter (default: %(default)s)")
     p.add_argument("--shutdown-timeout", type=float, default=3.0,
