@@ -78,7 +78,7 @@ static void free_rows(qx *v) {
     free(v->dx);
 }
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 
 static inline float hsum(__m256 v) {
@@ -305,7 +305,7 @@ int q8_linear(const float *x, int M, int K, const int8_t *codes, const half *d, 
 }
 
 int qlinear_simd(void) {
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
     return 1;
 #else
     return 0;
@@ -402,7 +402,7 @@ static void rope(float *v, const float *cos, const float *sin, int D) {
     }
 }
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 static inline float dot(const float *a, const float *b, int n) { /* n % 8 == 0 (head_dim) */
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
     int i = 0;
