@@ -251,3 +251,32 @@ def test_engine_update_weights_repacks_and_drops_cache(llm):
     assert r.token_ids == _engine(own, "int4").generate([ids], sp)[0].token_ids
     with pytest.raises(ValueError, match="did you mean"):
         eng.update_weights({"model.layers.0.mlp.down_proj.weigth": new})
+
+
+def test_portable_c_build_computes_the_same_arithmetic(tmp_path):
+    """The kernel's no-AVX2 build (other CPUs) against the same written-out formula, int8 and int4."""
+    import ctypes
+    import shutil
+    import subprocess
+
+    from echorl_agent.llm import qkernel
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    so = tmp_path / "portable.so"
+    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-std=gnu99", "-pthread", str(qkernel._SRC), "-o", str(so), "-lm"],
+                   check=True)
+    lib = ctypes.CDLL(str(so))
+    assert lib.qlinear_simd() == 0
+    g = torch.Generator().manual_seed(8)
+    for dtype, fn in (("int8", lib.q8_linear), ("int4", lib.q4_linear)):
+        q = QuantizedLinear(torch.randn(40, 96, generator=g) * 0.05, torch.randn(40, generator=g), dtype)
+        x = torch.randn(5, 96, generator=g)
+        y = torch.empty(5, 40)
+        p = ctypes.c_void_p
+        rc = fn(p(x.data_ptr()), 5, 96, p(q.codes.data_ptr()), p(q.d.data_ptr()), p(q.m.data_ptr()),
+                p(q.bias.data_ptr()), p(y.data_ptr()), 40, 0, 40)
+        assert rc == 0
+        torch.testing.assert_close(y, _kernel_math(q, x), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(y, q(x), atol=1e-5, rtol=1e-5)  # and the SIMD build this machine runs
