@@ -26,7 +26,7 @@ Kernels, chosen by measurement on the reference machine (AMD EPYC, AVX2 + FMA + 
   teacher-forced next tokens here) and multiplies with integer dot products, 1.4-1.6x faster than unpacking
   nibbles to float for one row. Decode steps run the whole layer stack in C
   (:mod:`echorl_agent.llm.fused_decode`), which removed the per-op Python overhead that had held int8 decode
-  at 0.53x llama.cpp's speed (RESULTS "second design" and "fused decode").
+  at 0.53x llama.cpp's speed (RESULTS "second design"; now 0.92x int8, 1.17x int4: "third design").
 
 Up to ``KERNEL_ROWS`` rows (decode steps, short prefill chunks) run the kernel; long prefill chunks are
 compute-bound and dequantize ``_CHUNK`` outputs at a time for ``F.linear`` (int4 with the kernel's int16
