@@ -22,7 +22,7 @@ Kernels, chosen by measurement on the reference machine (AMD EPYC, AVX2 + FMA + 
   every 32-token greedy text of 50 diverged; it was this module's first int8 mode and was dropped.
 * our C kernel (:mod:`echorl_agent.llm.qkernel`, ``kernels/qlinear.c``): int8 dequantizes each group in AVX2
   registers once for up to 8 rows and multiplies float32 activations; int4 rounds the activations to int16 per
-  group of 32 (~1e-5 of the group's largest input; int8 activations, llama.cpp's choice, cost 12% of the
+  group of 32 (~1e-5 of the group's largest input; int8 activations, llama.cpp's choice, cost 7-12% of the
   teacher-forced next tokens here) and multiplies with integer dot products, 1.4-1.6x faster than unpacking
   nibbles to float for one row. Decode steps run the whole layer stack in C
   (:mod:`echorl_agent.llm.fused_decode`), which removed the per-op Python overhead that had held int8 decode
