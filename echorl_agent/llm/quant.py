@@ -75,6 +75,12 @@ def _nonzero(d: torch.Tensor) -> torch.Tensor:
     return torch.where(d > 0, d, torch.ones_like(d))
 
 
+def _q4_grid(g: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Q4_1's grid for groups ``g [N, G, 32]``: 16 levels from the min, float16 ``d, m``; float codes 0..15."""
+    d, m = _half((hi - lo) / 15.0), _half(lo)
+    return torch.round((g - m) / _nonzero(d)).clamp(0, 15), d, m
+
+
 def int16_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The int4 kernel's activation rounding for float32 ``x [M, K]``: per row and group of 32 inputs,
     ``round(x / dx) * dx`` with ``dx = max|x| / 32767``; also returns the exact group sums ``[M, K / 32]``."""
@@ -89,7 +95,8 @@ def check_weight_dtype(weight_dtype: str) -> str:
     if weight_dtype not in WEIGHT_DTYPES:
         raise ValueError(
             f"weight_dtype must be one of {WEIGHT_DTYPES}, got weight_dtype={weight_dtype!r}; "
-            "use 'float32' for exact decoding, 'int8' for fast batched CPU decoding or 'int4' for the smallest weights and fastest single stream"
+            "use 'float32' for exact decoding, 'int8' for fast batched CPU decoding or 'int4' for the smallest "
+            "weights and fastest single stream"
         )
     return weight_dtype
 
@@ -138,14 +145,17 @@ class QuantizedLinear(torch.nn.Module):
             raise ValueError(f"weight shape {tuple(w.shape)} != {(self.out_features, self.in_features)}")
         g = w.reshape(self.out_features, -1, GROUP)  # [N, G, 32]
         lo, hi = g.amin(dim=-1, keepdim=True), g.amax(dim=-1, keepdim=True)
-        if not bool(torch.isfinite(lo).all() and torch.isfinite(hi).all()) or max(-lo.min(), hi.max()) > _HALF_MAX / 2:
-            raise ValueError(f"{self.dtype} stores group scales as float16: weights must be finite and below "
-                             f"{_HALF_MAX / 2:g} in magnitude, got range [{lo.min():g}, {hi.max():g}]; use float32")
+        finite = bool(torch.isfinite(lo).all() and torch.isfinite(hi).all())
+        if not finite or max(-lo.min(), hi.max()) > _HALF_MAX / 2:
+            raise ValueError(
+                f"{self.dtype} stores group scales as float16: weights must be finite and below {_HALF_MAX / 2:g} "
+                f"in magnitude, got range [{lo.min():g}, {hi.max():g}]; use float32"
+            )
         # Scales and offsets are rounded to float16 first (GGUF's block format) and the codes chosen for the
         # rounded values, so the kernel's half-precision scales reproduce exactly what the codes were fitted to.
         if self.bits == 4:
-            d, m = _half((hi - lo) / 15.0), _half(lo)
-            q = torch.round((g - m) / _nonzero(d)).clamp(0, 15).to(torch.uint8)
+            q, d, m = _q4_grid(g, lo, hi)
+            q = q.to(torch.uint8)
             codes = q[..., :16] | (q[..., 16:] << 4)  # [N, G, 16]: low nibble input j, high nibble j + 16
         else:
             d_s = _half(torch.maximum(hi, -lo) / 127.0)
@@ -155,8 +165,7 @@ class QuantizedLinear(torch.nn.Module):
             q_a = torch.round((g - m_a) / _nonzero(d_a)).clamp(-128, 127)
             # Q4_1's own grid (16 levels from the min): a 4-bit block's d/17 and lo + 128 d are not float16 values,
             # so without this candidate int8 would round the embedded model's Q4_1 blocks.
-            d_4, m_4 = _half((hi - lo) / 15.0), _half(lo)
-            q_4 = torch.round((g - m_4) / _nonzero(d_4)).clamp(0, 15)
+            q_4, d_4, m_4 = _q4_grid(g, lo, hi)
             qs, ds = torch.stack([q_s, q_a, q_4]), torch.stack([d_s, d_a, d_4])  # candidates first
             ms = torch.stack([torch.zeros_like(m_a), m_a, m_4])
             best = (qs * ds + ms - g).square().sum(-1, keepdim=True).argmin(dim=0, keepdim=True)  # [1, N, G, 1]
@@ -185,16 +194,14 @@ class QuantizedLinear(torch.nn.Module):
         x2 = x.reshape(-1, self.in_features).float().contiguous()
         if x2.shape[0] <= KERNEL_ROWS and qkernel.load() is not None:
             y = qkernel.q_linear(self.bits, x2, self.codes, self.d, self.m, self.bias)
-        elif self.bits == 8:
-            y = torch.cat([F.linear(x2, self.dequantized_weight(i, i + _CHUNK))
+        else:
+            # int8: float x times the dequantized weights; int4: the kernel's arithmetic, int16-rounded x times
+            # d * q plus the offsets times x's exact group sums
+            xr, sx = (x2, None) if self.bits == 8 else int16_activations(x2)
+            y = torch.cat([F.linear(xr, self.dequantized_weight(i, i + _CHUNK, offsets=sx is None))
                            for i in range(0, self.out_features, _CHUNK)], dim=-1)
-            if self.bias is not None:
-                y = y + self.bias
-        else:  # the kernel's int4 arithmetic: int16-rounded x times d * q, plus the offsets times x's group sums
-            xr, sx = int16_activations(x2)
-            y = torch.cat([F.linear(xr, self.dequantized_weight(i, i + _CHUNK, offsets=False))
-                           for i in range(0, self.out_features, _CHUNK)], dim=-1)
-            y = y + sx @ self.m.float().T
+            if sx is not None:
+                y = y + sx @ self.m.float().T
             if self.bias is not None:
                 y = y + self.bias
         return y.view(*shape[:-1], self.out_features)

@@ -110,6 +110,33 @@ static inline __m256i dot16(const __m256i q[2], const int16_t *xq) {
                             _mm256_madd_epi16(q[1], _mm256_loadu_si256((const __m256i *)(xq + 16))));
 }
 
+/* The (row, output) tiles of a call: rows in blocks of 8 / 4 / 2 / 1, outputs in blocks of 8 / MR and one at a
+ * time at the end of [n0, n1). TILE computes NO outputs x MR rows; the blocking never changes a result. */
+#define FOR_TILES(TILE, X, M, K, codes, d, m, bias, y, N, n0, n1, GROUP_BYTES)                                     \
+    do {                                                                                                           \
+        const int G_ = (K) / GROUP;                                                                                \
+        for (int r = 0; r < (M);) {                                                                                \
+            const int rem = (M) - r, MR = rem >= 8 ? 8 : rem >= 4 ? 4 : rem >= 2 ? 2 : 1, NO = 8 / MR;             \
+            for (int n = (n0); n < (n1);) {                                                                        \
+                const int full = n + NO <= (n1);                                                                   \
+                const size_t at = (size_t)n * G_;                                                                  \
+                switch (MR) {                                                                                      \
+                case 8: TILE(X, r, K, (codes) + at * (GROUP_BYTES), (d) + at, (m) + at, bias, y, N, n, 1, 8); break;\
+                case 4: full ? TILE(X, r, K, (codes) + at * (GROUP_BYTES), (d) + at, (m) + at, bias, y, N, n, 2, 4)\
+                             : TILE(X, r, K, (codes) + at * (GROUP_BYTES), (d) + at, (m) + at, bias, y, N, n, 1, 4);\
+                        break;                                                                                     \
+                case 2: full ? TILE(X, r, K, (codes) + at * (GROUP_BYTES), (d) + at, (m) + at, bias, y, N, n, 4, 2)\
+                             : TILE(X, r, K, (codes) + at * (GROUP_BYTES), (d) + at, (m) + at, bias, y, N, n, 1, 2);\
+                        break;                                                                                     \
+                default: full ? TILE(X, r, K, (codes) + at * (GROUP_BYTES), (d) + at, (m) + at, bias, y, N, n, 8, 1)\
+                              : TILE(X, r, K, (codes) + at * (GROUP_BYTES), (d) + at, (m) + at, bias, y, N, n, 1, 1);\
+                }                                                                                                  \
+                n += full ? NO : 1;                                                                                \
+            }                                                                                                      \
+            r += MR;                                                                                               \
+        }                                                                                                          \
+    } while (0)
+
 /* A tile of NO output features x MR rows (NO * MR = 8 accumulators, one per (output, row)); always inlined so NO
  * and MR are constants and the accumulators live in registers. Each group's codes are loaded once for all MR
  * rows. Every (row, output) result is summed in the same order whatever tile computes it (groups in order; per
@@ -143,28 +170,9 @@ static inline __m256i dot16(const __m256i q[2], const int16_t *xq) {
                     hsum(acc[j * MR + r]) + offset(mn + (size_t)j * G, xv->sx + (size_t)(r0 + r) * G, G) +     \
                     (bias ? bias[n + j] : 0.0f);                                                               \
     }                                                                                                          \
-    static void NAME(const qx *xv, int M, int K, const CODE_T *codes, const half *d, const half *m,            \
-                     const float *bias, float *y, int N, int n0, int n1) {                                     \
-        const int G = K / GROUP;                                                                               \
-        for (int r = 0; r < M;) {                                                                              \
-            const int rem = M - r, MR = rem >= 8 ? 8 : rem >= 4 ? 4 : rem >= 2 ? 2 : 1, NO = 8 / MR;         \
-            int n = n0;                                                                                        \
-            for (; n < n1; n += (n + NO <= n1 ? NO : 1)) {                                                     \
-                const CODE_T *c = codes + (size_t)n * G * (GROUP_BYTES);                                       \
-                const half *dn = d + (size_t)n * G, *mn = m + (size_t)n * G;                                    \
-                const int full = n + NO <= n1;                                                                 \
-                switch (MR) {                                                                                  \
-                case 8: NAME##_tile(xv, r, K, c, dn, mn, bias, y, N, n, 1, 8); break;                          \
-                case 4: full ? NAME##_tile(xv, r, K, c, dn, mn, bias, y, N, n, 2, 4)                           \
-                             : NAME##_tile(xv, r, K, c, dn, mn, bias, y, N, n, 1, 4); break;                   \
-                case 2: full ? NAME##_tile(xv, r, K, c, dn, mn, bias, y, N, n, 4, 2)                           \
-                             : NAME##_tile(xv, r, K, c, dn, mn, bias, y, N, n, 1, 2); break;                   \
-                default: full ? NAME##_tile(xv, r, K, c, dn, mn, bias, y, N, n, 8, 1)                          \
-                              : NAME##_tile(xv, r, K, c, dn, mn, bias, y, N, n, 1, 1);                         \
-                }                                                                                              \
-            }                                                                                                  \
-            r += MR;                                                                                           \
-        }                                                                                                      \
+    static void NAME(const qx *xv, int M, int K, const CODE_T *codes, const half *d, const half *m,                \
+                     const float *bias, float *y, int N, int n0, int n1) {                                         \
+        FOR_TILES(NAME##_tile, xv, M, K, codes, d, m, bias, y, N, n0, n1, GROUP_BYTES);                            \
     }
 DEFINE_ROWS_Q(rows4, load4, uint8_t, GROUP / 2)
 
@@ -183,8 +191,8 @@ static inline void unpack8(const int8_t *p, float d, float m, __m256 w[4]) {
  * is bit-identical whatever rows share its batch and however the outputs are split over threads. */
 #define DEFINE_ROWS_F(NAME, UNPACK, CODE_T, GROUP_BYTES)                                                       \
     static inline __attribute__((always_inline)) void NAME##_tile(                                              \
-        const float *x, int K, const CODE_T *c, const half *dn, const half *mn, const float *bias, float *y,    \
-        int N, int n, const int NO, const int MR) {                                                            \
+        const float *x, int r0, int K, const CODE_T *c, const half *dn, const half *mn, const float *bias,         \
+        float *y, int N, int n, const int NO, const int MR) {                                                      \
         const int G = K / GROUP;                                                                               \
         __m256 acc[8];                                                                                         \
         for (int i = 0; i < NO * MR; i++) acc[i] = _mm256_setzero_ps();                                        \
@@ -195,7 +203,7 @@ static inline void unpack8(const int8_t *p, float d, float m, __m256 w[4]) {
                 _mm_prefetch((const char *)(c + (jg + (size_t)NO * G) * (GROUP_BYTES)), _MM_HINT_T0);          \
                 UNPACK(c + jg * (GROUP_BYTES), h2f(dn[jg]), h2f(mn[jg]), w);                                   \
                 for (int r = 0; r < MR; r++) {                                                                 \
-                    const float *xr = x + (size_t)r * K + g * GROUP;                                           \
+                    const float *xr = x + (size_t)(r0 + r) * K + g * GROUP;                                        \
                     __m256 a = acc[j * MR + r];                                                                \
                     a = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xr), a);                                         \
                     a = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xr + 8), a);                                     \
@@ -207,38 +215,11 @@ static inline void unpack8(const int8_t *p, float d, float m, __m256 w[4]) {
         }                                                                                                      \
         for (int j = 0; j < NO; j++)                                                                           \
             for (int r = 0; r < MR; r++)                                                                       \
-                y[(size_t)r * N + n + j] = hsum(acc[j * MR + r]) + (bias ? bias[n + j] : 0.0f);                \
+                y[(size_t)(r0 + r) * N + n + j] = hsum(acc[j * MR + r]) + (bias ? bias[n + j] : 0.0f);             \
     }                                                                                                          \
-    static void NAME(const float *x, int M, int K, const CODE_T *codes, const half *d, const half *m,          \
-                     const float *bias, float *y, int N, int n0, int n1) {                                     \
-        const int G = K / GROUP;                                                                               \
-        for (int r = 0; r < M;) {                                                                              \
-            const int rem = M - r, MR = rem >= 8 ? 8 : rem >= 4 ? 4 : rem >= 2 ? 2 : 1, NO = 8 / MR;         \
-            const float *xr = x + (size_t)r * K;                                                               \
-            float *yr = y + (size_t)r * N;                                                                     \
-            int n = n0;                                                                                        \
-            for (; n + NO <= n1; n += NO) {                                                                    \
-                const CODE_T *c = codes + (size_t)n * G * (GROUP_BYTES);                                       \
-                const half *dn = d + (size_t)n * G, *mn = m + (size_t)n * G;                                    \
-                switch (MR) {                                                                                  \
-                case 8: NAME##_tile(xr, K, c, dn, mn, bias, yr, N, n, 1, 8); break;                            \
-                case 4: NAME##_tile(xr, K, c, dn, mn, bias, yr, N, n, 2, 4); break;                            \
-                case 2: NAME##_tile(xr, K, c, dn, mn, bias, yr, N, n, 4, 2); break;                            \
-                default: NAME##_tile(xr, K, c, dn, mn, bias, yr, N, n, 8, 1);                                  \
-                }                                                                                              \
-            }                                                                                                  \
-            for (; n < n1; n++) {                                                                              \
-                const CODE_T *c = codes + (size_t)n * G * (GROUP_BYTES);                                       \
-                const half *dn = d + (size_t)n * G, *mn = m + (size_t)n * G;                                    \
-                switch (MR) {                                                                                  \
-                case 8: NAME##_tile(xr, K, c, dn, mn, bias, yr, N, n, 1, 8); break;                            \
-                case 4: NAME##_tile(xr, K, c, dn, mn, bias, yr, N, n, 1, 4); break;                            \
-                case 2: NAME##_tile(xr, K, c, dn, mn, bias, yr, N, n, 1, 2); break;                            \
-                default: NAME##_tile(xr, K, c, dn, mn, bias, yr, N, n, 1, 1);                                  \
-                }                                                                                              \
-            }                                                                                                  \
-            r += MR;                                                                                           \
-        }                                                                                                      \
+    static void NAME(const float *x, int M, int K, const CODE_T *codes, const half *d, const half *m,              \
+                     const float *bias, float *y, int N, int n0, int n1) {                                         \
+        FOR_TILES(NAME##_tile, x, M, K, codes, d, m, bias, y, N, n0, n1, GROUP_BYTES);                             \
     }
 DEFINE_ROWS_F(rows8, unpack8, int8_t, GROUP)
 #else
