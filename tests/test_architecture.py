@@ -46,14 +46,11 @@ ALLOWED: dict[tuple[str, str], str] = {
     # EchoPPO.__new__ returns an LLMPPO for policy="LLMPolicy" (a cycle with llm_rl.ppo, which subclasses EchoPPO);
     # algorithms/ and llm_rl/ are being rewritten by the LLM-learning change (issue 27, item 2).
     ("echorl_agent.algorithms.echo_ppo", "echorl_agent.llm_rl.ppo"): "EchoPPO('LLMPolicy') factory, llm_rl rewrite",
+    # eval/llm_rl_agents.py imports Agent from the registry module, which names it in an entry point string (a cycle
+    # through the registry); fixed by `from echorl_agent.agent import Agent` there (LLM-learning change's file).
+    ("echorl_agent.eval.llm_rl_agents", "echorl_agent.eval.agents"): "import Agent from echorl_agent.agent",
     # --- the rest are removed by the agent-protocol commits of this branch
     ("echorl_agent.eval.llm_agents", "echorl_agent.eval.echorl_llm"): "eval cycle: make_echorl <-> _ChatEvalAgent",
-    ("echorl_agent.eval.llm_agents", "echorl_agent.eval.agents"): "Agent protocol lives in the registry module",
-    ("echorl_agent.eval.sb3_agents", "echorl_agent.eval.agents"): "Agent protocol lives in the registry module",
-    ("echorl_agent.eval.llm_rl_agents", "echorl_agent.eval.agents"): "Agent protocol lives in the registry module",
-    ("echorl_agent.eval.sb3_agents", "echorl_agent"): "imports EchoPPO from the package facade",
-    ("echorl_agent.priors.llm", "echorl_agent.eval.agents"): "Agent protocol lives in eval",
-    ("echorl_agent.experience.agents", "echorl_agent.eval.agents"): "Agent protocol lives in eval",
     ("echorl_agent.llm.agents", "echorl_envs.core"): "chat agents live in the engine package",
     ("echorl_agent.llm.tot", "echorl_envs.math.answers"): "tree-of-thought lives in the engine package",
 }

@@ -1,7 +1,7 @@
 """The agent registry of the evaluation runner: one short name per baseline.
 
-Every agent follows the same small protocol (:class:`Agent`): ``reset`` at the start of an episode, ``act`` once per
-step, ``stats`` for counters the summary reports (LLM tokens, KV reuse...). A *learned* agent (``AgentSpec.learned``:
+Every agent follows the one protocol of :class:`echorl_agent.agent.Agent`: ``reset`` at the start of an episode, ``act``
+once per step, ``stats`` for counters the summary reports (LLM tokens, KV reuse...). A *learned* agent (``AgentSpec.learned``:
 PPO, EchoPPO, DQN..., and any policy with a sampling temperature) takes a ``deterministic: bool`` factory option and
 exposes a writable ``deterministic`` attribute; the runner sets it per evaluation mode (``--eval-mode``), so one
 trained policy is evaluated both greedily and by sampling. Agents that need a part that is not
@@ -18,33 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from echorl_agent.agent import Agent
+
 __all__ = ["Agent", "AgentSpec", "AGENTS", "EVAL_MODES", "eval_modes", "availability", "incompatibility", "make_agent", "agent_names", "RandomAgent", "ExpertAgent"]
-
-
-class Agent:
-    """Base class: an agent acting in an echorl text env.
-
-    Attributes:
-        name: the registry name.
-    """
-
-    name = "agent"
-
-    def reset(self, env_id: str, obs: str, info: dict[str, Any], seed: int) -> None:
-        """Start an episode (``seed`` makes stochastic agents reproducible)."""
-
-    def act(self, obs: str, info: dict[str, Any]) -> str:  # pragma: no cover - every agent overrides
-        raise TypeError(f"{type(self).__name__} must implement act()")
-
-    def observe(self, action: str, obs: str, reward: float, done: bool, info: dict[str, Any]) -> None:
-        """See the result of the last action (agents that learn or keep history override this)."""
-
-    def stats(self) -> dict[str, float]:
-        """Counters for the summary (e.g. ``prompt_tokens``, ``cached_tokens``, ``generated_tokens``)."""
-        return {}
-
-    def close(self) -> None:
-        """Release resources (models, engines)."""
 
 
 class RandomAgent(Agent):

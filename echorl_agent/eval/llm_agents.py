@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from echorl_agent.eval.agents import Agent
+from echorl_agent.agent import Agent
 from echorl_agent.llm.agents import ReActAgent, ScoringAgent
 from echorl_agent.llm.engine import EngineConfig, LLMEngine
 from echorl_agent.llm.models import DEFAULT_MODEL

@@ -19,7 +19,7 @@ import gymnasium as gym
 import numpy as np
 
 import echorl_envs
-from echorl_agent.eval.agents import Agent
+from echorl_agent.agent import Agent
 from echorl_envs.core import text_space
 
 __all__ = ["SB3Agent", "make_ppo", "make_maskable_ppo", "make_dqn", "make_echoppo"]
@@ -133,7 +133,7 @@ def _algo(name: str):
         from sb3_contrib import MaskablePPO
 
         return MaskablePPO, "MlpPolicy"
-    from echorl_agent import EchoPPO
+    from echorl_agent.algorithms.echo_ppo import EchoPPO
 
     return EchoPPO, "EchoPolicy"
 

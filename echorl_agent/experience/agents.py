@@ -1,6 +1,6 @@
 """A frozen LLM agent guided by retrieved experience (the retrieved step goes into its prompt).
 
-:class:`ExperienceGuidedAgent` follows the eval runner's :class:`~echorl_agent.eval.agents.Agent` protocol and wraps
+:class:`ExperienceGuidedAgent` follows the :class:`~echorl_agent.agent.Agent` protocol and wraps
 a chat agent with the ``reset(obs, info)`` / ``act(info)`` / ``observe(obs, info)`` interface of
 :mod:`echorl_agent.llm.agents` (``ScoringAgent`` or ``ReActAgent``), whose weights never change. Before each turn it
 retrieves-then-samples one step from the :class:`~echorl_agent.experience.bank.ExperienceBank` for the current
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from echorl_agent.eval.agents import Agent
+from echorl_agent.agent import Agent
 from echorl_agent.experience.bank import ExperienceBank, Retrieved
 
 __all__ = ["ExperienceGuidedAgent", "guidance_text"]
