@@ -208,7 +208,7 @@ def seed_summary(rows: list[dict]) -> str:
 
 
 def llm_part(args, rollouts) -> list[list]:
-    from echorl_agent.llm.agents import ScoringAgent
+    from echorl_agent.agents.chat import ScoringAgent
     from echorl_agent.llm.engine import LLMEngine
 
     engine = LLMEngine("smollm2-135m")

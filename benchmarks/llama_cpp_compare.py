@@ -205,7 +205,7 @@ def action_agreement(llm, dtypes: list[str], n_states: int, env_id: str) -> dict
     import numpy as np
 
     import echorl_envs  # noqa: F401
-    from echorl_agent.llm import ScoringAgent
+    from echorl_agent.agents import ScoringAgent
 
     env = gym.make(env_id)
     rng = np.random.default_rng(0)

@@ -30,13 +30,12 @@ import torch  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
 import echorl_envs  # noqa: E402,F401  (registers the envs)
+from echorl_agent.agents import ReActAgent, ScoringAgent  # noqa: E402
 from echorl_agent.llm import (  # noqa: E402
     EngineConfig,
     LLMEngine,
     PrefixCacheConfig,
-    ReActAgent,
     SamplingParams,
-    ScoringAgent,
     load_model,
     speedup_bound,
 )

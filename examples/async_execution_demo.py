@@ -42,7 +42,7 @@ def run_actors(engine, env_id: str, n_actors: int, turns: int, concurrent: bool)
     """Wall time of ``n_actors`` ReAct episodes (``turns`` turns each), in threads or one after another."""
     import gymnasium as gym
 
-    from echorl_agent.llm import ReActAgent
+    from echorl_agent.agents import ReActAgent
 
     def play(i: int) -> None:
         env = gym.make(env_id)

@@ -22,7 +22,8 @@ import torch
 def play(engine, env_id: str, episodes: int, max_steps: int):
     import gymnasium as gym
 
-    from echorl_agent.llm import BandwidthEfficiencyTracker, ScoringAgent
+    from echorl_agent.agents import ScoringAgent
+    from echorl_agent.llm import BandwidthEfficiencyTracker
 
     tracker = BandwidthEfficiencyTracker()
     env = gym.make(env_id, max_episode_steps=max_steps)

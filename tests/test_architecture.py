@@ -50,9 +50,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     # through the registry); fixed by `from echorl_agent.agent import Agent` there (LLM-learning change's file).
     ("echorl_agent.eval.llm_rl_agents", "echorl_agent.eval.agents"): "import Agent from echorl_agent.agent",
     # --- the rest are removed by the agent-protocol commits of this branch
-    ("echorl_agent.eval.llm_agents", "echorl_agent.eval.echorl_llm"): "eval cycle: make_echorl <-> _ChatEvalAgent",
-    ("echorl_agent.llm.agents", "echorl_envs.core"): "chat agents live in the engine package",
-    ("echorl_agent.llm.tot", "echorl_envs.math.answers"): "tree-of-thought lives in the engine package",
+    ("echorl_agent.agents.llm", "echorl_agent.agents.echorl"): "eval cycle: make_echorl <-> _ChatEvalAgent",
 }
 
 
@@ -202,7 +200,7 @@ def test_walker_sees_lazy_and_relative_imports():
     assert ("echorl_agent.eval.agents", "echorl_envs") in EDGES
     # ...a lazy export table, a registry entry point string, and the package facade's eager imports
     assert ("echorl_agent.llm", "echorl_agent.llm.engine") in EDGES
-    assert ("echorl_agent.eval.agents", "echorl_agent.eval.sb3_agents") in EDGES
+    assert ("echorl_agent.eval.agents", "echorl_agent.agents.sb3") in EDGES
     assert ("echorl_agent", "echorl_agent.replay") in EDGES
     # a cycle made of lazy imports only is found
     assert _cycles({("echorl_envs.core", "echorl_envs.core.base"), ("echorl_envs.core.base", "echorl_envs.core")})

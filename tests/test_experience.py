@@ -178,7 +178,7 @@ def test_config_errors_name_the_field():
 
 # ----------------------------------------------------------------------------- frozen LLM agent wrapper
 class RecordingChatAgent:
-    """The chat-agent interface of echorl_agent.llm.agents, recording what it is shown."""
+    """The chat-agent interface of echorl_agent.agents.chat, recording what it is shown."""
 
     def __init__(self) -> None:
         self.seen: list[str] = []

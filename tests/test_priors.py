@@ -367,8 +367,8 @@ def test_llm_action_prior_is_softmax_of_engine_scores_and_cache_skips_repeat(eng
 
 @pytest.mark.slow
 def test_cached_scoring_agent_hits_on_revisited_state(engine):
-    pytest.importorskip("echorl_agent.llm.agents")
-    from echorl_agent.priors.scoring import CachedScoringAgent
+    pytest.importorskip("echorl_agent.agents.chat")
+    from echorl_agent.agents.cached_scoring import CachedScoringAgent
     from echorl_envs.wrappers import HashingEncoder
 
     agent = CachedScoringAgent(engine, HashingEncoder(dim=64), cache_config=PriorCacheConfig(refresh_rate=0.0),

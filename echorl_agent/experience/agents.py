@@ -2,7 +2,7 @@
 
 :class:`ExperienceGuidedAgent` follows the :class:`~echorl_agent.agent.Agent` protocol and wraps
 a chat agent with the ``reset(obs, info)`` / ``act(info)`` / ``observe(obs, info)`` interface of
-:mod:`echorl_agent.llm.agents` (``ScoringAgent`` or ``ReActAgent``), whose weights never change. Before each turn it
+:mod:`echorl_agent.agents.chat` (``ScoringAgent`` or ``ReActAgent``), whose weights never change. Before each turn it
 retrieves-then-samples one step from the :class:`~echorl_agent.experience.bank.ExperienceBank` for the current
 (instruction, observation) and appends it to the observation the LLM sees::
 

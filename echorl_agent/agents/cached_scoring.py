@@ -1,6 +1,6 @@
 """The prior cache in front of the LLM scoring agent's call.
 
-:class:`CachedScoringAgent` is :class:`echorl_agent.llm.agents.ScoringAgent` whose ``policy`` goes through an
+:class:`CachedScoringAgent` is :class:`echorl_agent.agents.chat.ScoringAgent` whose ``policy`` goes through an
 :class:`~echorl_agent.priors.cache.LLMPriorCache`: the current state (instruction + latest observation) is embedded,
 and on a hit the cached distribution over the admissible actions is used without scoring; on a miss (or a refresh)
 the agent scores the candidates with the LLM as usual (shared-prefix KV) and the result is stored. The dialogue
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from echorl_agent.llm.agents import ScoringAgent
+from echorl_agent.agents.chat import ScoringAgent
 from echorl_agent.llm.engine import ScoreResult
 from echorl_agent.priors.cache import LLMPriorCache, PriorCacheConfig
 from echorl_agent.priors.llm import state_text

@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from echorl_agent.eval.llm_agents import FREE_TEXT_SYSTEM, LLMAgent, _ChatEvalAgent, _is_free_text
+from echorl_agent.agents.chat import ReActAgent, ScoringAgent
+from echorl_agent.agents.llm import FREE_TEXT_SYSTEM, LLMAgent, _ChatEvalAgent, _is_free_text
 from echorl_agent.kernels.plan import plan_surprise
-from echorl_agent.llm.agents import ReActAgent, ScoringAgent
 from echorl_agent.llm.engine import LLMEngine, SamplingParams
 from echorl_agent.replay import EMAPlanTracker
 

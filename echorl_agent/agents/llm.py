@@ -6,12 +6,12 @@ tokens, effective bandwidth, eta_bw). The model is loaded once per process: :fun
 :class:`~echorl_agent.llm.engine.LLMEngine` per model name (prefix cache on), so every job a worker runs reuses the
 weights and the KV of the shared system prompts.
 
-* ``react`` -- :class:`~echorl_agent.llm.agents.ReActAgent`; on free-text envs (math, CRUXEval, ARC) the action line
+* ``react`` -- :class:`~echorl_agent.agents.chat.ReActAgent`; on free-text envs (math, CRUXEval, ARC) the action line
   is the answer itself (no admissible list to match).
-* ``llm-score`` -- :class:`~echorl_agent.llm.agents.ScoringAgent` (greedy by default) on choice envs.
-* ``tot`` -- tree-of-thought BFS for Game24, propose-and-vote for other math (:mod:`echorl_agent.llm.tot`).
+* ``llm-score`` -- :class:`~echorl_agent.agents.chat.ScoringAgent` (greedy by default) on choice envs.
+* ``tot`` -- tree-of-thought BFS for Game24, propose-and-vote for other math (:mod:`echorl_agent.agents.tot`).
 * ``echorl`` -- :class:`EchoRLLLMAgent`: scoring (choice envs) or ReAct (free text) + a latent plan that decides when
-  the LLM re-plans, on the KV-aware engine (see :mod:`echorl_agent.eval.echorl_llm`).
+  the LLM re-plans, on the KV-aware engine (see :mod:`echorl_agent.agents.echorl`).
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import threading
 from typing import Any
 
 from echorl_agent.agent import Agent
-from echorl_agent.llm.agents import ReActAgent, ScoringAgent
+from echorl_agent.agents.chat import ReActAgent, ScoringAgent
+from echorl_agent.agents.tot import SearchResult, ToTConfig, game24_bfs, parse_game24, propose_and_vote
 from echorl_agent.llm.engine import EngineConfig, LLMEngine
 from echorl_agent.llm.models import DEFAULT_MODEL
 from echorl_agent.llm.prefix_cache import PrefixCacheConfig
-from echorl_agent.llm.tot import SearchResult, ToTConfig, game24_bfs, parse_game24, propose_and_vote
 from echorl_agent.llm.usage import TokenMeter
 
 __all__ = ["shared_engine", "LLMAgent", "ReActEvalAgent", "ScoringEvalAgent", "ToTAgent", "FREE_TEXT_SYSTEM",
@@ -156,8 +156,8 @@ class ScoringEvalAgent(_ChatEvalAgent):
 class ToTAgent(LLMAgent):
     """``tot``: searches once per episode, then submits the ranked answers one attempt at a time.
 
-    Game24 observations ("Use the numbers ... to make 24") get :func:`~echorl_agent.llm.tot.game24_bfs`; other math
-    problems get :func:`~echorl_agent.llm.tot.propose_and_vote`. After a wrong answer the next-ranked answer is
+    Game24 observations ("Use the numbers ... to make 24") get :func:`~echorl_agent.agents.tot.game24_bfs`; other math
+    problems get :func:`~echorl_agent.agents.tot.propose_and_vote`. After a wrong answer the next-ranked answer is
     tried; when the ranking is used up the search runs again with the next seed.
     """
 
@@ -241,10 +241,10 @@ def make_tot(env_id: str, **options: Any) -> ToTAgent:
 
 
 def make_echorl(env_id: str, **options: Any) -> Agent:
-    """Runner factory of ``echorl`` (see :class:`echorl_agent.eval.echorl_llm.EchoRLLLMAgent` for the options)."""
+    """Runner factory of ``echorl`` (see :class:`echorl_agent.agents.echorl.EchoRLLLMAgent` for the options)."""
     import dataclasses
 
-    from echorl_agent.eval.echorl_llm import EchoRLConfig, EchoRLLLMAgent
+    from echorl_agent.agents.echorl import EchoRLConfig, EchoRLLLMAgent
 
     engine, scale = _engine_from(options)
     fields = [f.name for f in dataclasses.fields(EchoRLConfig)]
