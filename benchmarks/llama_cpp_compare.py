@@ -221,9 +221,9 @@ def action_agreement(llm, dtypes: list[str], n_states: int, env_id: str) -> dict
     for dt in ["float32", *dtypes]:
         agent = ScoringAgent(_ours(llm, dt), temperature=0.0)
         acts = []
-        for obs, info in states:
-            agent.reset(obs, info)
-            acts.append(agent.act(info))
+        for i, (obs, info) in enumerate(states):
+            agent.reset(env_id, obs, info, i)
+            acts.append(agent.act(obs, info))
         picks[dt] = acts
     return {dt: float(np.mean([a == b for a, b in zip(picks[dt], picks["float32"], strict=True)])) for dt in dtypes}
 

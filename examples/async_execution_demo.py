@@ -48,12 +48,13 @@ def run_actors(engine, env_id: str, n_actors: int, turns: int, concurrent: bool)
         env = gym.make(env_id)
         obs, info = env.reset(seed=i)
         agent = ReActAgent(engine, max_tokens=24)
-        agent.reset(obs, info)
+        agent.reset(env_id, obs, info, i)
         for _ in range(turns):
-            obs, _, term, trunc, info = env.step(agent.act(info))
+            action = agent.act(obs, info)
+            obs, reward, term, trunc, info = env.step(action)
+            agent.observe(action, obs, reward, term or trunc, info)
             if term or trunc:
                 break
-            agent.observe(obs, info)
         env.close()
 
     errors: list[BaseException] = []

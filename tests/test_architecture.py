@@ -49,8 +49,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     # eval/llm_rl_agents.py imports Agent from the registry module, which names it in an entry point string (a cycle
     # through the registry); fixed by `from echorl_agent.agent import Agent` there (LLM-learning change's file).
     ("echorl_agent.eval.llm_rl_agents", "echorl_agent.eval.agents"): "import Agent from echorl_agent.agent",
-    # --- the rest are removed by the agent-protocol commits of this branch
-    ("echorl_agent.agents.llm", "echorl_agent.agents.echorl"): "eval cycle: make_echorl <-> _ChatEvalAgent",
 }
 
 

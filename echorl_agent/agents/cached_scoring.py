@@ -42,13 +42,15 @@ class CachedScoringAgent(ScoringAgent):
         self.cache = cache if cache is not None else LLMPriorCache(encoder.dim, cache_config)
         self._state = ""
 
-    def reset(self, obs: str, info: dict[str, Any]) -> None:
-        self._state = state_text(obs, info)
-        super().reset(obs, info)
+    name = "llm-score-cached"
 
-    def observe(self, obs: str, info: dict[str, Any]) -> None:
+    def reset(self, env_id: str, obs: str, info: dict[str, Any], seed: int) -> None:
         self._state = state_text(obs, info)
-        super().observe(obs, info)
+        super().reset(env_id, obs, info, seed)
+
+    def observe(self, action: str, obs: str, reward: float, done: bool, info: dict[str, Any]) -> None:
+        self._state = state_text(obs, info)
+        super().observe(action, obs, reward, done, info)
 
     def policy(self, admissible: list[str]) -> tuple[np.ndarray, Any]:
         """pi over ``admissible`` from the cache on a hit, else from the LLM (then stored)."""
