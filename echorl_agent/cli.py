@@ -1,14 +1,17 @@
-"""The ``echorl`` command line: list, play, bench, record, serve.
+"""The ``echorl`` command line: list, play, bench, train-llm, record, serve, serve-env.
 
-    echorl list
-    echorl play EchoRL/MiniGrid-DoorKey-5x5-v0
+    echorl list                                      # registered ids: family, actions, data, max steps
+    echorl play EchoRL/MiniGrid-DoorKey-5x5-v0       # type an action or its number; 'history', 'quit'
     echorl bench --tasks EchoRL/Game24-v0 EchoRL/MiniGrid-Empty-5x5-v0 --agents random expert --seeds 2 --episodes 5
     echorl bench --preset demo
     echorl train-llm --task EchoRL/MiniGrid-Empty-5x5-v0 --method bc+ppo --train-steps 256 --out runs/llm
     echorl record --task EchoRL/MiniGrid-Empty-5x5-v0 --agent expert --episodes 10 --format minari --out runs/data
-    echorl serve --port 8000 --model smollm2-135m
-    echorl serve --help
+    echorl serve --port 8000 --model smollm2-135m     # the LLM engine, OpenAI-compatible routes
     echorl serve-env --task EchoRL/ALFWorld-v0 --task EchoRL/MiniGrid-DoorKey-5x5-v0 --port 8001 --max-sessions 8
+
+Every subcommand's ``--help`` shows its defaults; the agent, method and family lists in it are generated from the
+registries (:data:`echorl_agent.eval.agents.AGENTS`, :data:`echorl_agent.llm_rl.train.METHODS`,
+:data:`echorl_envs.ENVS`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,9 @@ DEMO_AGENT_OPTIONS = {"llm-score": {"max_steps": 10, "episodes": 4}, "react": {"
 #: 2 training seeds x 20 episodes = 40 paired instances per (task, agent): enough for the expert/random and
 #: EchoPPO/PPO-deterministic gaps to be significant; the table marks which differences are.
 DEMO_SEEDS, DEMO_EPISODES, DEMO_TRAIN_STEPS = 2, 20, 8192
+#: Default ports: ``echorl serve`` (the LLM engine; the usual OpenAI-compatible port) and ``echorl serve-env``
+#: (environments), distinct so both can run on one machine with their defaults.
+SERVE_PORT, SERVE_ENV_PORT = 8000, 8001
 
 
 def _check_choices(values: list[str], known: list[str], what: str) -> None:
@@ -79,7 +85,7 @@ def cmd_play(args: argparse.Namespace) -> int:
     env = gym.make(args.id)
     obs, info = env.reset(seed=args.seed)
     history: list[str] = []
-    print(f"Task: {info['task']}\n\n{obs}")
+    print(f"Task: {info['task']}\n\n{obs}\n\n(type an action or its number; 'history' lists your moves, 'quit' stops)")
     while True:
         adm = info["admissible_actions"]
         if adm:
@@ -264,51 +270,85 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
     return 0
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """argparse's ArgumentDefaultsHelpFormatter (each option's help ends with its default), keeping the epilog's
+    line breaks; an option whose default is None, False or empty has no default worth printing, so none is added."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False, []) or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _agents_epilog() -> str:
+    """The agent registry as a help section: one line per agent with its description."""
+    from echorl_agent.eval.agents import AGENTS
+
+    width = max(map(len, AGENTS))
+    return "agents:\n" + "\n".join(f"  {name:<{width}}  {s.description}" for name, s in AGENTS.items())
+
+
+def _families() -> list[str]:
+    import echorl_envs
+
+    return list(dict.fromkeys(e.family for e in echorl_envs.ENVS))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="echorl", description="echorl: text environments and EchoRL agents.")
+    from echorl_agent.eval.agents import EVAL_MODES, agent_names
+    from echorl_agent.llm_rl.train import METHODS
+
+    p = argparse.ArgumentParser(prog="echorl", description="echorl: text environments and EchoRL agents.",
+                                epilog=__doc__.split("\n\n")[1], formatter_class=HelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("list", help="list registered environment ids")
-    s.add_argument("--family", help="only this family (minigrid, math, alfworld, ...)")
+    def add(name: str, help: str, **kwargs) -> argparse.ArgumentParser:  # noqa: A002 - argparse's own name
+        return sub.add_parser(name, help=help, description=kwargs.pop("description", help),
+                              formatter_class=HelpFormatter, **kwargs)
+
+    s = add("list", "list registered environment ids (family, actions, data source, max steps)")
+    s.add_argument("--family", choices=_families(), help="only this family")
     s.set_defaults(func=cmd_list)
 
-    s = sub.add_parser("play", help="play an environment in the terminal (type an action or its number)")
+    s = add("play", "play an environment in the terminal",
+            description="Play an environment in the terminal: type an action or its number;\n'history' shows "
+            "the actions so far, 'quit' (or 'exit', or Ctrl-D) stops.")
     s.add_argument("id", help="environment id, e.g. EchoRL/MiniGrid-DoorKey-5x5-v0")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=int, default=0, help="reset seed (picks the task instance)")
     s.set_defaults(func=cmd_play)
 
-    s = sub.add_parser("bench", help="evaluate agents side by side and write tables and plots")
-    s.add_argument("--tasks", nargs="+", help="environment ids")
-    s.add_argument("--agents", nargs="+", help="agent names (random, expert, ppo, maskable-ppo, dqn, echoppo, "
-                   "react, llm-score, tot, echorl)")
+    s = add("bench", "evaluate agents side by side and write tables and plots", epilog=_agents_epilog())
+    s.add_argument("--tasks", nargs="+", metavar="ID", help="environment ids (see `echorl list`)")
+    s.add_argument("--agents", nargs="+", metavar="AGENT", help="agent names: " + ", ".join(agent_names()))
     s.add_argument("--preset", choices=["demo"], help="a predefined run ('demo': what `make demo` runs)")
-    s.add_argument("--seeds", type=int, default=2)
-    s.add_argument("--episodes", type=int, default=5)
+    s.add_argument("--seeds", type=int, default=2,
+                   help="training/evaluation seeds per (task, agent); each plays --episodes episodes")
+    s.add_argument("--episodes", type=int, default=5, help="evaluation episodes per seed")
     s.add_argument("--workers", type=int, default=None, help="parallel workers (default 2; also for --preset)")
-    s.add_argument("--backend", choices=["local", "ray"], default="local")
-    s.add_argument("--train-steps", type=int, default=2048, help="budget for SB3-trained agents")
+    s.add_argument("--backend", choices=["local", "ray"], default="local", help="where the workers run")
+    s.add_argument("--train-steps", type=int, default=2048, help="training budget (env steps) of learned agents")
     s.add_argument("--max-steps", type=int, default=None,
                    help="cap on steps per episode, the same for every agent (default: each id's own limit)")
-    s.add_argument("--eval-mode", choices=["deterministic", "stochastic", "both"], default="both",
+    s.add_argument("--eval-mode", choices=list(EVAL_MODES), default="both",
                    help="how learned agents (ppo, echoppo, dqn, ...) act at evaluation; 'both' gives one row each")
     s.add_argument("--reference", default=None,
                    help="agent the others are compared with on the same instances (default: random when it runs)")
-    s.add_argument("--price-per-mtok", type=float, default=0.0, help="price per million LLM tokens")
+    s.add_argument("--price-per-mtok", type=float, default=0.0, help="price per million LLM tokens (cost/success)")
     s.add_argument("--agent-options", help='JSON, e.g. \'{"react": {"model": "smollm2-135m"}}\'')
     s.add_argument("--exclude", nargs="*", default=[], help='pairs not to run, e.g. "EchoRL/ALFWorld*:ppo"')
-    s.add_argument("--out", default="runs/bench")
+    s.add_argument("--out", default="runs/bench", help="output folder")
     s.add_argument("--env-url", action="append", default=[], metavar="URL",
                    help="an `echorl serve-env` server to play on (repeat to spread episodes over several)")
-    s.add_argument("--quiet", action="store_true")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_bench)
 
-    s = sub.add_parser("record", help="write an agent's trajectories as a Minari dataset or SFT-ready JSONL")
+    s = add("record", "write an agent's trajectories as a Minari dataset or SFT-ready JSONL", epilog=_agents_epilog())
     s.add_argument("--task", required=True, help="environment id, e.g. EchoRL/MiniGrid-Empty-5x5-v0")
-    s.add_argument("--agent", default="expert", help="agent name (default: expert)")
-    s.add_argument("--episodes", type=int, default=10)
-    s.add_argument("--format", choices=["jsonl", "minari"], default="jsonl")
+    s.add_argument("--agent", default="expert", help="agent name (see 'agents' below)")
+    s.add_argument("--episodes", type=int, default=10, help="episodes to record")
+    s.add_argument("--format", choices=["jsonl", "minari"], default="jsonl", help="dataset format")
     s.add_argument("--out", default="runs/record", help="output folder")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=int, default=0, help="seed of the first episode")
     s.add_argument("--max-steps", type=int, default=None, help="cap on steps per episode")
     s.add_argument("--agent-options", help='JSON keyword arguments for the agent factory')
     s.add_argument("--dataset-id", help="Minari dataset id (default echorl/<env>/<agent>-v0)")
@@ -316,42 +356,43 @@ def build_parser() -> argparse.ArgumentParser:
 
     from echorl_agent.llm.serve_args import add_serve_arguments
 
-    s = sub.add_parser("serve", help="serve the LLM engine with OpenAI-compatible routes",
-                       description="Serve a model with OpenAI-compatible routes (completions, chat, streaming, "
-                       "LoRA adapters).")
+    s = add("serve", "serve the LLM engine with OpenAI-compatible routes",
+            description="Serve a model with OpenAI-compatible routes (completions, chat, streaming, LoRA adapters).")
     add_serve_arguments(s)
     s.set_defaults(func=cmd_serve)
-    s = sub.add_parser("train-llm", help="train the LLM itself by RL (LoRA): BC, PPO, EchoPPO or GRPO")
+
+    s = add("train-llm", "train the LLM itself by RL (LoRA): " + ", ".join(METHODS))
     s.add_argument("--task", required=True, help="environment id")
-    s.add_argument("--method", default="bc+ppo", choices=["bc", "ppo", "bc+ppo", "echoppo", "grpo"])
+    s.add_argument("--method", default="bc+ppo", choices=METHODS, help="training method")
     s.add_argument("--train-steps", type=int, default=512, help="PPO env steps / GRPO completions")
     s.add_argument("--bc-episodes", type=int, default=8, help="expert episodes (oracle answers for grpo)")
-    s.add_argument("--bc-epochs", type=int, default=3)
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--bc-epochs", type=int, default=3, help="behaviour-cloning epochs over those episodes")
+    s.add_argument("--seed", type=int, default=0, help="random seed")
     s.add_argument("--history", type=int, default=0, help="history window k in the prompt")
     s.add_argument("--max-steps", type=int, default=None, help="per-episode step cap while training")
     s.add_argument("--n-steps", type=int, default=64, help="PPO rollout length per update")
-    s.add_argument("--batch-size", type=int, default=16)
-    s.add_argument("--n-epochs", type=int, default=2)
-    s.add_argument("--learning-rate", type=float, default=1e-4)
+    s.add_argument("--batch-size", type=int, default=16, help="minibatch size")
+    s.add_argument("--n-epochs", type=int, default=2, help="PPO epochs per update")
+    s.add_argument("--learning-rate", type=float, default=1e-4, help="optimizer learning rate")
     s.add_argument("--policy-kwargs", help='JSON LLMPolicy options, e.g. \'{"lora_rank": 8, "train_layers": 2}\'')
     s.add_argument("--grpo-kwargs", help='JSON GRPOConfig options, e.g. \'{"group_size": 8}\'')
-    s.add_argument("--out", default="runs/train-llm")
+    s.add_argument("--out", default="runs/train-llm", help="output folder")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
     s.set_defaults(func=cmd_train_llm)
 
-    s = sub.add_parser("serve-env", help="serve environments over OpenEnv (HTTP + WebSocket + /web page)")
-    s.add_argument("--task", action="append", required=True,
+    s = add("serve-env", "serve environments over OpenEnv (HTTP + WebSocket + /web page)")
+    s.add_argument("--task", action="append", required=True, metavar="ID",
                    help="an env id to serve (repeat for several; clients pick one with reset(task=ID))")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--host", default="127.0.0.1", help="interface to bind")
+    s.add_argument("--port", type=int, default=SERVE_ENV_PORT,
+                   help=f"TCP port (`echorl serve` uses {SERVE_PORT}, so both can run side by side)")
     s.add_argument("--max-sessions", type=int, default=8, help="concurrent sessions, one env each")
     s.add_argument("--session-timeout", type=float, default=300.0,
                    help="close a session idle this many seconds (0: never)")
     s.add_argument("--env-kwargs", help='JSON of extra gym.make arguments per id, e.g. '
                    '\'{"EchoRL/GSM8K-v0": {"data_path": "test.jsonl"}}\'')
     s.add_argument("--web", action=argparse.BooleanOptionalAction, default=True,
-                   help="serve the browser page at /web (default: on)")
+                   help="serve the browser page at /web")
     s.set_defaults(func=cmd_serve_env)
     return p
 

@@ -1,7 +1,7 @@
 """``EchoRL/Remote-v0``: an env served by ``echorl serve-env`` (or any OpenEnv server speaking the same wire
 format, see :mod:`echorl_envs.serve`) as a local Gymnasium text env.
 
-    env = gym.make("EchoRL/Remote-v0", base_url="http://host:8000", task="EchoRL/ALFWorld-v0")
+    env = gym.make("EchoRL/Remote-v0", base_url="http://host:8001", task="EchoRL/ALFWorld-v0")
 
 It keeps echorl's text protocol: ``str`` observations and actions in the same ``Text`` spaces, and the same
 ``info`` keys as ``gym.make(task)`` (``task``, ``admissible_actions``, ``won``, ``invalid_action``, ``step`` and
@@ -39,7 +39,8 @@ class RemoteTextEnv(gym.Env[str, str]):
     """A served echorl env behind the local text-env protocol.
 
     Args:
-        base_url: the server, e.g. ``"http://127.0.0.1:8000"`` (``ws://`` also works).
+        base_url: the server, e.g. ``"http://127.0.0.1:8001"`` (``echorl serve-env``'s default port; ``ws://`` also
+            works).
         task: which served id to play (default: the server's first id).
         time_limit: episode step limit applied by the server (default: the id's registered limit).
         connect_timeout_s: WebSocket connection timeout.

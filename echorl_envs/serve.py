@@ -277,7 +277,7 @@ def build_app(tasks: Sequence[str], max_sessions: int = 8, session_timeout: floa
     return app
 
 
-def uvicorn_config(app: Any, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> Any:
+def uvicorn_config(app: Any, host: str = "127.0.0.1", port: int = 8001, log_level: str = "info") -> Any:
     """uvicorn's config for ``app``: no server-side WebSocket pings, 5 s graceful shutdown.
 
     ``EchoRL/Remote-v0`` runs its client loop only inside ``reset``/``step`` (the fast path), so it cannot answer
@@ -291,7 +291,7 @@ def uvicorn_config(app: Any, host: str = "127.0.0.1", port: int = 8000, log_leve
                           timeout_graceful_shutdown=5)
 
 
-def serve(tasks: Sequence[str], host: str = "127.0.0.1", port: int = 8000, max_sessions: int = 8,
+def serve(tasks: Sequence[str], host: str = "127.0.0.1", port: int = 8001, max_sessions: int = 8,
           session_timeout: float | None = 300.0, web: bool = True,
           make_kwargs: Mapping[str, Mapping[str, Any]] | None = None, log_level: str = "info") -> None:
     """Run the server until SIGINT/SIGTERM (uvicorn closes the sockets, then every session env is closed)."""
