@@ -197,7 +197,7 @@ class _SyncWrapperClient:
 
 def client_paths(env_id: str, n: int, rounds: int) -> dict:
     """Remote-v0's own-loop client vs OpenEnv's ``.sync()`` wrapper, same server, alternating rounds."""
-    from echorl_envs.remote import RemoteTextEnv
+    from echorl_envs.service.remote import RemoteTextEnv
 
     with server([env_id]) as (url, pid):
         own = RemoteTextEnv(url, env_id)

@@ -12,7 +12,7 @@ import pytest
 import echorl_envs
 from tests.openenv_server import running_server
 
-to_wire = pytest.importorskip("echorl_envs.serve", reason="the openenv extra is not installed").to_wire
+to_wire = pytest.importorskip("echorl_envs.service.server", reason="the openenv extra is not installed").to_wire
 
 #: One id per family; ALFWorld and TextWorld load engines/games for tens of seconds (slow suite).
 FAST = ["EchoRL/MiniGrid-DoorKey-5x5-v0", "EchoRL/Game24-v0", "EchoRL/WebShop-v0", "EchoRL/CRUXEval-O-v0",

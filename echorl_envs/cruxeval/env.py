@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from echorl_envs.core import DatasetTextEnv, InvalidAction, Transition
-from echorl_envs.cruxeval_generator import generate_items
+from echorl_envs.cruxeval.generator import generate_items
 from echorl_envs.sandbox import SandboxConfig, SandboxPool, SandboxResult, shared_pool
 
 __all__ = [
@@ -262,7 +262,7 @@ class CRUXEvalEnv(DatasetTextEnv):
 
     **Data.** ``data_path`` (a ``cruxeval.jsonl`` file or folder) → the real 800 items; else
     ``$ECHORL_DATA_DIR/cruxeval/cruxeval.jsonl`` when it exists; else ``num_generated`` items built offline
-    by :mod:`echorl_envs.cruxeval_generator` (deterministic for ``generator_seed``).
+    by :mod:`echorl_envs.cruxeval.generator` (deterministic for ``generator_seed``).
 
     **Observation.** The instruction, the code and the assertion with ``??`` in place of the answer, then
     feedback after each attempt ("Incorrect", the error an answer raised, or attempts left).

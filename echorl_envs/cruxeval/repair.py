@@ -1,7 +1,7 @@
 """CRUXEval code repair: a CRUXEval function with one injected bug; answer with the corrected function.
 
 Built from CRUXEval rows (the real ``cruxeval.jsonl`` when given, else the offline generated set of
-:mod:`echorl_envs.cruxeval`): for each item a deterministic AST mutation (:mod:`echorl_envs.cruxeval_mutations`)
+:mod:`echorl_envs.cruxeval`): for each item a deterministic AST mutation (:mod:`echorl_envs.cruxeval.mutations`)
 is chosen so that ``f`` fails the item's own assertion ``assert f(<input>) == <output>``. Every item is checked
 at build time in the sandbox -- the original passes, the mutant fails (an ``AssertionError`` or an exception,
 not a timeout) -- and items with no such mutant are dropped. The build is cached on disk
@@ -22,8 +22,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from echorl_envs.core import DatasetTextEnv, InvalidAction, Transition
-from echorl_envs.cruxeval import _from_file, _generated, _strip_fences
-from echorl_envs.cruxeval_mutations import mutants
+from echorl_envs.cruxeval.env import _from_file, _generated, _strip_fences
+from echorl_envs.cruxeval.mutations import mutants
 from echorl_envs.sandbox import SandboxConfig, SandboxPool, shared_pool
 
 __all__ = ["CRUXEvalRepairEnv", "build_repair_items", "parse_repair", "repair_program", "MUTATOR_VERSION"]

@@ -1,5 +1,5 @@
 """``EchoRL/Remote-v0``: an env served by ``echorl serve-env`` (or any OpenEnv server speaking the same wire
-format, see :mod:`echorl_envs.serve`) as a local Gymnasium text env.
+format, see :mod:`echorl_envs.service.server`) as a local Gymnasium text env.
 
     env = gym.make("EchoRL/Remote-v0", base_url="http://host:8001", task="EchoRL/ALFWorld-v0")
 
