@@ -78,6 +78,10 @@ class EchoRLState(State):
 
     env_id: str | None = Field(default=None, description="The served id this session is playing.")
     seed: int | None = Field(default=None, description="The seed of the last reset.")
+    served: list[str] = Field(default_factory=list, description="The ids this server hosts; the first is the "
+                              "default of reset().")
+    max_episode_steps: int | None = Field(default=None, description="The step limit of the session's episode "
+                                          "(before the first reset: the default id's registered limit).")
 
 
 def to_wire(value: Any) -> Any:
@@ -122,7 +126,8 @@ class EchoRLEnvironment(Environment[EchoRLAction, EchoRLObservation, EchoRLState
         self.make_kwargs = {k: dict(v) for k, v in (make_kwargs or {}).items()}
         self._env: Any = None
         self._key: tuple[str, int | None] | None = None
-        self._state = EchoRLState()
+        default_limit = echorl_envs.entry(self.tasks[0]).max_episode_steps
+        self._state = EchoRLState(served=self.tasks, max_episode_steps=default_limit)
         self._lock = threading.Lock()
         self._closed = False
         _OPEN.add(self)
@@ -157,7 +162,8 @@ class EchoRLEnvironment(Environment[EchoRLAction, EchoRLObservation, EchoRLState
                 self._env = echorl_envs.make(task, **self.make_kwargs.get(task, {}), **extra)
                 self._key = (task, limit)
             obs, info = self._env.reset(seed=seed, options=options)
-        self._state = EchoRLState(episode_id=episode_id, step_count=0, env_id=task, seed=seed)
+        self._state = EchoRLState(episode_id=episode_id, step_count=0, env_id=task, seed=seed, served=self.tasks,
+                                  max_episode_steps=limit or echorl_envs.entry(task).max_episode_steps)
         return self._observation(obs, None, False, False, info)
 
     def step(self, action: EchoRLAction, timeout_s: float | None = None, **kwargs: Any) -> EchoRLObservation:
