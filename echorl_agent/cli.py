@@ -20,6 +20,7 @@ import argparse
 import difflib
 import json
 import sys
+import time
 from pathlib import Path
 
 __all__ = ["main", "demo_config"]
@@ -134,6 +135,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         notes,
         plot_curves,
         plot_success,
+        reference_of,
         summarize,
         write_summary,
     )
@@ -172,11 +174,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         rows = run_bench(cfg, progress=not args.quiet)
     except ValueError as e:
         raise SystemExit(f"echorl bench: {e}") from e
-    ref = cfg.reference_agent()
-    summary = summarize(rows, cfg.price_per_mtok, reference=ref)
+    summary = summarize(rows, cfg.price_per_mtok, reference=cfg.reference_agent())
+    ref = reference_of(summary)  # None when no agent could be paired with it (e.g. it ran on no task)
+    out = Path(cfg.out)
+    run = json.loads((out / "run.json").read_text())
+    run["reference"] = ref  # the reference the summary actually used
+    (out / "run.json").write_text(json.dumps(run, indent=2))
     paths = write_summary(summary, cfg.out)
-    plot_success(summary, Path(cfg.out) / "success.png")
-    curves = plot_curves(cfg.out, Path(cfg.out) / "learning_curves.png")
+    plot_success(summary, out / "success.png")
+    curves = plot_curves(cfg.out, out / "learning_curves.png")
     try:
         from rich.console import Console
         from rich.table import Table
@@ -184,21 +190,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from echorl_agent.eval.report import _diff_cell
 
         table = Table(title=f"echorl bench ({len(rows)} episodes)")
-        for col in ["task", "agent", "mode", "max steps", "n", "Success@1 [95% CI]", f"Δ vs {ref} [95% CI]",
-                    "McNemar p", "return", "steps", "ep/s", "KV reuse"]:
+        paired = [f"Δ vs {ref} [95% CI]", "McNemar p"] if ref else []
+        for col in ["task", "agent", "mode", "max steps", "n", "Success@1 [95% CI]", *paired, "return", "steps",
+                    "ep/s", "KV reuse"]:
             table.add_column(col)
         for s in summary:
+            diff = [_diff_cell(s), "-" if s["mcnemar_p"] is None else f"{s['mcnemar_p']:.2g}"] if ref else []
             table.add_row(s["task"].replace("EchoRL/", ""), s["agent"], s["mode"], str(s["max_steps"]),
                           str(s["episodes"]), f"{s['success']:.2f} [{s['ci_low']:.2f}, {s['ci_high']:.2f}]",
-                          _diff_cell(s), "-" if s["mcnemar_p"] is None else f"{s['mcnemar_p']:.2g}",
-                          f"{s['mean_return']:.2f}", f"{s['mean_steps']:.1f}", f"{s['episodes_per_s']:.2f}",
+                          *diff, f"{s['mean_return']:.2f}", f"{s['mean_steps']:.1f}", f"{s['episodes_per_s']:.2f}",
                           "-" if s["kv_reuse"] is None else f"{s['kv_reuse']:.2f}")
         Console(width=max(Console().width, 160)).print(table)
     except ImportError:  # rich is a dependency; tabulate is the fallback for trimmed installs
         print(markdown_table(summary))
     print(notes(summary))
-    print(f"\nwrote {paths['md']}, {paths['csv']}, {paths['json']}, {Path(cfg.out) / 'success.png'}"
-          + (f", {curves}" if curves else ""))
+    files = [out / "episodes.jsonl", out / "run.json", paths["md"], paths["csv"], paths["json"],
+             out / "success.png", *([curves] if curves else [])]
+    print(f"\nwrote {', '.join(map(str, files))}")
     return 0
 
 
@@ -228,11 +236,24 @@ def cmd_train_llm(args: argparse.Namespace) -> int:
         if (cfg.method == "grpo") != (kind != "choice"):
             raise ValueError(f"method {cfg.method!r} does not fit {args.task} ({kind} actions): use grpo for "
                              "free-text envs and bc/ppo/bc+ppo/echoppo for choice envs")
+        started = time.time()
         train_llm(cfg)
     except ValueError as e:
         raise SystemExit(f"echorl train-llm: {e}") from e
-    print(f"wrote {args.out}/ (curve.csv, model.zip or adapter/, tb/, config.json)")
+    print(f"wrote {args.out}/: {', '.join(written_since(Path(args.out), started))}")
     return 0
+
+
+def written_since(folder: Path, since: float) -> list[str]:
+    """The entries of ``folder`` this run wrote (a folder counts when anything inside it was written), sorted;
+    folders end with "/"."""
+    def newest(p: Path) -> float:
+        if not p.is_dir():
+            return p.stat().st_mtime
+        return max([p.stat().st_mtime, *(q.stat().st_mtime for q in p.rglob("*"))])
+
+    # file systems with coarse timestamps may round an mtime down; one second of slack covers them
+    return sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir() if newest(p) >= since - 1.0)
 
 
 def cmd_record(args: argparse.Namespace) -> int:

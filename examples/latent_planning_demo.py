@@ -82,7 +82,7 @@ def main() -> None:
     won, observations, _, texts = play(policy, env, seeds[0])
     print(f"\ngreedy episode (seed {seeds[0]}):")
     print(f"{'t':>3} {'action':12} {'||mu_t||':>9} {'mean sigma':>10} {'KL(t||t-1)':>11}")
-    for t, (obs, text) in enumerate(zip(observations[:20], texts)):
+    for t, (obs, text) in enumerate(zip(observations[:20], texts[:20], strict=True)):
         obs_t, _ = policy.obs_to_tensor(obs)
         with torch.no_grad():
             mu, log_std, _, _ = policy.pi_features_extractor.plans(obs_t)
@@ -99,7 +99,7 @@ def main() -> None:
         wins += w
         visited += obs_list
         env.reset(seed=seed)  # replay the planned policy's states and ask the zero-plan policy on each
-        for obs, action in zip(obs_list, actions):
+        for obs, action in zip(obs_list, actions, strict=True):
             changed += greedy_action(policy, obs, env.get_wrapper_attr("action_masks")(), zero_plan=True) != action
             total += 1
             env.step(action)

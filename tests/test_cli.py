@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
+import os
 import re
+import time
 
 import pytest
 
@@ -96,3 +99,38 @@ def test_serve_and_serve_env_default_to_different_ports():
     assert (serve_port, env_port) == (cli.SERVE_PORT, cli.SERVE_ENV_PORT) and serve_port != env_port
     serve_mod = pytest.importorskip("echorl_envs.service.server")
     assert inspect.signature(serve_mod.serve).parameters["port"].default == cli.SERVE_ENV_PORT
+
+
+def test_bench_names_every_file_it_wrote_and_records_the_reference_it_used(tmp_path, capsys):
+    args = ["bench", "--tasks", "EchoRL/Game24-v0", "--seeds", "1", "--episodes", "2", "--workers", "1", "--quiet"]
+    assert cli.main([*args, "--agents", "random", "expert", "--out", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    wrote = out.strip().splitlines()[-1]
+    assert wrote.startswith("wrote ")
+    listed = {p.strip() for p in wrote[len("wrote "):].split(", ")}
+    on_disk = {str(p) for p in (tmp_path / "a").iterdir()}
+    assert listed == on_disk  # everything written, nothing more
+    assert json.loads((tmp_path / "a" / "run.json").read_text())["reference"] == "random"
+    assert "Δ vs random" in out
+    # no random agent and no --reference: no paired columns, and run.json says so
+    assert cli.main([*args, "--agents", "expert", "--out", str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "Δ vs" not in out and "McNemar" not in out
+    assert "Δ vs" not in (tmp_path / "b" / "summary.md").read_text()
+    assert json.loads((tmp_path / "b" / "run.json").read_text())["reference"] is None
+
+
+def test_written_since_lists_new_files_and_folders_with_new_content(tmp_path):
+    old_file, old_dir = tmp_path / "old.txt", tmp_path / "old"
+    old_file.write_text("x")
+    old_dir.mkdir()
+    (old_dir / "a").write_text("x")
+    for p in (old_file, old_dir, old_dir / "a"):
+        os.utime(p, (1_000_000, 1_000_000))
+    since = time.time()
+    (tmp_path / "bc.json").write_text("{}")
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "w.bin").write_bytes(b"0")
+    assert cli.written_since(tmp_path, since) == ["adapter/", "bc.json"]
+    (old_dir / "a").write_text("y")  # rewritten inside an old folder: the folder was written
+    assert cli.written_since(tmp_path, since) == ["adapter/", "bc.json", "old/"]

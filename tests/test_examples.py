@@ -110,7 +110,6 @@ EXAMPLES = [
 
 
 @pytest.mark.slow
-@pytest.mark.ci
 @pytest.mark.parametrize("script,args,check", EXAMPLES, ids=[e[0] for e in EXAMPLES])
 def test_example_prints_what_it_demonstrates(script, args, check, tmp_path):
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]

@@ -288,6 +288,7 @@ class CRUXEvalEnv(DatasetTextEnv):
     """
 
     reset_options: ClassVar[frozenset[str]] = frozenset({"index"})
+    step_info_keys: ClassVar[tuple[str, ...]] = ("judge_status",)
 
     def __init__(
         self,
@@ -338,13 +339,10 @@ class CRUXEvalEnv(DatasetTextEnv):
     def _reset_episode(self, options: dict[str, Any]) -> Transition:
         self._item = self.items[self._select_index(options)]
         self._attempts = 0
-        return Transition(self._prompt(), info=self._extra(None))
+        return Transition(self._prompt())
 
-    def _extra(self, status: str | None) -> dict[str, Any]:
-        info: dict[str, Any] = {"task_id": self._item["id"], "attempts_left": self.max_attempts - self._attempts}
-        if status is not None:
-            info["judge_status"] = status
-        return info
+    def _extra_info(self) -> dict[str, Any]:
+        return {"task_id": self._item["id"], "attempts_left": self.max_attempts - self._attempts}
 
     def _apply(self, action: str) -> Transition:
         try:
@@ -354,7 +352,7 @@ class CRUXEvalEnv(DatasetTextEnv):
                                 f"{self.max_attempts - self._attempts} attempt(s).") from None
         result = shared_pool(self.sandbox_config).run(check_program(self._item, answer_src, self.mode))
         self._attempts += 1
-        return verdict(result, self.max_attempts - self._attempts, _WORDING, self._extra(result.status),
+        return verdict(result, self.max_attempts - self._attempts, _WORDING, {"judge_status": result.status},
                        reveal=f" A correct answer was: {gold_answer(self._item, self.mode)}")
 
     def _task(self) -> str:

@@ -35,7 +35,7 @@ def verdict(result: SandboxResult, attempts_left: int, wording: Wording, info: d
         result: the sandbox's result of the judged program.
         attempts_left: attempts left after this one (0 ends the episode).
         wording: the env's words for a wrong answer.
-        info: the step's extra info (``task_id``, ``attempts_left``, ``judge_status``...).
+        info: the step's extra info (e.g. ``{"judge_status": result.status}``).
         reveal: appended when the last attempt fails (e.g. " A correct answer was: 42").
 
     >>> ok = SandboxResult("passed", "", 0.01)
