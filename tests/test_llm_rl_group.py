@@ -192,3 +192,37 @@ def test_group_rollout_shares_the_start_and_detects_unreproducible_seeds(policy)
     bad = [Unseeded(envs[0], 0), Unseeded(envs[1], salt)]
     with pytest.raises(ValueError, match="seed"):
         collect_groups(policy, bad, [5], group_size=2)
+
+
+def test_train_config_rejects_bad_input():
+    from echorl_agent.llm_rl.train import LLMTrainConfig
+
+    with pytest.raises(ValueError, match="free text|does not fit"):
+        LLMTrainConfig(env_id="EchoRL/Arithmetic-v0", method="gigpo")
+    with pytest.raises(ValueError, match="group_size must be >= 2"):
+        LLMTrainConfig(env_id=ENV, method="gigpo", group_size=1)
+    with pytest.raises(ValueError, match="n_envs must be a multiple of group_size"):
+        LLMTrainConfig(env_id=ENV, method="gigpo", n_envs=6, group_size=4)
+    with pytest.raises(ValueError, match="batch_size must divide n_steps"):
+        LLMTrainConfig(env_id=ENV, method="ppo", n_steps=10, batch_size=4)
+
+
+@pytest.mark.parametrize("method", ["ppo", "gigpo"])
+def test_train_llm_on_gotolocal_through_the_envs_own_truncation(policy, tmp_path, method):
+    # BabyAI's own step limit (3 here) truncates every episode: its final state lists no admissible action
+    from echorl_agent.llm_rl.train import LLMTrainConfig, train_llm
+
+    state = policy.lm.trainable_state()
+    try:
+        cfg = LLMTrainConfig(env_id="EchoRL/BabyAI-GoToLocal-v0", method=method, train_steps=6, n_envs=2,
+                             group_size=2, n_steps=3, batch_size=6, n_epochs=1, history=1,
+                             env_kwargs={"env_kwargs": {"max_steps": 3}}, policy_kwargs={"lora_rank": 4},
+                             out=str(tmp_path))
+        train_llm(cfg, lm=policy.lm)
+    finally:
+        policy.lm.load_trainable_state(state)
+    rows = (tmp_path / "curve.csv").read_text().splitlines()
+    assert rows[0] == "timesteps,success_rate,return"
+    assert len(rows) - 1 >= 2  # both envs finished (truncated) episodes of 3 steps
+    assert {int(r.split(",")[0]) % 3 for r in rows[1:]} == {0}
+    assert (tmp_path / "adapter").is_dir()
