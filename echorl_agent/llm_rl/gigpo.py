@@ -203,6 +203,10 @@ class GiGPOTrainer:
             bar.close()
         return self.history
 
+    def predict(self, observation: Any, state: Any = None, episode_start: Any = None, deterministic: bool = False):
+        """SB3's ``predict`` of the trained policy (for evaluation loops written against SB3 models)."""
+        return self.policy.predict(observation, state, episode_start, deterministic)
+
     def evaluate(self, seeds: list[int], deterministic: bool = True) -> list[Episode]:
         """One episode per seed (greedy or sampled), no learning; episodes in seed order."""
         out = []
