@@ -8,6 +8,11 @@ distribution (other kernels, or quantized weights) -- the same correction as :cl
 ``pi`` is the policy's softmax over the admissible actions, so the ratio is per action (the action's tokens are
 scored together); ``- ent_coef * entropy`` is added.
 
+With a latent plan (``plan_tokens > 0``) ``kl_coef`` times the KL between consecutive plan Gaussians (EchoRL's plan
+consistency term, as in EchoPPO) is added. A sample's ``weight`` multiplies its term: 1 for fresh samples, the
+prioritized-replay importance weight for replayed ones (whose truncated IS weight ``w`` then also corrects for the
+older policy that acted).
+
 ``pi_old``: with one epoch and one optimizer step per batch, the learner's own log-probabilities before the update
 are the detached values of the same forward (no extra pass; the ratio is 1 and the gradient is the IS-weighted policy
 gradient). Otherwise a no-grad pass over the batch computes them first. Each minibatch goes through
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from echorl_agent.llm_rl.plan import gaussian_kl
 from echorl_agent.llm_rl.policy import LLMPolicy, StepRecord
 
 __all__ = ["Sample", "update_policy"]
@@ -35,6 +41,8 @@ class Sample:
     record: StepRecord
     action: int
     advantage: float
+    weight: float = 1.0
+    """Multiplies the sample's loss term (prioritized-replay importance weight; 1 for fresh samples)."""
 
 
 def _micro(samples: Sequence[Sample], size: int) -> list[list[Sample]]:
@@ -44,7 +52,8 @@ def _micro(samples: Sequence[Sample], size: int) -> list[list[Sample]]:
 
 def update_policy(policy: LLMPolicy, samples: Sequence[Sample], *, clip_range: float = 0.2, epochs: int = 1,
                   minibatch_size: int | None = None, micro_batch: int = 16, ent_coef: float = 0.0,
-                  max_grad_norm: float = 1.0, rng: np.random.Generator | None = None) -> dict[str, float]:
+                  max_grad_norm: float = 1.0, kl_coef: float = 0.0,
+                  rng: np.random.Generator | None = None) -> dict[str, float]:
     """Clipped-surrogate update of the policy's trainable parameters on ``samples``; returns statistics.
 
     Args:
@@ -52,7 +61,8 @@ def update_policy(policy: LLMPolicy, samples: Sequence[Sample], *, clip_range: f
         micro_batch: samples per learner forward/backward (gradients accumulate over micro-batches).
     """
     if not samples:
-        return {"loss": 0.0, "is_weight_mean": 1.0, "clip_fraction": 0.0, "entropy": 0.0, "num_samples": 0.0}
+        return {"loss": 0.0, "is_weight_mean": 1.0, "clip_fraction": 0.0, "entropy": 0.0, "num_samples": 0.0,
+                "plan_kl": 0.0}
     n = len(samples)
     mb = minibatch_size or n
     single = epochs == 1 and mb >= n
@@ -64,7 +74,7 @@ def update_policy(policy: LLMPolicy, samples: Sequence[Sample], *, clip_range: f
                 for s, lp in zip(chunk, policy.learner_scores_many([s.record for s in chunk])[0], strict=True):
                     s.record.learner_logp = lp.detach()
     rng = rng or np.random.default_rng(0)
-    losses, weights, clips, ents = [], [], [], []
+    losses, weights, clips, ents, kls = [], [], [], [], []
     for _ in range(epochs):
         order = np.arange(n) if single else rng.permutation(n)
         for lo in range(0, n, mb):
@@ -73,7 +83,7 @@ def update_policy(policy: LLMPolicy, samples: Sequence[Sample], *, clip_range: f
             opt.zero_grad()
             total = 0.0
             for chunk in _micro(batch, micro_batch):
-                logps = policy.learner_scores_many([s.record for s in chunk])[0]
+                logps, _, plans = policy.learner_scores_many([s.record for s in chunk])
                 terms = []
                 for s, lp in zip(chunk, logps, strict=True):
                     a = min(s.action, len(s.record.cands) - 1)
@@ -83,15 +93,20 @@ def update_policy(policy: LLMPolicy, samples: Sequence[Sample], *, clip_range: f
                     adv = float(s.advantage)
                     surrogate = torch.min(ratio * adv, ratio.clamp(1 - clip_range, 1 + clip_range) * adv)
                     entropy = -(lp.exp() * lp).sum()
-                    terms.append(-(w * surrogate) - ent_coef * entropy)
+                    terms.append(s.weight * (-(w * surrogate) - ent_coef * entropy))
                     weights.append(float(w.detach()))
                     clips.append(float(abs(float(ratio.detach()) - 1) > clip_range))
                     ents.append(float(entropy.detach()))
                 loss = torch.stack(terms).sum() / len(batch)
+                if plans is not None and kl_coef > 0:  # EchoRL's KL between consecutive plans
+                    kl = gaussian_kl(*plans)
+                    kls.append(float(kl.mean().detach()))
+                    loss = loss + kl_coef * kl.sum() / len(batch)
                 loss.backward()
                 total += float(loss.detach())
             torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
             opt.step()
             losses.append(total)
     return {"loss": float(np.mean(losses)), "is_weight_mean": float(np.mean(weights)),
-            "clip_fraction": float(np.mean(clips)), "entropy": float(np.mean(ents)), "num_samples": float(n)}
+            "clip_fraction": float(np.mean(clips)), "entropy": float(np.mean(ents)), "num_samples": float(n),
+            "plan_kl": float(np.mean(kls)) if kls else 0.0}
