@@ -160,6 +160,33 @@ def test_importance_weights_follow_beta_is():
 
 
 # ------------------------------------------------------------------------------------------------ tiers
+def test_evicted_transitions_are_never_sampled_until_overwritten(tmp_path):
+    rng = np.random.default_rng(6)
+    buf = make(hot=4, cold=4, beta=0.7, alpha=0.2)
+    add_steps(buf, rng.normal(size=(7, 1, 2)).astype(np.float32), rng.normal(size=(7, 1)).astype(np.float32))
+    slots, probs = buf.probabilities()
+    np.testing.assert_allclose(probs, expected_probs(buf)[1], rtol=1e-9)  # the exact reference, from the fields
+    assert buf.evict(np.array([1, 1, 5, 7])) == 2 and buf.num_evicted == 2  # slot 7 (cold row 3) holds nothing yet
+    _, after = buf.probabilities()
+    dead = np.isin(slots, [1, 5])
+    assert (after[dead] == 0).all()
+    np.testing.assert_allclose(after[~dead], probs[~dead] / probs[~dead].sum(), rtol=1e-9)
+    counts = sample_counts(buf, slots, 20_000)
+    assert counts[dead].sum() == 0 and chi_square_pvalue(counts[~dead], after[~dead]) > 1e-3
+    buf.update_priorities(torch.tensor([1]), torch.tensor([5.0]))  # stays evicted
+    assert buf.probabilities()[1][dead].sum() == 0
+    buf.save(str(tmp_path / "r.bin"))
+    other = make(hot=4, cold=4, beta=0.7, alpha=0.2)
+    other.load(str(tmp_path / "r.bin"))
+    assert other.num_evicted == 2
+    np.testing.assert_array_equal(other.probabilities()[1], buf.probabilities()[1])
+    # hot slot 1 moves to the cold tier still evicted; cold slot 5 is overwritten by a demotion and lives again
+    add_steps(buf, rng.normal(size=(3, 1, 2)).astype(np.float32), np.zeros((3, 1), np.float32), start=7)
+    assert buf.num_evicted == 1 and buf.evict(np.arange(8)) == 7
+    with pytest.raises(ValueError, match="every stored transition is evicted"):
+        buf.sample(1)
+
+
 def test_age_based_demotion_and_eviction_order():
     buf = make(hot=4, cold=6, n_envs=2, plan_source="observation")
     assert buf.buffer_size == 2 and buf.cold_rows == 3  # rows of 2 transitions
