@@ -598,7 +598,7 @@ def test_sum_tree_c_kernel_is_bit_identical_to_numpy_reference():
     from echorl_agent.replay import ckernel
 
     if ckernel.load() is None:
-        pytest.skip("no C compiler: the numpy sum tree is the only path")
+        pytest.skip("the C sum-tree kernel is unavailable (no C compiler, or ECHORL_REPLAY_KERNEL=0)")
     rng = np.random.default_rng(7)
     for size in (1, 3, 13, 1000, 1 << 14):
         fast, ref = SumTree(size), SumTree(size, use_kernel=False)

@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-__all__ = ["load"]
+__all__ = ["build_shared_library", "load"]
 
 logger = logging.getLogger(__name__)
 
@@ -30,18 +30,23 @@ _lib: ctypes.CDLL | None = None
 _tried = False
 
 
-def _build() -> Path:
+def build_shared_library(src: Path, flags: tuple[str, ...]) -> Path:
+    """Compile ``src`` with ``flags`` into ``$ECHORL_CACHE/kernels/<stem>-<hash>.so`` once per source and flags.
+
+    The library is built in a temporary folder beside the target and renamed into place, so concurrent builds
+    (several processes importing at once) are safe. Raises ``OSError`` without a C compiler or on a failed build.
+    """
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise OSError("no C compiler found (set CC or install gcc)")
-    key = hashlib.sha256(_SRC.read_bytes() + " ".join(_FLAGS).encode()).hexdigest()[:16]
-    out = Path(os.environ.get("ECHORL_CACHE", Path.home() / ".cache" / "echorl")) / "kernels" / f"sumtree-{key}.so"
+    key = hashlib.sha256(src.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    out = Path(os.environ.get("ECHORL_CACHE", Path.home() / ".cache" / "echorl")) / "kernels" / f"{src.stem}-{key}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:  # build aside, then rename: concurrent builds are safe
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         tmp_so = Path(tmp) / out.name
-        res = subprocess.run([cc, *_FLAGS, str(_SRC), "-o", str(tmp_so)], capture_output=True, text=True)
+        res = subprocess.run([cc, *flags, str(src), "-o", str(tmp_so)], capture_output=True, text=True)
         if res.returncode != 0:
             raise OSError(f"{cc} failed: {res.stderr.strip()[-500:]}")
         os.replace(tmp_so, out)
@@ -57,7 +62,7 @@ def load() -> ctypes.CDLL | None:
     if os.environ.get("ECHORL_REPLAY_KERNEL", "1") == "0":
         return None
     try:
-        lib = ctypes.CDLL(str(_build()))
+        lib = ctypes.CDLL(str(build_shared_library(_SRC, _FLAGS)))
     except OSError as exc:
         logger.warning("replay sum-tree kernel unavailable (%s); using the numpy sum tree (same values)", exc)
         return None

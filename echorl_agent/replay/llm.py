@@ -113,7 +113,8 @@ class LLMReplayBuffer:
 
     Args:
         capacity: items in the hot tier (the newest ones).
-        cold_size: items in the cold tier (older ones, priority fields memmapped; token ids stay in RAM).
+        cold_size: items in the cold tier (older ones, priority fields memmapped; token ids stay in RAM); None
+            takes ``config.cold_size`` (default 0).
         replay_memory_mb: budget (10^6 bytes) for the kept items: token ids + small tensors + activations. Over it,
             the oldest items' activations are dropped first, then the oldest items. None: no budget.
         max_staleness: evict (or ``rescore``) items whose ``version`` is older than ``current - max_staleness``
@@ -125,7 +126,7 @@ class LLMReplayBuffer:
             :data:`LLM_REPLAY_DEFAULTS` fill the fields neither sets.
     """
 
-    def __init__(self, capacity: int, *, cold_size: int = 0, replay_memory_mb: float | None = None,
+    def __init__(self, capacity: int, *, cold_size: int | None = None, replay_memory_mb: float | None = None,
                  max_staleness: int | None = None, recompute: Recompute | None = None,
                  rescore: Rescore | None = None, config: ReplayConfig | dict[str, Any] | None = None,
                  **overrides: Any) -> None:
@@ -136,10 +137,11 @@ class LLMReplayBuffer:
         if max_staleness is not None and (isinstance(max_staleness, bool) or not isinstance(max_staleness, int)
                                           or max_staleness < 0):
             raise ValueError(f"max_staleness must be None or an int >= 0, got max_staleness={max_staleness!r}")
-        base = dataclasses.asdict(config) if isinstance(config, ReplayConfig) else dict(config or {})
-        if config is None:
-            base = dict(LLM_REPLAY_DEFAULTS)
-        cfg = ReplayConfig.from_kwargs(base, **{"cold_size": cold_size, **overrides})
+        if config is None or isinstance(config, dict):  # the LLM defaults fill what a dict (or nothing) leaves out
+            config = {**LLM_REPLAY_DEFAULTS, **(config or {})}
+        if cold_size is not None:
+            overrides["cold_size"] = cold_size
+        cfg = ReplayConfig.from_kwargs(config, **overrides)
         self.index = HotColdReplayBuffer(capacity, _OBS, _ACT, device="cpu", n_envs=1,
                                          handle_timeout_termination=False, config=cfg)
         self.replay_memory_mb = replay_memory_mb
