@@ -29,7 +29,7 @@ _SCALAR_NBYTES = 64
 """Accounted bytes of an item's scalars (action, advantage, return, value, version, group, flags)."""
 
 
-@dataclass
+@dataclass(eq=False)  # identity equality: comparing tensors field by field has no single truth value
 class LLMTransition:
     """One LLM decision: context tokens, candidate actions, the rollout's distribution and what the learner needs.
 

@@ -260,7 +260,8 @@ class ExactSamplerMixin:
             self._normalize_reward(self._field("rewards", self.rewards, slots, sp).reshape(-1, 1), env),
         )
         w = np.ones(len(slots), dtype=np.float32) if weights is None else weights.astype(np.float32)
+        # every array here was freshly gathered, so sharing its memory (SB3's to_torch copies) is safe
+        to_torch = lambda a: torch.as_tensor(a, device=self.device)  # noqa: E731
         return HotColdReplayBufferSamples(
-            *tuple(map(self.to_torch, data)), None,
-            self.to_torch(w.reshape(-1, 1)), torch.as_tensor(slots, device=self.device),
+            *tuple(map(to_torch, data)), None, to_torch(w.reshape(-1, 1)), to_torch(slots),
         )
