@@ -12,6 +12,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
+    "WEIGHT_DTYPES": "config",
     "load_model": "models",
     "LoadedModel": "models",
     "DEFAULT_MODEL": "models",
