@@ -36,7 +36,7 @@ import torch  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
 from echorl_agent.llm import EngineConfig, LLMEngine, PrefixCacheConfig, SamplingParams, load_model  # noqa: E402
-from echorl_agent.llm.models import _embedded_gguf  # noqa: E402
+from echorl_agent.llm.models import embedded_gguf  # noqa: E402
 
 _TEXT = (
     "You are an agent in a small house. The kitchen has a fridge, a stove, a sink and a table with two chairs. "
@@ -65,7 +65,7 @@ class _LlamaCpp:
     def __init__(self, threads: int) -> None:
         from llama_cpp import Llama
 
-        self.m = Llama(str(_embedded_gguf("smollm2-135m")), n_ctx=2048, n_batch=512, n_threads=threads,
+        self.m = Llama(str(embedded_gguf("smollm2-135m")), n_ctx=2048, n_batch=512, n_threads=threads,
                        n_threads_batch=threads, verbose=False)
 
     def generate(self, ids: list[int], n: int, reset: bool = True) -> list[int]:
