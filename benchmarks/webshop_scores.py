@@ -72,7 +72,7 @@ def main() -> None:
 
 
 def _goals(env):
-    return [(i, env.catalogue.goals[j]) for i, j in enumerate(env._indices)]
+    return [(i, env.catalogue.goals[j]) for i, j in enumerate(env.catalogue.split_range(env.split))]
 
 
 def _first_query(env, i):
