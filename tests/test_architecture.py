@@ -29,7 +29,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("echorl_envs",),
     ("echorl_agent.config", "echorl_agent.kernels", "echorl_agent.agent"),
     ("echorl_agent.llm",),
-    ("echorl_agent.replay", "echorl_agent.buffers", "echorl_agent.policies", "echorl_agent.callbacks",
+    ("echorl_agent.replay", "echorl_agent.policies", "echorl_agent.callbacks",
      "echorl_agent.priors", "echorl_agent.experience", "echorl_agent.algorithms"),
     ("echorl_agent.llm_rl",),
     ("echorl_agent.agents",),
