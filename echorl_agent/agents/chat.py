@@ -93,6 +93,11 @@ class AgentStep:
     distribution: dict[str, float] = field(default_factory=dict)
 
 
+def _require_act(last: AgentStep | None) -> None:
+    if last is None:
+        raise ValueError("observe() before act(): call reset(env_id, obs, info, seed) then act(obs, info) first")
+
+
 def is_free_text(info: dict[str, Any]) -> bool:
     """True when ``info`` offers no admissible actions (math, CRUXEval, ARC: the action is the answer)."""
     return not info.get("admissible_actions")
@@ -118,6 +123,11 @@ class MeteredAgent(Agent):
     def observe(self, action: str, obs: str, reward: float, done: bool, info: dict[str, Any]) -> None:
         if self._owns_meter:
             self.meter.reward(reward, done)
+        if not done:
+            self._next_turn(obs, info)
+
+    def _next_turn(self, obs: str, info: dict[str, Any]) -> None:
+        """Show the agent the observation of a step that did not end the episode (agents with a dialogue)."""
 
     def stats(self) -> dict[str, float]:
         return self.meter.stats()
@@ -193,13 +203,9 @@ class _ChatAgent(MeteredAgent):
         between = self._sys_tail_user_head.split(self._turn_end, 1)[-1] if self._turn_end else ""
         self.tokens.extend(self.llm.encode(closing + between + _user_turn(obs, info) + self._user_tail))
 
-    def observe(self, action: str, obs: str, reward: float, done: bool, info: dict[str, Any]) -> None:
-        """Append the reply of the last turn and the new observation (call after ``env.step``)."""
-        super().observe(action, obs, reward, done, info)
-        if done:
-            return
-        if self.last is None:
-            raise ValueError("observe() before act(): call reset(env_id, obs, info, seed) then act(obs, info) first")
+    def _next_turn(self, obs: str, info: dict[str, Any]) -> None:
+        """Append the reply of the last turn and the new observation."""
+        _require_act(self.last)
         self._append_reply_and_observation(self._reply_ids, obs, info)
 
     @staticmethod
@@ -378,10 +384,6 @@ class ChatReActAgent(MeteredAgent):
         self._charge(self.last)
         return action
 
-    def observe(self, action: str, obs: str, reward: float, done: bool, info: dict[str, Any]) -> None:
-        super().observe(action, obs, reward, done, info)
-        if done:
-            return
-        if self.last is None:
-            raise ValueError("observe() before act(): call reset(env_id, obs, info, seed) then act(obs, info) first")
+    def _next_turn(self, obs: str, info: dict[str, Any]) -> None:
+        _require_act(self.last)
         self.messages.append({"role": "user", "content": _user_turn(obs, info)})
