@@ -19,8 +19,11 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import os
+import re
 import sys
 import time
+import warnings
 from pathlib import Path
 
 __all__ = ["main", "demo_config"]
@@ -418,8 +421,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: Deprecation warnings that third-party code raises on our behalf and that we cannot fix at our call: peft's
+#: ``PeftModel.__init__`` reads transformers' deprecated ``is_gradient_checkpointing`` property (peft 0.21 with
+#: transformers 5), printed once per LLM policy. Filtered for ``echorl`` commands and the worker processes they
+#: spawn (through ``PYTHONWARNINGS``), each by its exact message and category.
+THIRD_PARTY_WARNINGS: tuple[tuple[str, type[Warning]], ...] = (
+    ("`is_gradient_checkpointing` is deprecated", FutureWarning),
+)
+
+
+def quiet_third_party_warnings() -> None:
+    """Ignore :data:`THIRD_PARTY_WARNINGS` in this process and in the processes it starts."""
+    specs = [s for s in os.environ.get("PYTHONWARNINGS", "").split(",") if s]
+    for message, category in THIRD_PARTY_WARNINGS:
+        warnings.filterwarnings("ignore", message=re.escape(message), category=category)
+        spec = f"ignore:{message}:{category.__name__}"
+        if spec not in specs:
+            specs.append(spec)
+    os.environ["PYTHONWARNINGS"] = ",".join(specs)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    quiet_third_party_warnings()
     return args.func(args)
 
 
