@@ -13,6 +13,9 @@ Scenarios (all single-env transitions with CartPole-sized observations unless --
 * ``train loop``: per iteration add 4 transitions, sample a batch, update priorities (DQN with train_freq=4): here
   tau_bar moves between samples, so our exact sampler pays rejections and re-anchors.
 
+Each sampling scenario times the buffers alternately (``--rounds`` rounds of ``--iters / --rounds`` batches each),
+so a change of machine load during the run hits every buffer alike and the ratios stay comparable.
+
 TorchRL note: on this machine TorchRL 0.14.1's compiled extension was built against an older torch and fails to
 load under torch 2.13 because two autograd symbols (used by its custom autograd ops, not by the segment trees) are
 missing. With ``--torchrl-shim`` (default) the script compiles a tiny library defining those two symbols as aborting
@@ -88,6 +91,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--obs-dim", type=int, default=4)
     ap.add_argument("--iters", type=int, default=300, help="timed batches per sampling scenario")
+    ap.add_argument("--rounds", type=int, default=10, help="alternating rounds the timed batches are split into")
     ap.add_argument("--no-torchrl-shim", dest="shim", action="store_false")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -140,29 +144,37 @@ def main() -> None:
         per.update_priority(torch.arange(n), torch.from_numpy(np.abs(rng.normal(size=n))).float())
 
     # ---------------------------------------------------------------- sampling scenarios
-    def time_loop(fn) -> float:
-        fn()  # warm-up
-        t0 = time.perf_counter()
-        for _ in range(args.iters):
-            fn()
-        return rate(args.iters * bs, time.perf_counter() - t0)
-
-    rows["SB3 ReplayBuffer (uniform)"]["sample"] = time_loop(lambda: sb3.sample(bs))
-    rows["HotColdReplayBuffer (ours)"]["sample"] = time_loop(lambda: ours.sample(bs))
+    def alternate(fns: dict[str, object]) -> dict[str, float]:
+        """samples/s of each fn, timed in ``args.rounds`` alternating rounds so machine-load drift hits all alike."""
+        for fn in fns.values():
+            fn()  # warm-up
+        spent = dict.fromkeys(fns, 0.0)
+        per_round = max(1, args.iters // args.rounds)
+        for _ in range(args.rounds):
+            for name, fn in fns.items():
+                t0 = time.perf_counter()
+                for _ in range(per_round):
+                    fn()
+                spent[name] += time.perf_counter() - t0
+        return {name: rate(args.rounds * per_round * bs, t) for name, t in spent.items()}
 
     def ours_update():
         s = ours.sample(bs)
         ours.update_priorities(s.indices, torch.rand(bs))
 
-    rows["HotColdReplayBuffer (ours)"]["sample+update"] = time_loop(ours_update)
+    sample_fns = {"SB3 ReplayBuffer (uniform)": lambda: sb3.sample(bs), "HotColdReplayBuffer (ours)": lambda: ours.sample(bs)}
+    update_fns = {"HotColdReplayBuffer (ours)": ours_update}
     if per is not None:
-        rows["TorchRL PrioritizedReplayBuffer"]["sample"] = time_loop(lambda: per.sample(return_info=True))  # data + IS weights + indices
-
         def per_update():
             _, info = per.sample(return_info=True)
             per.update_priority(info["index"], torch.rand(bs))
 
-        rows["TorchRL PrioritizedReplayBuffer"]["sample+update"] = time_loop(per_update)
+        sample_fns["TorchRL PrioritizedReplayBuffer"] = lambda: per.sample(return_info=True)  # data + IS weights + indices
+        update_fns["TorchRL PrioritizedReplayBuffer"] = per_update
+    for name, r in alternate(sample_fns).items():
+        rows[name]["sample"] = r
+    for name, r in alternate(update_fns).items():
+        rows[name]["sample+update"] = r
 
     # ---------------------------------------------------------------- train loop: add 4, sample, update
     k = [0]
@@ -184,16 +196,7 @@ def main() -> None:
             ours.add(obs[j : j + 1], next_obs[j : j + 1], actions[j : j + 1], rewards[j : j + 1], dones[j : j + 1], infos)
         ours_update()
 
-    refresh0, cand0, acc0 = ours.stats["refreshes"], ours.stats["candidates"], ours.stats["accepted"]
-    rows["SB3 ReplayBuffer (uniform)"]["train loop"] = time_loop(sb3_train)
-    rows["HotColdReplayBuffer (ours)"]["train loop"] = time_loop(ours_train)
-    refreshes = ours.stats["refreshes"] - refresh0
-    acceptance = (ours.stats["accepted"] - acc0) / max(1, ours.stats["candidates"] - cand0)
-    # Same loop with a 10x slower EMA of plans (tau_bar drifts less between batches -> fewer rejections/re-anchors)
-    ours.tracker.decay = 1e-3
-    refresh1 = ours.stats["refreshes"]
-    rows["HotColdReplayBuffer (ours, ema_decay=1e-3)"] = {"train loop": time_loop(ours_train)}
-    refreshes_slow = ours.stats["refreshes"] - refresh1
+    train_fns = {"SB3 ReplayBuffer (uniform)": sb3_train, "HotColdReplayBuffer (ours)": ours_train}
     if per is not None:
         def per_train():
             sl = next4()
@@ -204,13 +207,24 @@ def main() -> None:
                     "done": torch.tensor([dones[j]])}, batch_size=[]))
             per_update()
 
-        rows["TorchRL PrioritizedReplayBuffer"]["train loop"] = time_loop(per_train)
+        train_fns["TorchRL PrioritizedReplayBuffer"] = per_train
+    refresh0, cand0, acc0 = ours.stats["refreshes"], ours.stats["candidates"], ours.stats["accepted"]
+    for name, r in alternate(train_fns).items():
+        rows[name]["train loop"] = r
+    refreshes = ours.stats["refreshes"] - refresh0
+    acceptance = (ours.stats["accepted"] - acc0) / max(1, ours.stats["candidates"] - cand0)
+    # Same loop with a 10x slower EMA of plans (tau_bar drifts less between batches -> fewer rejections/re-anchors)
+    ours.tracker.decay = 1e-3
+    refresh1 = ours.stats["refreshes"]
+    rows["HotColdReplayBuffer (ours, ema_decay=1e-3)"] = {"train loop": alternate({"x": ours_train})["x"]}
+    refreshes_slow = ours.stats["refreshes"] - refresh1
 
     # ---------------------------------------------------------------- report
     cols = ["add", "sample", "sample+update", "train loop"]
     table = [[name] + [f"{r.get(c, float('nan')):,.0f}" for c in cols] for name, r in rows.items()]
     print(f"N = {n:,} transitions (ours: {n // 2:,} hot in RAM + {n - n // 2:,} cold in memmap), batch {bs}, "
-          f"obs dim {d}, {args.iters} timed batches; units: transitions/s (add) or samples/s")
+          f"obs dim {d}, {args.iters} timed batches per buffer in {args.rounds} alternating rounds; units: "
+          f"transitions/s (add) or samples/s; sum-tree kernel: {'C' if ours.tree._lib() is not None else 'numpy'}")
     print(tabulate(table, headers=["buffer"] + cols, tablefmt="github"))
     o = rows["HotColdReplayBuffer (ours)"]
     s = rows["SB3 ReplayBuffer (uniform)"]

@@ -234,11 +234,9 @@ def cmd_train_llm(args: argparse.Namespace) -> int:
             bc_epochs=args.bc_epochs, seed=args.seed, history=args.history, max_episode_steps=args.max_steps,
             n_steps=args.n_steps, batch_size=args.batch_size, n_epochs=args.n_epochs,
             learning_rate=args.learning_rate, policy_kwargs=json.loads(args.policy_kwargs or "{}"),
-            grpo_kwargs=json.loads(args.grpo_kwargs or "{}"), out=args.out, progress=not args.quiet)
-        kind = echorl_envs.entry(args.task).action_type
-        if (cfg.method == "grpo") != (kind != "choice"):
-            raise ValueError(f"method {cfg.method!r} does not fit {args.task} ({kind} actions): use grpo for "
-                             "free-text envs and bc/ppo/bc+ppo/echoppo for choice envs")
+            grpo_kwargs=json.loads(args.grpo_kwargs or "{}"), env_kwargs=json.loads(args.env_kwargs or "{}"),
+            n_envs=args.n_envs, gamma=args.gamma, group_size=args.group_size,
+            step_advantage_weight=args.step_advantage_weight, out=args.out, progress=not args.quiet)
         started = time.time()
         train_llm(cfg)
     except ValueError as e:
@@ -387,7 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = add("train-llm", "train the LLM itself by RL (LoRA): " + ", ".join(METHODS))
     s.add_argument("--task", required=True, help="environment id")
-    s.add_argument("--method", default="bc+ppo", choices=METHODS, help="training method")
+    s.add_argument("--method", default="bc+ppo", choices=list(METHODS),
+                   help="gigpo / bc+gigpo: critic-free group RL (K episodes per seed); grpo: free-text envs")
     s.add_argument("--train-steps", type=int, default=512, help="PPO env steps / GRPO completions")
     s.add_argument("--bc-episodes", type=int, default=8, help="expert episodes (oracle answers for grpo)")
     s.add_argument("--bc-epochs", type=int, default=3, help="behaviour-cloning epochs over those episodes")
@@ -395,6 +394,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--history", type=int, default=0, help="history window k in the prompt")
     s.add_argument("--max-steps", type=int, default=None, help="per-episode step cap while training")
     s.add_argument("--n-steps", type=int, default=64, help="PPO rollout length per update")
+    s.add_argument("--n-envs", type=int, default=1,
+                   help="envs stepping together, scored in one engine call per step (GiGPO: groups x group size)")
+    s.add_argument("--group-size", type=int, default=4, help="GiGPO: episodes per group (one seed)")
+    s.add_argument("--step-advantage-weight", type=float, default=1.0,
+                   help="GiGPO: omega, weight of the anchor-state step advantage")
+    s.add_argument("--gamma", type=float, default=None, help="discount (default 0.99 PPO, 0.95 GiGPO)")
+    s.add_argument("--env-kwargs", help='JSON of extra gym.make arguments, e.g. \'{"env_kwargs": {"max_steps": 32}}\'')
     s.add_argument("--batch-size", type=int, default=16, help="minibatch size")
     s.add_argument("--n-epochs", type=int, default=2, help="PPO epochs per update")
     s.add_argument("--learning-rate", type=float, default=1e-4, help="optimizer learning rate")

@@ -160,6 +160,33 @@ def test_importance_weights_follow_beta_is():
 
 
 # ------------------------------------------------------------------------------------------------ tiers
+def test_evicted_transitions_are_never_sampled_until_overwritten(tmp_path):
+    rng = np.random.default_rng(6)
+    buf = make(hot=4, cold=4, beta=0.7, alpha=0.2)
+    add_steps(buf, rng.normal(size=(7, 1, 2)).astype(np.float32), rng.normal(size=(7, 1)).astype(np.float32))
+    slots, probs = buf.probabilities()
+    np.testing.assert_allclose(probs, expected_probs(buf)[1], rtol=1e-9)  # the exact reference, from the fields
+    assert buf.evict(np.array([1, 1, 5, 7])) == 2 and buf.num_evicted == 2  # slot 7 (cold row 3) holds nothing yet
+    _, after = buf.probabilities()
+    dead = np.isin(slots, [1, 5])
+    assert (after[dead] == 0).all()
+    np.testing.assert_allclose(after[~dead], probs[~dead] / probs[~dead].sum(), rtol=1e-9)
+    counts = sample_counts(buf, slots, 20_000)
+    assert counts[dead].sum() == 0 and chi_square_pvalue(counts[~dead], after[~dead]) > 1e-3
+    buf.update_priorities(torch.tensor([1]), torch.tensor([5.0]))  # stays evicted
+    assert buf.probabilities()[1][dead].sum() == 0
+    buf.save(str(tmp_path / "r.bin"))
+    other = make(hot=4, cold=4, beta=0.7, alpha=0.2)
+    other.load(str(tmp_path / "r.bin"))
+    assert other.num_evicted == 2
+    np.testing.assert_array_equal(other.probabilities()[1], buf.probabilities()[1])
+    # hot slot 1 moves to the cold tier still evicted; cold slot 5 is overwritten by a demotion and lives again
+    add_steps(buf, rng.normal(size=(3, 1, 2)).astype(np.float32), np.zeros((3, 1), np.float32), start=7)
+    assert buf.num_evicted == 1 and buf.evict(np.arange(8)) == 7
+    with pytest.raises(ValueError, match="every stored transition is evicted"):
+        buf.sample(1)
+
+
 def test_age_based_demotion_and_eviction_order():
     buf = make(hot=4, cold=6, n_envs=2, plan_source="observation")
     assert buf.buffer_size == 2 and buf.cold_rows == 3  # rows of 2 transitions
@@ -565,6 +592,39 @@ def test_sum_tree_matches_brute_force():
         assert tree.prefix(k) == pytest.approx(w[:k].sum())
     u = rng.random(200) * w.sum()
     np.testing.assert_array_equal(tree.find(u), np.searchsorted(np.cumsum(w), u, side="right"))
+
+
+def test_sum_tree_c_kernel_is_bit_identical_to_numpy_reference():
+    from echorl_agent.replay import ckernel
+
+    if ckernel.load() is None:
+        pytest.skip("the C sum-tree kernel is unavailable (no C compiler, or ECHORL_REPLAY_KERNEL=0)")
+    rng = np.random.default_rng(7)
+    for size in (1, 3, 13, 1000, 1 << 14):
+        fast, ref = SumTree(size), SumTree(size, use_kernel=False)
+        for _ in range(20):
+            k = int(rng.integers(1, max(2, size // 8) + 1))
+            idx = rng.integers(0, size, size=k)  # repeats included: the last write wins on both paths
+            vals = rng.random(k) * rng.choice([1e-30, 1.0, 1e30])
+            fast.set(idx, vals)
+            ref.set(idx, vals)
+            np.testing.assert_array_equal(fast.tree, ref.tree)
+            u = rng.random(300) * fast.total
+            np.testing.assert_array_equal(fast.find(u), ref.find(u))
+    # and a whole buffer draws the same batches and weights with either tree
+    bufs = []
+    for use_kernel in (True, False):
+        buf = make(hot=8, cold=8, beta=0.8, alpha=0.3, td_weight=0.5)
+        buf.tree = SumTree(buf.hot_slots + buf.cold_slots, use_kernel=use_kernel)
+        add_steps(buf, np.random.default_rng(1).normal(size=(14, 1, 2)).astype(np.float32), np.ones((14, 1), np.float32))
+        bufs.append(buf)
+    for _ in range(5):
+        a, b = (buf.sample(32) for buf in bufs)
+        torch.testing.assert_close(a.indices, b.indices, rtol=0, atol=0)
+        torch.testing.assert_close(a.weights, b.weights, rtol=0, atol=0)
+        for buf in bufs:
+            buf.update_priorities(a.indices, torch.arange(32.0))
+    np.testing.assert_array_equal(bufs[0].tree.tree, bufs[1].tree.tree)
 
 
 def test_ema_plan_tracker_lazy_equals_sequential():

@@ -130,6 +130,8 @@ class HotColdReplayBuffer(PersistenceMixin, ExactSamplerMixin, ReplayBuffer):
         self.cold_slots = self.cold_rows * self.n_envs
         self.tree = SumTree(self.hot_slots + self.cold_slots)
         self._c = np.zeros(self.hot_slots + self.cold_slots, dtype=np.float64)  # tau_bar-free part of the logit
+        self._dead = np.zeros(self.hot_slots + self.cold_slots, dtype=bool)  # evicted slots: leaf 0 until rewritten
+        self.num_evicted = 0  # stored transitions currently evicted (see evict())
         self._rng = np.random.default_rng(cfg.seed)
         self._lock = threading.RLock()
         self.plan_fn: Callable[[np.ndarray], np.ndarray] | None = None
@@ -233,6 +235,8 @@ class HotColdReplayBuffer(PersistenceMixin, ExactSamplerMixin, ReplayBuffer):
             pos = self.pos
             if self.full and self.cold is not None:
                 self._demote(pos)
+            elif self.full:  # the row is overwritten: its evicted transitions leave the buffer
+                self._forget_dead(pos * self.n_envs)
             n_envs = self.n_envs
             if isinstance(self.observation_space, spaces.Discrete):  # as SB3: (n_envs,) -> (n_envs, 1)
                 obs = obs.reshape((n_envs, *self.obs_shape))
@@ -273,6 +277,11 @@ class HotColdReplayBuffer(PersistenceMixin, ExactSamplerMixin, ReplayBuffer):
         crow = cold.pos
         for dst, src in self._demote_pairs():
             dst[crow] = src[row]
+        n, cslot = self.n_envs, self.hot_slots + crow * self.n_envs
+        if cold.full:  # the oldest cold row leaves the buffer
+            self._forget_dead(cslot)
+        self._dead[cslot : cslot + n] = self._dead[row * n : row * n + n]  # an evicted transition stays evicted
+        self._dead[row * n : row * n + n] = False
         cold.pos = crow + 1
         if cold.pos == cold.rows:
             cold.pos, cold.full = 0, True
@@ -310,16 +319,31 @@ class HotColdReplayBuffer(PersistenceMixin, ExactSamplerMixin, ReplayBuffer):
             parts.append(self.hot_slots + np.arange(self.cold.num_rows * self.n_envs))
         return np.concatenate(parts)
 
+    def _forget_dead(self, slot: int) -> None:
+        """The row starting at ``slot`` is about to be overwritten: drop its evicted marks from the count."""
+        dead = self._dead[slot : slot + self.n_envs]
+        self.num_evicted -= int(dead.sum())
+        dead[:] = False
+
+    def _is_stored(self, slots: np.ndarray) -> np.ndarray:
+        """Mask of the slots that hold a transition (hot rows written so far, cold rows of the ring)."""
+        hot_filled = (self.buffer_size if self.full else self.pos) * self.n_envs
+        cold_filled = self.cold.num_rows * self.n_envs if self.cold is not None else 0
+        return (slots < hot_filled) | ((slots >= self.hot_slots) & (slots < self.hot_slots + cold_filled))
+
     def _rows_to_slots(self, rows: set[int], base: int) -> np.ndarray:
         r = np.fromiter(rows, dtype=np.int64, count=len(rows))
         r.sort()
         return (base + r[:, None] * self.n_envs + np.arange(self.n_envs)[None, :]).reshape(-1)
 
     # ================================================================== priorities
-    def update_priorities(self, indices: np.ndarray | torch.Tensor, td_errors: np.ndarray | torch.Tensor) -> None:
+    def update_priorities(self, indices: np.ndarray | torch.Tensor, td_errors: np.ndarray | torch.Tensor,
+                          rewards: np.ndarray | torch.Tensor | None = None) -> None:
         """Store |TD error| of sampled slots (``samples.indices``); with ``plan_source="td_error"`` it is the plan.
 
         A slot overwritten since it was sampled gets the value too (as in other prioritized buffers).
+        ``rewards`` (optional) also replaces the stored rewards of the |r| term, e.g. re-scored advantages of
+        LLM items (:class:`~echorl_agent.replay.llm.LLMReplayBuffer`).
         """
         with self._lock:
             slots = torch.as_tensor(indices).detach().cpu().numpy().astype(np.int64).reshape(-1)
@@ -328,11 +352,19 @@ class HotColdReplayBuffer(PersistenceMixin, ExactSamplerMixin, ReplayBuffer):
                 raise ValueError(f"indices and td_errors must have the same length, got {slots.shape} and {td.shape}")
             if len(slots) and (slots.min() < 0 or slots.max() >= self.hot_slots + self.cold_slots):
                 raise ValueError(f"indices must be buffer slots in [0, {self.hot_slots + self.cold_slots}), got {slots}")
+            r = None if rewards is None else torch.as_tensor(rewards).detach().cpu().numpy().astype(np.float32).reshape(-1)
+            if r is not None and r.shape != slots.shape:
+                raise ValueError(f"indices and rewards must have the same length, got {slots.shape} and {r.shape}")
             self._flush()
             slots, first = np.unique(slots[::-1], return_index=True)  # last write wins
             td = td[::-1][first]
-            self._td_max = max(self._td_max, float(td.max(initial=0.0)))
             hot, hs, cs = self._split(slots)
+            if r is not None:
+                r = r[::-1][first]
+                self.rewards.reshape(-1)[hs] = r if hot is None else r[hot]
+                if len(cs):
+                    self.cold.arrays["rewards"].reshape(-1)[cs] = r[~hot]
+            self._td_max = max(self._td_max, float(td.max(initial=0.0)))
             td_hot, td_cold = (td, td[:0]) if hot is None else (td[hot], td[~hot])
             self.hot_td.reshape(-1)[hs] = td_hot
             if len(cs):
@@ -344,6 +376,24 @@ class HotColdReplayBuffer(PersistenceMixin, ExactSamplerMixin, ReplayBuffer):
                 self.tracker.push(td[:, None])
             plans = self._field("plans", self.hot_plans, slots).astype(np.float64)
             self._set_leaves(slots, plans, self._field("rewards", self.rewards, slots), td)
+
+    def evict(self, indices: np.ndarray | torch.Tensor) -> int:
+        """Stop sampling the transitions at ``indices`` (their leaf becomes 0) until new transitions overwrite them.
+
+        Their data stays in place (the rings still advance in order); ``update_priorities`` leaves them evicted.
+        Used by :class:`~echorl_agent.replay.llm.LLMReplayBuffer` for stale items. Returns how many stored,
+        not yet evicted transitions were evicted.
+        """
+        with self._lock:
+            slots = np.unique(torch.as_tensor(indices).detach().cpu().numpy().astype(np.int64).reshape(-1))
+            if len(slots) and (slots.min() < 0 or slots.max() >= self.hot_slots + self.cold_slots):
+                raise ValueError(f"indices must be buffer slots in [0, {self.hot_slots + self.cold_slots}), got {slots}")
+            self._flush()
+            slots = slots[self._is_stored(slots) & ~self._dead[slots]]
+            self._dead[slots] = True
+            self.num_evicted += len(slots)
+            self.tree.set(slots, np.zeros(len(slots)))
+            return len(slots)
 
     # ================================================================== sizes and lifecycle
     def size(self) -> int:
@@ -369,6 +419,8 @@ class HotColdReplayBuffer(PersistenceMixin, ExactSamplerMixin, ReplayBuffer):
             self.plan_source = None if self.config.plan_source == "auto" else self.config.plan_source
             self.tree = SumTree(self.hot_slots + self.cold_slots)
             self._c[:] = 0.0
+            self._dead[:] = False
+            self.num_evicted = 0
             self.hot_seq[:] = -1
             self._dirty_hot.clear()
             self._dirty_cold.clear()

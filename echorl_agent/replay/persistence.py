@@ -41,6 +41,11 @@ class PersistenceMixin:
     def save(self, path: str) -> None:
         """Atomically write the whole buffer state to ``path`` (temp file + fsync + rename)."""
         with self._lock:
+            write_arrays(path, *self._state())
+
+    def _state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """(arrays, meta) of :meth:`save`; :class:`~echorl_agent.replay.llm.LLMReplayBuffer` embeds them in its file."""
+        with self._lock:
             self._flush()
             arrays: dict[str, np.ndarray] = {name: getattr(self, name) for name in _HOT_FIELDS}
             nslots = self.hot_slots + self.cold_slots
@@ -54,6 +59,8 @@ class PersistenceMixin:
                 arrays["tau_ref"] = self._tau_ref
             if self._projection is not None:
                 arrays["projection"] = self._projection
+            if self._dead.any():
+                arrays["dead"] = self._dead
             cold_meta = None
             if self.cold is not None:
                 n = self.cold.num_rows
@@ -71,7 +78,7 @@ class PersistenceMixin:
                     "initialized": self.tracker.initialized, "num_updates": self.tracker.num_updates},
                 "cold": cold_meta, "rng": self._rng.bit_generator.state, "stats": self.stats,
             }
-            write_arrays(path, arrays, meta)
+            return arrays, meta
 
     def load(self, path: str) -> None:
         """Replace this buffer's state with the one saved at ``path``.
@@ -91,6 +98,10 @@ class PersistenceMixin:
             with ReplayFileReader(path) as reader:
                 staged = stage_load(self, reader)
                 self._apply_loaded(staged)
+
+    def _stage(self, reader: Any) -> dict[str, Any]:
+        """Validate a reader (or a prefixed view of one, see the LLM buffer) for :meth:`_apply_loaded`."""
+        return stage_load(self, reader)
 
     def _apply_loaded(self, s: dict[str, Any]) -> None:
         """Apply the state validated by :func:`stage_load` (no check can fail from here on)."""
@@ -120,6 +131,7 @@ class PersistenceMixin:
         self.tree.leaves[:nslots] = arrays["tree_leaves"]
         self.tree.rebuild()
         self._c[...] = arrays["c"]
+        self._dead[...] = arrays["dead"] if "dead" in arrays else False
         self.pos, self.full = s["pos"], s["full"]
         self.num_added, self.num_sample_calls = s["num_added"], s["num_sample_calls"]
         self.plan_source = s["plan_source"]
@@ -128,6 +140,7 @@ class PersistenceMixin:
         self.stats = s["stats"]
         self._dirty_hot.clear()
         self._dirty_cold.clear()
+        self.num_evicted = int(self._dead[self._valid_slots()].sum())
 
     # ------------------------------------------------------------------ pickling (SB3 save_replay_buffer)
     def __getstate__(self) -> dict[str, Any]:
@@ -155,6 +168,9 @@ class PersistenceMixin:
         if not isinstance(blob, bytes) or not isinstance(digest, str) or hashlib.sha256(blob).hexdigest() != digest:
             raise ReplayFileError("this pickled HotColdReplayBuffer is corrupt: checksum mismatch")
         state = pickle.loads(blob)
+        nslots = state["hot_slots"] + state["cold_slots"]
+        state.setdefault("_dead", np.zeros(nslots, dtype=bool))  # pickled before evict() existed
+        state.setdefault("num_evicted", 0)
         self.__dict__.update(state)
         self._lock = threading.RLock()
         assert self.cold is None or isinstance(self.cold, ColdStore)

@@ -53,6 +53,7 @@ class ExactSamplerMixin:
         radius = float(np.sqrt(np.einsum("ij,ij->i", centred, centred).max(initial=0.0)))
         self._plan_norm_max = max(self._plan_norm_max, radius)
         logit = c - 2.0 * self.config.beta * (plans.astype(np.float64) @ self._tau_ref)
+        logit[self._dead[slots]] = -np.inf
         top = float(logit.max(initial=-np.inf))
         if top > self._shift + _SHIFT_HEADROOM or self.tree.total <= _MASS_FLOOR:
             self._reanchor()
@@ -100,8 +101,9 @@ class ExactSamplerMixin:
                 sq = np.einsum("ij,ij->i", plans, plans) - 2.0 * proj
                 norm_max = max(norm_max, float(np.sqrt(max(float(sq.max(initial=-tau @ tau)) + tau @ tau, 0.0))))
         self._plan_norm_max = norm_max
-        valid = ranges[0][2] + (ranges[1][2] if len(ranges) > 1 else 0)
-        self._shift = float(leaves.max()) if valid else 0.0
+        leaves[: len(self._dead)][self._dead] = -np.inf
+        top = float(leaves.max())
+        self._shift = top if np.isfinite(top) else 0.0  # 0 when nothing is stored or every transition is evicted
         np.subtract(leaves, self._shift, out=leaves)
         np.exp(leaves, out=leaves)
         self.tree.rebuild()
@@ -182,6 +184,8 @@ class ExactSamplerMixin:
         with self._lock:
             if self.size() == 0:
                 raise ValueError("cannot sample from an empty HotColdReplayBuffer; add() transitions first")
+            if self.num_evicted >= self.num_transitions:
+                raise ValueError("cannot sample: every stored transition is evicted; add() transitions first")
             self._flush()
             delta, d_max = self._plan_offset()
             total = self.tree.total
@@ -209,6 +213,37 @@ class ExactSamplerMixin:
                 self._reanchor()  # the next draw starts from a fresh anchor (this batch is exact either way)
             return self._get_samples(slots, env=env, weights=weights)
 
+    def probabilities(self, indices: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Exact ``(slots, P(slot))`` of the current sampling distribution, from the stored fields (O(N d)).
+
+        The reference that :meth:`sample` draws from exactly: ``P = softmax(beta * score)`` over the live stored
+        transitions (EchoRL Eq. 7), or with ``hot_fraction`` ``rho`` times the softmax within the hot tier and
+        ``1 - rho`` times the one within the cold tier. ``indices`` (default: every stored slot) selects the rows.
+        """
+        with self._lock:
+            self._flush()
+            slots = self._valid_slots()
+            plans = self._field("plans", self.hot_plans, slots).astype(np.float64)
+            tau = self._current_tau()
+            logit = self._c[slots] - (0.0 if tau is None else 2.0 * self.config.beta * (plans @ tau))
+            logit[self._dead[slots]] = -np.inf
+            probs = np.zeros(len(slots))
+            hot = slots < self.hot_slots
+            rho = self.config.hot_fraction
+            parts = [(np.ones(len(slots), bool), 1.0)]
+            if rho is not None and np.isfinite(logit[hot]).any() and np.isfinite(logit[~hot]).any():
+                parts = [(hot, rho), (~hot, 1.0 - rho)]
+            for mask, share in parts:
+                e = np.exp(logit[mask] - logit[mask].max())
+                probs[mask] = share * e / e.sum()
+            if indices is None:
+                return slots, probs
+            want = np.asarray(indices, dtype=np.int64).reshape(-1)
+            pos = np.searchsorted(slots, want)
+            if (pos >= len(slots)).any() or (slots[np.minimum(pos, len(slots) - 1)] != want).any():
+                raise ValueError(f"indices must be stored slots, got {want}")
+            return want, probs[pos]
+
     def _get_samples(  # type: ignore[override]
         self, batch_inds: np.ndarray, env: VecNormalize | None = None, weights: np.ndarray | None = None
     ) -> HotColdReplayBufferSamples:
@@ -225,7 +260,8 @@ class ExactSamplerMixin:
             self._normalize_reward(self._field("rewards", self.rewards, slots, sp).reshape(-1, 1), env),
         )
         w = np.ones(len(slots), dtype=np.float32) if weights is None else weights.astype(np.float32)
+        # every array here was freshly gathered, so sharing its memory (SB3's to_torch copies) is safe
+        to_torch = lambda a: torch.as_tensor(a, device=self.device)  # noqa: E731
         return HotColdReplayBufferSamples(
-            *tuple(map(self.to_torch, data)), None,
-            self.to_torch(w.reshape(-1, 1)), torch.as_tensor(slots, device=self.device),
+            *tuple(map(to_torch, data)), None, to_torch(w.reshape(-1, 1)), to_torch(slots),
         )

@@ -4,11 +4,16 @@ Layout: ``tree[1]`` is the root, node ``i`` has children ``2i`` and ``2i+1``, le
 (``cap`` a power of two). Every internal node is always recomputed as ``tree[2i] + tree[2i+1]`` from its children
 (never updated by deltas), so no rounding drift accumulates and the tree is a pure function of its leaves: a
 rebuild from saved leaves is bit-identical to the incrementally maintained tree.
+
+``find`` and ``set`` run in C (:mod:`echorl_agent.replay.ckernel`) when the kernel can be built; the numpy code
+beside it is the reference and gives bit-identical results (``tests/test_replay.py`` compares them).
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from echorl_agent.replay import ckernel
 
 __all__ = ["SumTree"]
 
@@ -18,11 +23,15 @@ class SumTree:
 
     Args:
         size: number of leaves needed (rounded up to a power of two internally).
+        use_kernel: run ``find``/``set`` in C when the kernel loads (default); False forces the numpy reference.
     """
 
-    def __init__(self, size: int) -> None:
+    use_kernel = True  # class default: trees pickled before the flag existed use the kernel too
+
+    def __init__(self, size: int, use_kernel: bool = True) -> None:
         if size < 1:
             raise ValueError(f"size must be >= 1, got size={size}")
+        self.use_kernel = bool(use_kernel)
         self.size = int(size)
         self.capacity = 1 << (self.size - 1).bit_length()
         self.depth = self.capacity.bit_length() - 1
@@ -37,10 +46,18 @@ class SumTree:
     def total(self) -> float:
         return float(self.tree[1])
 
+    def _lib(self):
+        return ckernel.load() if self.use_kernel else None
+
     def set(self, idx: np.ndarray, values: np.ndarray) -> None:
         """Set leaves ``idx`` (sorted or not, duplicates: last write wins) and refresh their ancestors."""
-        idx = np.asarray(idx, dtype=np.int64)
+        idx = np.ascontiguousarray(idx, dtype=np.int64)
         if idx.size == 0:
+            return
+        lib = self._lib()
+        if lib is not None and idx.size * 8 <= self.capacity:
+            vals = np.ascontiguousarray(np.broadcast_to(np.asarray(values, dtype=np.float64), idx.shape))
+            lib.sumtree_set(self.tree.ctypes.data, self.capacity, idx.ctypes.data, vals.ctypes.data, idx.size)
             return
         self.tree[idx + self.capacity] = values
         if idx.size * 8 > self.capacity:
@@ -100,6 +117,12 @@ class SumTree:
 
         Rounding can land a mass just past the last non-zero leaf; callers check that the found leaf is > 0.
         """
+        lib = self._lib()
+        if lib is not None:
+            u = np.ascontiguousarray(u, dtype=np.float64)
+            out = np.empty(u.shape, dtype=np.int64)
+            lib.sumtree_find(self.tree.ctypes.data, self.depth, u.ctypes.data, u.size, out.ctypes.data)
+            return out
         u = np.array(u, dtype=np.float64, copy=True)
         idx = np.ones(u.shape, dtype=np.int64)
         tree = self.tree

@@ -136,9 +136,9 @@ def _stage(buf: Any, reader: ReplayFileReader) -> dict[str, Any]:
         cold_stored = buf.cold_rows if cfull else cpos
     # ---- the arrays: exact set, shapes, dtypes, checksums
     expected = _expected_arrays(buf, plan_dim, cold_stored)
-    optional = {"tau_ref": ((plan_dim or 1,), np.dtype("<f8"))}
+    optional = {"tau_ref": ((plan_dim or 1,), np.dtype("<f8")), "dead": ((buf.hot_slots + buf.cold_slots,), np.dtype("|b1"))}
     names = set(reader.entries)
-    if not set(expected) <= names or names - set(expected) - {"tau_ref", "projection"}:
+    if not set(expected) <= names or names - set(expected) - {"tau_ref", "projection", "dead"}:
         raise ReplayFileError(f"{path}: arrays {sorted(names)} do not match the expected {sorted(expected)}")
     for name, e in reader.entries.items():
         if name == "projection":
@@ -184,9 +184,11 @@ def _check_consistency(buf: Any, path: Any, s: dict[str, Any], arrays: dict[str,
     parts = [(0, np.asarray(arrays["hot_plans"]).reshape(-1, s["plan_dim"])[:hot_valid])]
     if "cold" in s:
         parts.append((buf.hot_slots, np.asarray(arrays["cold_plans"]).reshape(-1, s["plan_dim"])))
+    dead = np.asarray(arrays["dead"]) if "dead" in arrays else np.zeros(len(c), dtype=bool)
     for base, plans in parts:
         sl = slice(base, base + len(plans))
         want = np.exp(c[sl] - 2.0 * beta * (plans.astype(np.float64) @ tau_ref) - s["shift"])
+        want[dead[sl]] = 0.0  # evicted transitions keep their fields but have leaf 0
         if not np.allclose(leaves[sl], want, rtol=1e-9, atol=1e-300):
             raise ReplayFileError(f"{path}: sum-tree leaves disagree with the stored plans, logits, anchor and "
                                   f"shift={s['shift']}")
