@@ -282,6 +282,7 @@ class CRUXEvalEnv(DatasetTextEnv):
     """
 
     reset_options: ClassVar[frozenset[str]] = frozenset({"index"})
+    step_info_keys: ClassVar[tuple[str, ...]] = ("judge_status",)
 
     def __init__(
         self,
@@ -340,13 +341,10 @@ class CRUXEvalEnv(DatasetTextEnv):
     def _reset_episode(self, options: dict[str, Any]) -> Transition:
         self._item = self.items[self._select_index(options)]
         self._attempts = 0
-        return Transition(self._prompt(), info=self._extra(None))
+        return Transition(self._prompt())
 
-    def _extra(self, status: str | None) -> dict[str, Any]:
-        info: dict[str, Any] = {"task_id": self._item["id"], "attempts_left": self.max_attempts - self._attempts}
-        if status is not None:
-            info["judge_status"] = status
-        return info
+    def _extra_info(self) -> dict[str, Any]:
+        return {"task_id": self._item["id"], "attempts_left": self.max_attempts - self._attempts}
 
     def _apply(self, action: str) -> Transition:
         try:
@@ -358,7 +356,8 @@ class CRUXEvalEnv(DatasetTextEnv):
         self._attempts += 1
         left = self.max_attempts - self._attempts
         if result.passed:
-            return Transition("Correct! The assertion passes.", 1.0, True, won=True, info=self._extra(result.status))
+            return Transition("Correct! The assertion passes.", 1.0, True, won=True,
+                              info={"judge_status": result.status})
         if result.status == "failed":
             why = "Incorrect: the assertion fails."
         elif result.status == "timeout":
@@ -368,8 +367,8 @@ class CRUXEvalEnv(DatasetTextEnv):
         if left <= 0:
             gold = gold_answer(self._item, self.mode)
             return Transition(f"{why} No attempts left. A correct answer was: {gold}", 0.0, True,
-                              info=self._extra(result.status))
-        return Transition(f"{why} {left} attempt(s) left.", 0.0, False, info=self._extra(result.status))
+                              info={"judge_status": result.status})
+        return Transition(f"{why} {left} attempt(s) left.", 0.0, False, info={"judge_status": result.status})
 
     def _task(self) -> str:
         return self._prompt()

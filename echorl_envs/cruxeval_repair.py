@@ -156,6 +156,7 @@ class CRUXEvalRepairEnv(DatasetTextEnv):
     """
 
     reset_options: ClassVar[frozenset[str]] = frozenset({"index"})
+    step_info_keys: ClassVar[tuple[str, ...]] = ("judge_status",)
 
     def __init__(
         self,
@@ -208,14 +209,11 @@ class CRUXEvalRepairEnv(DatasetTextEnv):
     def _reset_episode(self, options: dict[str, Any]) -> Transition:
         self._item = self.items[self._select_index(options)]
         self._attempts = 0
-        return Transition(self._prompt(), info=self._extra(None))
+        return Transition(self._prompt())
 
-    def _extra(self, status: str | None) -> dict[str, Any]:
-        info: dict[str, Any] = {"task_id": self._item["id"], "mutation": self._item["mutation"],
-                                "attempts_left": self.max_attempts - self._attempts}
-        if status is not None:
-            info["judge_status"] = status
-        return info
+    def _extra_info(self) -> dict[str, Any]:
+        return {"task_id": self._item["id"], "mutation": self._item["mutation"],
+                "attempts_left": self.max_attempts - self._attempts}
 
     def _apply(self, action: str) -> Transition:
         try:
@@ -227,7 +225,8 @@ class CRUXEvalRepairEnv(DatasetTextEnv):
         self._attempts += 1
         left = self.max_attempts - self._attempts
         if result.passed:
-            return Transition("Correct! The assertion passes.", 1.0, True, won=True, info=self._extra(result.status))
+            return Transition("Correct! The assertion passes.", 1.0, True, won=True,
+                              info={"judge_status": result.status})
         if result.status == "failed":
             why = "Still wrong: the assertion fails (AssertionError)."
         elif result.status == "timeout":
@@ -235,8 +234,8 @@ class CRUXEvalRepairEnv(DatasetTextEnv):
         else:
             why = f"Still wrong: running it raised {result.message}."
         if left <= 0:
-            return Transition(f"{why} No attempts left.", 0.0, True, info=self._extra(result.status))
-        return Transition(f"{why} {left} attempt(s) left.", 0.0, False, info=self._extra(result.status))
+            return Transition(f"{why} No attempts left.", 0.0, True, info={"judge_status": result.status})
+        return Transition(f"{why} {left} attempt(s) left.", 0.0, False, info={"judge_status": result.status})
 
     def _task(self) -> str:
         return self._prompt()

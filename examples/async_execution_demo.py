@@ -13,6 +13,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import os
 import threading
 import time
 
@@ -94,6 +95,9 @@ def main() -> None:
     two = env_steps_per_second(args.env, 2, args.env_steps)
     print(f"[envs] {args.env}, AsyncVectorEnv, {args.env_steps} vector steps: 1 worker {one:.1f} steps/s, "
           f"2 workers {two:.1f} steps/s, ratio {two / one:.2f}")
+    if two / one < 1.5:
+        print(f"[envs] 2 workers gain little here: the 2 workers and this process share {os.cpu_count()} CPU cores "
+              f"(1-minute load average {os.getloadavg()[0]:.1f}), and every vector step waits for both workers")
 
     from echorl_agent.llm import LLMEngine, load_model
 

@@ -110,7 +110,7 @@ def test_disconnecting_clients_free_their_alfworld_and_textworld_engines():
     alf, tw = "EchoRL/ALFWorld-PickAndPlace-v0", "EchoRL/TextWorld-CoinCollector-v0"
     probe = gym.make(tw)
     probe.reset(seed=0)
-    tw_cls = type(probe.unwrapped._env)
+    tw_cls = type(probe.unwrapped._host._engine.env)  # textworld's env, inside the env's engine host
     probe.close()
     with running_server([alf, tw], max_sessions=4) as url:
         # warm-up: the first games of a process fill textworld's caches; leaks are counted from after it

@@ -133,16 +133,17 @@ def reference_of(summary: list[dict]) -> str | None:
 
 def markdown_table(summary: list[dict]) -> str:
     """The summary as a GitHub Markdown table (Success@1 with its 95% Wilson CI; the paired difference against the
-    reference with its 95% bootstrap CI, "*" when McNemar's exact p < 0.05)."""
+    reference with its 95% bootstrap CI, "*" when McNemar's exact p < 0.05; without a reference, no such columns)."""
     from tabulate import tabulate
 
-    ref = reference_of(summary) or "reference"
-    headers = ["task", "agent", "mode", "max steps", "n", "Success@1 [95% CI]", f"Δ vs {ref} [95% CI]",
-               "McNemar p", "return", "steps", "ep/s", "prompt tok", "cached", "generated", "KV reuse", "eta_bw",
+    ref = reference_of(summary)
+    paired = [f"Δ vs {ref} [95% CI]", "McNemar p"] if ref else []
+    headers = ["task", "agent", "mode", "max steps", "n", "Success@1 [95% CI]", *paired,
+               "return", "steps", "ep/s", "prompt tok", "cached", "generated", "KV reuse", "eta_bw",
                "cost/success"]
+    diff = lambda s: [_diff_cell(s), "-" if s.get("mcnemar_p") is None else f"{s['mcnemar_p']:.2g}"] if ref else []  # noqa: E731
     body = [[s["task"], s["agent"], s.get("mode", "-"), _fmt(s.get("max_steps")), s["episodes"],
-             f"{s['success']:.2f} [{s['ci_low']:.2f}, {s['ci_high']:.2f}]", _diff_cell(s),
-             "-" if s.get("mcnemar_p") is None else f"{s['mcnemar_p']:.2g}",
+             f"{s['success']:.2f} [{s['ci_low']:.2f}, {s['ci_high']:.2f}]", *diff(s),
              _fmt(s["mean_return"]), _fmt(s["mean_steps"]), _fmt(s["episodes_per_s"]), _fmt(s["prompt_tokens"]),
              _fmt(s["cached_tokens"]), _fmt(s["generated_tokens"]), _fmt(s["kv_reuse"]), _fmt(s["eta_bw"]),
              _fmt(s["cost_per_success"])] for s in summary]
