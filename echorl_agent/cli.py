@@ -282,7 +282,7 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
 
     _check_choices(args.task, echorl_envs.env_ids(), "task")
     try:
-        from echorl_envs.serve import serve
+        from echorl_envs.service.server import serve
     except ImportError as e:
         raise SystemExit(f"echorl serve-env: {e}") from e
     make_kwargs = json.loads(args.env_kwargs) if args.env_kwargs else None

@@ -43,18 +43,19 @@ def run_actors(engine, env_id: str, n_actors: int, turns: int, concurrent: bool)
     """Wall time of ``n_actors`` ReAct episodes (``turns`` turns each), in threads or one after another."""
     import gymnasium as gym
 
-    from echorl_agent.llm import ReActAgent
+    from echorl_agent.agents import ReActAgent
 
     def play(i: int) -> None:
         env = gym.make(env_id)
         obs, info = env.reset(seed=i)
         agent = ReActAgent(engine, max_tokens=24)
-        agent.reset(obs, info)
+        agent.reset(env_id, obs, info, i)
         for _ in range(turns):
-            obs, _, term, trunc, info = env.step(agent.act(info))
+            action = agent.act(obs, info)
+            obs, reward, term, trunc, info = env.step(action)
+            agent.observe(action, obs, reward, term or trunc, info)
             if term or trunc:
                 break
-            agent.observe(obs, info)
         env.close()
 
     errors: list[BaseException] = []

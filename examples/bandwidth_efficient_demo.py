@@ -22,7 +22,8 @@ import torch
 def play(engine, env_id: str, episodes: int, max_steps: int):
     import gymnasium as gym
 
-    from echorl_agent.llm import BandwidthEfficiencyTracker, ScoringAgent
+    from echorl_agent.agents import ScoringAgent
+    from echorl_agent.llm import BandwidthEfficiencyTracker
 
     tracker = BandwidthEfficiencyTracker()
     env = gym.make(env_id, max_episode_steps=max_steps)
@@ -31,18 +32,17 @@ def play(engine, env_id: str, episodes: int, max_steps: int):
     for ep in range(episodes):
         obs, info = env.reset(seed=ep)
         agent = ScoringAgent(engine, temperature=0.0)
-        agent.reset(obs, info)
+        agent.reset(env_id, obs, info, ep)
         done = False
         while not done:
-            action = agent.act(info)
+            action = agent.act(obs, info)
             actions.append(action)
             step = agent.last
             tracker.record_request(step.num_cached_tokens + step.num_computed_tokens, step.num_cached_tokens, ep)
             obs, reward, term, trunc, info = env.step(action)
             tracker.record_reward(reward, ep)
             done = term or trunc
-            if not done:
-                agent.observe(obs, info)
+            agent.observe(action, obs, reward, done, info)
         tracker.end_episode(ep)
     env.close()
     return time.perf_counter() - t0, tracker.snapshot(), actions

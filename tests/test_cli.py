@@ -97,7 +97,7 @@ def test_serve_and_serve_env_default_to_different_ports():
     serve_port = subs["serve"].parse_args([]).port
     env_port = subs["serve-env"].parse_args(["--task", "EchoRL/Game24-v0"]).port
     assert (serve_port, env_port) == (cli.SERVE_PORT, cli.SERVE_ENV_PORT) and serve_port != env_port
-    serve_mod = pytest.importorskip("echorl_envs.serve")
+    serve_mod = pytest.importorskip("echorl_envs.service.server")
     assert inspect.signature(serve_mod.serve).parameters["port"].default == cli.SERVE_ENV_PORT
 
 

@@ -77,6 +77,18 @@ def test_registry_not_empty():
         assert e.action_type in ("choice", "free-text")
 
 
+@pytest.mark.parametrize("old", sorted(echorl_envs.MOVED_MODULES))
+def test_moved_modules_keep_their_old_names(old):
+    import importlib
+    import sys
+
+    new = echorl_envs.MOVED_MODULES[old]
+    if new == "echorl_envs.service.server":
+        pytest.importorskip("openenv", reason="the openenv extra is not installed")
+    assert importlib.import_module(old) is importlib.import_module(new) is sys.modules[old]
+    assert getattr(echorl_envs, old.rsplit(".", 1)[1]) is sys.modules[new]  # `from echorl_envs import serve` too
+
+
 def test_check_env(env_id):
     env = make(env_id)
     try:

@@ -12,7 +12,7 @@ import pytest
 import echorl_envs
 from tests.openenv_server import running_server
 
-to_wire = pytest.importorskip("echorl_envs.serve", reason="the openenv extra is not installed").to_wire
+to_wire = pytest.importorskip("echorl_envs.service.server", reason="the openenv extra is not installed").to_wire
 
 #: One id per family; ALFWorld and TextWorld load engines/games for tens of seconds (slow suite).
 FAST = ["EchoRL/MiniGrid-DoorKey-5x5-v0", "EchoRL/Game24-v0", "EchoRL/WebShop-v0", "EchoRL/CRUXEval-O-v0",
@@ -116,6 +116,29 @@ def test_remote_gym_env_keeps_the_text_protocol_and_feeds_sb3_wrappers():
                     break
         wr.close()
         local.close()
+
+
+def test_remote_env_over_a_blocking_client_plays_the_same_episode():
+    from openenv.core.generic_client import GenericEnvClient
+
+    from echorl_envs.service.remote import RemoteTextEnv
+
+    env_id = "EchoRL/MiniGrid-Empty-5x5-v0"
+    with running_server([env_id]) as url:
+        own = RemoteTextEnv(url, env_id)
+        blocking = RemoteTextEnv(url, env_id, sync_client=GenericEnvClient(base_url=url).sync())
+        trajectories = []
+        for env in (own, blocking):
+            obs, info = env.reset(seed=3)
+            steps = [(obs, info["admissible_actions"])]
+            for t in range(4):
+                obs, r, term, trunc, info = env.step(info["admissible_actions"][t % len(info["admissible_actions"])])
+                steps.append((obs, r, term, trunc, to_wire(info)))
+            trajectories.append(steps)
+            env.close()
+        assert trajectories[0] == trajectories[1]
+        with pytest.raises(RuntimeError, match="closed"):
+            blocking.reset(seed=0)
 
 
 def test_remote_id_is_registered_but_outside_the_family_table():

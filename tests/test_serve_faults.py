@@ -13,7 +13,7 @@ import pytest
 
 from tests.openenv_server import running_server, server_process
 
-serve = pytest.importorskip("echorl_envs.serve", reason="the openenv extra is not installed")
+serve = pytest.importorskip("echorl_envs.service.server", reason="the openenv extra is not installed")
 
 MINIGRID = "EchoRL/MiniGrid-DoorKey-5x5-v0"
 

@@ -11,6 +11,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from echorl_agent.eval.stats import wilson_interval
+
 __all__ = ["wilson_interval", "summarize", "write_summary", "markdown_table", "notes", "budget_notes", "plot_success",
            "plot_curves", "COLUMNS", "TIMING_COLUMNS"]
 
@@ -22,20 +24,6 @@ COLUMNS = ["task", "agent", "mode", "max_steps", "episodes", "success", "ci_low"
 ALPHA = 0.05
 #: Columns that depend on the machine's speed (left out when two runs are compared for equality).
 TIMING_COLUMNS = ("episodes_per_s",)
-
-
-def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
-    """Wilson score interval for a binomial proportion (95% by default); (0, 1) when ``n == 0``.
-
-    Better than the normal approximation at the small n and extreme rates typical of agent benchmarks.
-    """
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def _caps(rs: list[dict]) -> int | str | None:

@@ -107,6 +107,10 @@ class WebShopEnv(DatasetTextEnv):
         self._indices = self.catalogue.split_range(self.split)
         self._search = search_for(self.catalogue)
 
+    def search(self, query: str) -> list[str]:
+        """The ASINs ``search[query]`` lists, best first (the same BM25 engine the env's search page uses)."""
+        return list(self._search.search(query))
+
     # pickling: the catalogue and index are rebuilt (from the per-process cache) rather than serialised
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

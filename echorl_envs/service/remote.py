@@ -1,5 +1,5 @@
 """``EchoRL/Remote-v0``: an env served by ``echorl serve-env`` (or any OpenEnv server speaking the same wire
-format, see :mod:`echorl_envs.serve`) as a local Gymnasium text env.
+format, see :mod:`echorl_envs.service.server`) as a local Gymnasium text env.
 
     env = gym.make("EchoRL/Remote-v0", base_url="http://host:8001", task="EchoRL/ALFWorld-v0")
 
@@ -49,13 +49,16 @@ class RemoteTextEnv(gym.Env[str, str]):
         connect_timeout_s: WebSocket connection timeout.
         message_timeout_s: time to wait for one reset/step reply (engines like ALFWorld load games on reset).
         render_mode: None or ``"ansi"`` (returns the last observation).
+        sync_client: an OpenEnv client whose calls block (``GenericEnvClient(base_url).sync()``), used instead of
+            the env's own client and event loop -- the path ``benchmarks/remote_env_throughput.py --clients``
+            compares with the default one; it is connected here and closed by :meth:`close`.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
 
     def __init__(self, base_url: str | None = None, task: str | None = None, time_limit: int | None = None,
                  connect_timeout_s: float = 10.0, message_timeout_s: float = 300.0,
-                 render_mode: str | None = None) -> None:
+                 render_mode: str | None = None, sync_client: Any = None) -> None:
         if base_url is None:
             raise ValueError("base_url is required: the address of an `echorl serve-env` server, e.g. "
                              'gym.make("EchoRL/Remote-v0", base_url="http://127.0.0.1:8001"); got base_url=None')
@@ -75,11 +78,14 @@ class RemoteTextEnv(gym.Env[str, str]):
         self.render_mode = render_mode
         self.observation_space = text_space(MAX_TEXT)
         self.action_space = text_space(MAX_TEXT)
-        self._loop = asyncio.new_event_loop()
-        # no keepalive pings: the loop runs only inside reset/step, so it could not answer them between calls
-        self._client: Any = GenericEnvClient(base_url=base_url, connect_timeout_s=connect_timeout_s,
-                                             message_timeout_s=message_timeout_s, websocket_ping_interval_s=None,
-                                             websocket_ping_timeout_s=None)
+        self._loop: asyncio.AbstractEventLoop | None = None  # None: the client's calls block by themselves
+        self._client: Any = sync_client
+        if sync_client is None:
+            self._loop = asyncio.new_event_loop()
+            # no keepalive pings: the loop runs only inside reset/step, so it could not answer them between calls
+            self._client = GenericEnvClient(base_url=base_url, connect_timeout_s=connect_timeout_s,
+                                            message_timeout_s=message_timeout_s, websocket_ping_interval_s=None,
+                                            websocket_ping_timeout_s=None)
         self._last_obs = ""
         self._run(self._client.connect)  # claim the session now: a full server fails here, not mid-rollout
         #: the served episode's step limit (the server truncates there): ``time_limit``, else the served id's
@@ -96,9 +102,9 @@ class RemoteTextEnv(gym.Env[str, str]):
                              + (f"; did you mean {hint[0]!r}?" if hint else "") + f" (served: {', '.join(served)})")
         if self.task is None or (served and self.task == served[0]):
             return state.get("max_episode_steps")
-        import echorl_envs  # the server's ids are registered ids: their limits are in the table
-
-        return echorl_envs.entry(self.task).max_episode_steps
+        # the server's ids are registered ids: their limits are the registered ones (gym's registry, which the
+        # package filled on import; importing the package root here would close an import cycle with the table)
+        return gym.spec(self.task).max_episode_steps
 
     @property
     def spec(self) -> EnvSpec | None:
@@ -133,7 +139,9 @@ class RemoteTextEnv(gym.Env[str, str]):
     def close(self) -> None:
         client, self._client = getattr(self, "_client", None), None
         loop = getattr(self, "_loop", None)
-        if client is not None and loop is not None and not loop.is_closed():
+        if client is not None and loop is None:
+            client.close()
+        elif client is not None and not loop.is_closed():
             try:
                 self._run(client.close, loop=loop)
             finally:
@@ -151,6 +159,8 @@ class RemoteTextEnv(gym.Env[str, str]):
                                "loop (or use openenv's GenericEnvClient directly in async code)")
         if self._client is None and loop is None:
             raise RuntimeError("this EchoRL/Remote-v0 env is closed")
+        if (loop or self._loop) is None:  # a blocking client (``sync_client``)
+            return call()
 
         async def go() -> Any:
             return await call()

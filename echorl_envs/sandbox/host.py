@@ -21,7 +21,7 @@ then wrote one report carrying a per-run random nonce on a pipe that is the chil
 * seccomp-BPF (via ``pyseccomp`` + libseccomp): no fork/exec/sockets/signals to other processes
   (``kill``, ``pidfd_*``), no ptrace/``process_vm_*``, no namespace/mount/uid changes, no signal handlers, no
   writes through foreign directory fds (``openat``/``mkdirat``/... with a dirfd other than the cwd);
-* a PEP 578 audit hook (``_sandbox_guard.py``): clear messages for refused operations, writes confined to the
+* a PEP 578 audit hook (``sandbox/guard.py``): clear messages for refused operations, writes confined to the
   work dir, and no way to the interpreter's own state (frames, ``gc`` walks, tracing, ``marshal``, code
   construction, ``ctypes``), which is what keeps the nonce secret inside the child;
 * the host's wall-clock limit kills the run's whole process group; a minimal environment (``python -I -S``,
@@ -55,14 +55,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from echorl_envs._sandbox_guard import verify_report
+from echorl_envs.sandbox.guard import verify_report
 
 __all__ = ["SandboxConfig", "SandboxResult", "SandboxPool", "run_code", "shared_pool", "STATUSES"]
 
 #: The possible ``SandboxResult.status`` values.
 STATUSES = ("passed", "failed", "timeout", "error")
 
-_CHILD = str(Path(__file__).with_name("_sandbox_child.py"))
+_CHILD = str(Path(__file__).with_name("child.py"))
 _MAX_REPORT = 1 << 20
 _PATH = "/usr/local/bin:/usr/bin:/bin"
 
@@ -88,7 +88,7 @@ class SandboxConfig:
     isolate: bool = True
     """Fresh PID/network/IPC/UTS/mount namespaces, a private read-only root with only ``/usr`` and the Python
     standard library, a size-limited ``/tmp`` (``disk_mb``) and the switch to ``nobody`` (see
-    ``_sandbox_confine.py``). Set up once per worker; a layer the platform refuses is skipped with a
+    ``sandbox/confine.py``). Set up once per worker; a layer the platform refuses is skipped with a
     one-time warning."""
     disk_mb: int = 64
     """Total disk the code may write in its work directory, in MiB (a tmpfs of that size; with ``isolate``)."""
@@ -261,7 +261,7 @@ def run_code(code: str, config: SandboxConfig | None = None) -> SandboxResult:
 
 
 class _Worker:
-    """One ``_sandbox_child.py --worker`` process and its line protocol."""
+    """One ``sandbox/child.py --worker`` process and its line protocol."""
 
     def __init__(self, config: SandboxConfig) -> None:
         self.config = config
