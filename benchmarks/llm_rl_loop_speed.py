@@ -1,8 +1,9 @@
-"""Whole-loop speed of LLM RL on BabyAI-GoToLocal (history 2): env steps/s of rollouts + updates, and where time goes.
+"""Whole-loop speed of LLM RL on BabyAI-GoToLocal (history 2, 24-step episodes): env steps/s of rollouts + updates.
 
 Loops measured (each a fresh process, alternating A/B/... over ``--rounds``, same seeds):
 
-* ``ppo-1env``   -- ``echorl train-llm --method ppo`` as the issue measured it: one env, n_steps 64, 2 epochs;
+* ``ppo-1env``   -- ``echorl train-llm --method ppo --n-steps 64 --history 2 --max-steps 24`` as the issue measured
+  it (0.45 env steps/s): one env, 2 epochs, batch 16;
 * ``ppo-8env``   -- the same PPO with 8 envs (one batched engine call per step, packed learner);
 * ``gigpo-2x4``  -- GiGPO, 2 groups x 4 episodes per iteration (one batched engine call per step); an iteration
   runs whole episodes, so it times at least one iteration (up to 8 x 64 steps);
@@ -61,7 +62,7 @@ def worker(loop: str, steps: int, seed: int) -> dict:
     kw = dict(LOOPS[loop.removeprefix("old-")])
     method = kw.pop("method")
     extra = {"group_size": kw.pop("group_size")} if "group_size" in kw else {}
-    common = dict(env_id=ENV, method=method, history=2, seed=seed, learning_rate=1e-4, bc_episodes=1,
+    common = dict(env_id=ENV, method=method, history=2, max_episode_steps=24, seed=seed, learning_rate=1e-4, bc_episodes=1,
                   policy_kwargs={"lora_rank": 8, "train_layers": 2}, **kw, **extra)
     # warm-up: load the model and run one short loop (not timed)
     t0 = time.perf_counter()

@@ -19,8 +19,11 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import os
+import re
 import sys
 import time
+import warnings
 from pathlib import Path
 
 __all__ = ["main", "demo_config"]
@@ -234,10 +237,6 @@ def cmd_train_llm(args: argparse.Namespace) -> int:
             grpo_kwargs=json.loads(args.grpo_kwargs or "{}"), env_kwargs=json.loads(args.env_kwargs or "{}"),
             n_envs=args.n_envs, gamma=args.gamma, group_size=args.group_size,
             step_advantage_weight=args.step_advantage_weight, out=args.out, progress=not args.quiet)
-        kind = echorl_envs.entry(args.task).action_type
-        if (cfg.method == "grpo") != (kind != "choice"):
-            raise ValueError(f"method {cfg.method!r} does not fit {args.task} ({kind} actions): use grpo for "
-                             "free-text envs and bc/ppo/bc+ppo/echoppo/gigpo/bc+gigpo for choice envs")
         started = time.time()
         train_llm(cfg)
     except ValueError as e:
@@ -428,8 +427,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: Deprecation warnings that third-party code raises on our behalf and that we cannot fix at our call: peft's
+#: ``PeftModel.__init__`` reads transformers' deprecated ``is_gradient_checkpointing`` property (peft 0.21 with
+#: transformers 5), printed once per LLM policy. Filtered for ``echorl`` commands and the worker processes they
+#: spawn (through ``PYTHONWARNINGS``), each by its exact message and category.
+THIRD_PARTY_WARNINGS: tuple[tuple[str, type[Warning]], ...] = (
+    ("`is_gradient_checkpointing` is deprecated", FutureWarning),
+)
+
+
+def quiet_third_party_warnings() -> None:
+    """Ignore :data:`THIRD_PARTY_WARNINGS` in this process and in the processes it starts."""
+    specs = [s for s in os.environ.get("PYTHONWARNINGS", "").split(",") if s]
+    for message, category in THIRD_PARTY_WARNINGS:
+        warnings.filterwarnings("ignore", message=re.escape(message), category=category)
+        spec = f"ignore:{message}:{category.__name__}"
+        if spec not in specs:
+            specs.append(spec)
+    os.environ["PYTHONWARNINGS"] = ",".join(specs)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    quiet_third_party_warnings()
     return args.func(args)
 
 

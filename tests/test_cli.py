@@ -134,3 +134,35 @@ def test_written_since_lists_new_files_and_folders_with_new_content(tmp_path):
     assert cli.written_since(tmp_path, since) == ["adapter/", "bc.json"]
     (old_dir / "a").write_text("y")  # rewritten inside an old folder: the folder was written
     assert cli.written_since(tmp_path, since) == ["adapter/", "bc.json", "old/"]
+
+
+def test_the_peft_deprecation_warning_is_filtered_narrowly(monkeypatch):
+    import subprocess
+    import sys
+    import warnings
+
+    torch = pytest.importorskip("torch")
+    peft = pytest.importorskip("peft")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    def peft_warnings() -> list[str]:
+        torch.manual_seed(0)
+        tiny = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                            num_attention_heads=2, num_key_value_heads=2))
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")  # in front of any filter installed before
+            if quiet:
+                cli.quiet_third_party_warnings()
+            peft.get_peft_model(tiny, peft.LoraConfig(r=2, target_modules=["q_proj"]))
+        return [str(w.message) for w in seen if issubclass(w.category, FutureWarning)]
+
+    monkeypatch.setenv("PYTHONWARNINGS", "")
+    quiet = False
+    assert any("is_gradient_checkpointing" in m for m in peft_warnings())  # peft really triggers it
+    quiet = True
+    assert not any("is_gradient_checkpointing" in m for m in peft_warnings())
+    # spawned workers inherit the filter; other FutureWarnings still show
+    code = ("import warnings; warnings.warn('`is_gradient_checkpointing` is deprecated and will be removed', "
+            "FutureWarning); warnings.warn('something else is deprecated', FutureWarning)")
+    err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stderr
+    assert "is_gradient_checkpointing" not in err and "something else is deprecated" in err

@@ -207,7 +207,8 @@ def test_train_config_rejects_bad_input():
         LLMTrainConfig(env_id=ENV, method="ppo", n_steps=10, batch_size=4)
 
 
-@pytest.mark.parametrize("method", ["ppo", "gigpo"])
+@pytest.mark.parametrize("method", ["ppo", pytest.param("gigpo", marks=pytest.mark.slow),
+                                    pytest.param("echorl", marks=pytest.mark.slow)])
 def test_train_llm_on_gotolocal_through_the_envs_own_truncation(policy, tmp_path, method):
     # BabyAI's own step limit (3 here) truncates every episode: its final state lists no admissible action
     from echorl_agent.llm_rl.train import LLMTrainConfig, train_llm
@@ -226,3 +227,44 @@ def test_train_llm_on_gotolocal_through_the_envs_own_truncation(policy, tmp_path
     assert len(rows) - 1 >= 2  # both envs finished (truncated) episodes of 3 steps
     assert {int(r.split(",")[0]) % 3 for r in rows[1:]} == {0}
     assert (tmp_path / "adapter").is_dir()
+
+
+@pytest.mark.slow
+def test_echorl_on_the_lm_replays_llm_transitions_with_plan_kl(policy):
+    # EchoRL on the LM: real records (captured activations, plan windows) go into the hot/cold buffer, come back
+    # prioritized with their activations, and are learned from together with fresh ones under the plan KL term
+    from stable_baselines3.common.utils import ConstantSchedule
+
+    from echorl_agent.llm_rl.gigpo import GiGPOConfig, GiGPOTrainer, make_choice_env
+    from echorl_agent.llm_rl.learner import Sample, update_policy
+    from echorl_agent.llm_rl.policy import LLMPolicy
+
+    env = make_choice_env(ENV, history=2, max_episode_steps=6)
+    planned = LLMPolicy(env.observation_space, env.action_space, ConstantSchedule(1e-3), lm=policy.lm, lora_rank=4,
+                        plan_tokens=2)
+    cfg = GiGPOConfig(env_id=ENV, groups=1, group_size=2, history=2, seed=5, learning_rate=1e-3, kl_coef=0.01,
+                      replay={"capacity": 64, "replay_memory_mb": 64.0}, lm={"lora_rank": 4, "plan_tokens": 2})
+    tr = GiGPOTrainer(cfg, planned)
+    recs = planned.record_many(_states(1, 3, seed0=7))
+    assert all(r.window is not None and r.context_states is not None for r in recs)
+    fresh = [(0, Sample(r, i % 2, 1.0 if i % 2 else -1.0)) for i, r in enumerate(recs)]
+    version = planned.lm.engine.weight_version
+    tr._remember(fresh, version)
+    assert len(tr.replay) == len(recs)
+    replayed = tr._replayed(len(recs))
+    assert len(replayed) == len(recs) and all(0 < s.weight <= 1 for s in replayed)
+    assert all(s.record.context_states is not None and s.record.window is not None for s in replayed)
+    assert tr.replay.stats()["hit_rate"] == 1.0  # activations kept within the budget: nothing recomputed
+    state = policy.lm.trainable_state()
+    try:
+        before = [p.detach().clone() for p in planned.plan.parameters()]
+        upd = update_policy(planned, [s for _, s in fresh] + replayed, kl_coef=0.01)
+        assert upd["num_samples"] == 2 * len(recs) and np.isfinite(upd["loss"])
+        assert upd["plan_kl"] > 0  # consecutive plans differ; their KL enters the loss
+        assert any(not torch.equal(a, b) for a, b in zip(before, planned.plan.parameters(), strict=True))
+        # every replayed item is one of the stored transitions, tokens and rollout distribution unchanged
+        stored = {tuple(r.context): r for r in recs}
+        for s in replayed:
+            torch.testing.assert_close(s.record.rollout_logp, stored[tuple(s.record.context)].rollout_logp)
+    finally:
+        policy.lm.load_trainable_state(state)

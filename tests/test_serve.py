@@ -232,3 +232,18 @@ def test_sb3_ppo_trains_on_remote_envs():
         model.learn(128)
         assert model.num_timesteps == 128
         vec.close()
+
+
+def test_a_malformed_step_message_names_the_bad_field():
+    import httpx
+    from openenv.core.generic_client import GenericEnvClient
+
+    with running_server(["EchoRL/Game24-v0"]) as url, GenericEnvClient(base_url=url).sync() as client:
+        client.reset(seed=0)
+        with pytest.raises(RuntimeError, match=r"unknown field 'actoin' \(did you mean 'action'\?\)"):
+            client.step({"actoin": "1"})
+        with pytest.raises(RuntimeError, match=r"action input should be a valid string, got action=3"):
+            client.step({"action": 3})
+        assert client.step({"action": "1"}).observation["invalid_action"]  # the session goes on
+        r = httpx.post(url + "/step", json={"action": {"action": "1", "extra": 2}})
+        assert r.status_code == 422 and "unknown field 'extra'" in r.json()["detail"]

@@ -1,4 +1,4 @@
-"""The trained-LLM agents of the runner: ``llm-bc``, ``llm-ppo``, ``llm-echoppo``, ``llm-gigpo`` (choice envs),
+"""The trained-LLM agents of the runner: ``llm-bc``, ``llm-ppo``, ``llm-echoppo``, ``llm-gigpo``, ``llm-echorl`` (choice envs),
 ``llm-grpo``.
 
 Each trains SmolLM2 (LoRA on the top layers) for the run's ``train_steps`` with
@@ -19,7 +19,7 @@ from echorl_agent.eval.agents import Agent
 from echorl_agent.eval.sb3_agents import _Mirror
 
 __all__ = ["LLMChoiceAgent", "LLMGRPOAgent", "make_llm_bc", "make_llm_ppo", "make_llm_echoppo", "make_llm_gigpo",
-           "make_llm_grpo"]
+           "make_llm_echorl", "make_llm_grpo"]
 
 
 class LLMChoiceAgent(Agent):
@@ -109,6 +109,11 @@ def make_llm_echoppo(env_id: str, **kw: Any) -> LLMChoiceAgent:
 def make_llm_gigpo(env_id: str, **kw: Any) -> LLMChoiceAgent:
     kw.setdefault("n_envs", 8)
     return LLMChoiceAgent("llm-gigpo", env_id, "bc+gigpo" if kw.pop("bc_warm_start", False) else "gigpo", **kw)
+
+
+def make_llm_echorl(env_id: str, **kw: Any) -> LLMChoiceAgent:
+    kw.setdefault("n_envs", 8)
+    return LLMChoiceAgent("llm-echorl", env_id, "echorl", **kw)
 
 
 def make_llm_grpo(env_id: str, **kw: Any) -> LLMGRPOAgent:

@@ -30,7 +30,7 @@ import echorl_envs
 from echorl_agent.llm_rl.advantage import anchor_groups, gigpo_advantages
 from echorl_agent.llm_rl.config import LLMPolicyConfig
 from echorl_agent.llm_rl.learner import Sample, update_policy
-from echorl_agent.llm_rl.policy import LLMPolicy
+from echorl_agent.llm_rl.policy import LLMPolicy, StepRecord
 from echorl_agent.llm_rl.rollout import Episode, collect_groups
 from echorl_envs.wrappers.llm import LLMObservationWrapper
 
@@ -80,6 +80,13 @@ class GiGPOConfig:
     ent_coef: float = 0.0
     max_grad_norm: float = 1.0
     seed: int = 0
+    kl_coef: float = 0.0
+    """lambda_KL of the KL between consecutive plans (with ``lm.plan_tokens > 0``; EchoRL's plan term)."""
+    replay: dict[str, Any] | None = None
+    """Hot/cold prioritized replay of LLM transitions (:class:`~echorl_agent.replay.llm.LLMReplayBuffer` keyword
+    arguments, e.g. ``{"capacity": 4096, "replay_memory_mb": 1024}``); None: no replay."""
+    replay_ratio: float = 1.0
+    """Replayed samples mixed into each update per fresh sample."""
     lm: LLMPolicyConfig = field(default_factory=LLMPolicyConfig)
 
     def __post_init__(self) -> None:
@@ -100,6 +107,12 @@ class GiGPOConfig:
             raise ValueError(f"learning_rate must be > 0, got learning_rate={self.learning_rate!r}")
         if isinstance(self.lm, dict):
             self.lm = LLMPolicyConfig.from_kwargs(**self.lm)
+        if self.kl_coef < 0:
+            raise ValueError(f"kl_coef must be >= 0, got kl_coef={self.kl_coef!r}")
+        if not self.replay_ratio >= 0:
+            raise ValueError(f"replay_ratio must be >= 0, got replay_ratio={self.replay_ratio!r}")
+        if self.replay is not None and not isinstance(self.replay, dict):
+            raise ValueError(f"replay must be None or a dict of LLMReplayBuffer arguments, got replay={self.replay!r}")
         entry = echorl_envs.entry(self.env_id)
         if entry.action_type != "choice":
             raise ValueError(f"method gigpo ranks admissible actions; env_id={self.env_id!r} takes free text "
@@ -136,6 +149,13 @@ class GiGPOTrainer:
         self.history: list[dict[str, float]] = []
         self.episodes_done: list[tuple[int, bool, float]] = []
         """(env steps so far, won, return) per finished training episode."""
+        self.replay = None
+        if cfg.replay is not None:
+            from echorl_agent.replay.llm import LLMReplayBuffer
+
+            kw = {"capacity": 4096, **cfg.replay}
+            self.replay = LLMReplayBuffer(**kw)
+            self.replay.set_version(self.policy.lm.engine.weight_version)
 
     def next_seeds(self) -> list[int]:
         """Training seeds of the next iteration (drawn from the trainer's rng; evaluation uses other seeds)."""
@@ -146,17 +166,22 @@ class GiGPOTrainer:
         cfg = self.cfg
         stats0 = self.policy.lm.engine.stats
         cached0, computed0 = stats0.num_cached_tokens, stats0.num_computed_tokens
+        rollout_version = self.policy.lm.engine.weight_version
         t0 = time.perf_counter()
         episodes = collect_groups(self.policy, self.envs, self.next_seeds(), cfg.group_size, self.generator)
         t1 = time.perf_counter()
         adv = gigpo_advantages(episodes, cfg.gamma, cfg.step_advantage_weight, cfg.normalize)
-        samples = [Sample(s.record, s.action, float(a)) for e, ea in zip(episodes, adv, strict=True)
-                   for s, a in zip(e.steps, ea, strict=True) if cfg.ent_coef > 0 or abs(a) > 1e-12]
-        upd = update_policy(self.policy, samples, clip_range=cfg.clip_range, epochs=cfg.epochs,
-                            minibatch_size=cfg.minibatch_size, micro_batch=cfg.micro_batch, ent_coef=cfg.ent_coef,
-                            max_grad_norm=cfg.max_grad_norm, rng=self.rng)
-        if samples:
+        fresh = [(e.group, Sample(s.record, s.action, float(a))) for e, ea in zip(episodes, adv, strict=True)
+                 for s, a in zip(e.steps, ea, strict=True) if cfg.ent_coef > 0 or abs(a) > 1e-12]
+        samples = [smp for _, smp in fresh]
+        replayed = self._replayed(len(samples))
+        upd = update_policy(self.policy, samples + replayed, clip_range=cfg.clip_range,
+                            epochs=cfg.epochs, minibatch_size=cfg.minibatch_size, micro_batch=cfg.micro_batch,
+                            ent_coef=cfg.ent_coef, max_grad_norm=cfg.max_grad_norm, kl_coef=cfg.kl_coef, rng=self.rng)
+        if samples or replayed:
             self.policy.sync_engine()
+        if self.replay is not None:
+            self._remember(fresh, rollout_version)
         t2 = time.perf_counter()
         steps = sum(len(e.steps) for e in episodes)
         for e in episodes:
@@ -178,8 +203,41 @@ class GiGPOTrainer:
             "rollout_s": t1 - t0, "learner_s": t2 - t1, "env_steps_per_s": steps / max(t2 - t0, 1e-9),
             **upd,
         }
+        if self.replay is not None:
+            rs = self.replay.stats()
+            out.update(replayed=float(len(replayed)), replay_items=float(rs["items"]),
+                       replay_hit_rate=float(rs["hit_rate"]), replay_mb_per_1000=float(rs["mb_per_1000"]))
         self.history.append(out)
         return out
+
+    # ------------------------------------------------------------------ replay (EchoRL Algorithm 1's buffer)
+    def _replayed(self, n_fresh: int) -> list[Sample]:
+        """Prioritized samples from the buffer for this update (their PER weights multiply their loss terms; the
+        truncated IS weight min(pi_old / pi_behaviour, C) of the learner corrects for the older policy)."""
+        n = int(round(self.cfg.replay_ratio * max(n_fresh, 1)))
+        if self.replay is None or len(self.replay) == 0 or n == 0:
+            return []
+        batch = self.replay.sample(n, self.rng)
+        out = []
+        for it, w in zip(batch.items, batch.weights.tolist(), strict=True):
+            rec = StepRecord(list(it.context), it.num_prompt, [list(c) for c in it.cands], it.rollout_logp, 0.0,
+                             context_states=it.context_states, cand_states=it.cand_states, window=it.window)
+            out.append(Sample(rec, it.action, it.advantage, weight=float(w)))
+        return out
+
+    def _remember(self, fresh: list[tuple[int, Sample]], rollout_version: int) -> None:
+        from echorl_agent.replay.llm import LLMTransition
+
+        base = 1000 * self.num_iterations
+        # critic-free items: no value, so the buffer's |delta| term is |advantage| (hot = high-|A| and recent)
+        items = [LLMTransition(list(s.record.context), s.record.num_prompt, [list(c) for c in s.record.cands],
+                               s.action, s.record.rollout_logp, s.advantage, s.advantage, None, rollout_version, base + g,
+                               window=s.record.window, context_states=s.record.context_states,
+                               cand_states=None if s.record.cand_states is None else list(s.record.cand_states))
+                 for g, s in fresh]
+        if items:
+            self.replay.add(items)
+        self.replay.set_version(self.policy.lm.engine.weight_version)
 
     def train(self, total_timesteps: int, progress: bool = False, callback: Any = None) -> list[dict[str, float]]:
         """Iterate until ``total_timesteps`` env steps were collected (at least one iteration)."""

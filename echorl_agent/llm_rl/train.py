@@ -3,7 +3,8 @@
 Methods (choice envs): ``bc`` (behaviour cloning on the expert), ``ppo`` (LLM-PPO from the pretrained LM),
 ``bc+ppo`` (BC warm start, then PPO), ``echoppo`` (BC warm start, then PPO with the latent plan and its KL term;
 ``plan_tokens`` > 0), ``gigpo`` (critic-free group RL from the pretrained LM, :mod:`echorl_agent.llm_rl.gigpo`),
-``bc+gigpo`` (BC warm start, then GiGPO). Free-text envs: ``grpo`` (oracle-answer warm start, then GRPO). Used by
+``bc+gigpo`` (BC warm start, then GiGPO), ``echorl`` (EchoRL on the LM: GiGPO + latent plan tokens with their KL
+term + hot/cold prioritized replay of LLM transitions; ablate with ``plan_tokens=0`` or ``replay=None``). Free-text envs: ``grpo`` (oracle-answer warm start, then GRPO). Used by
 ``echorl train-llm`` and by the bench agents ``llm-bc``, ``llm-ppo``, ``llm-echoppo``, ``llm-gigpo``, ``llm-grpo``.
 
 Every choice env trains with its own step limit unless ``max_episode_steps`` caps it: the final observation of a
@@ -33,7 +34,7 @@ __all__ = ["LLMTrainConfig", "METHODS", "train_llm", "make_llm_env"]
 
 log = logging.getLogger(__name__)
 
-METHODS = ("bc", "ppo", "bc+ppo", "echoppo", "gigpo", "bc+gigpo", "grpo")
+METHODS = ("bc", "ppo", "bc+ppo", "echoppo", "gigpo", "bc+gigpo", "echorl", "grpo")
 
 
 @dataclass
@@ -75,6 +76,11 @@ class LLMTrainConfig:
     """GiGPO: K episodes per group (one seed)."""
     step_advantage_weight: float = 1.0
     """GiGPO: omega, the weight of the anchor-state step advantage."""
+    replay: dict[str, Any] | None = None
+    """``echorl``: :class:`~echorl_agent.replay.llm.LLMReplayBuffer` arguments (None: capacity 4096, 1024 MB of
+    activations); ``{"off": True}`` disables replay (the plan-only ablation)."""
+    replay_ratio: float = 1.0
+    """``echorl``: replayed samples per fresh sample in each update."""
     policy_kwargs: dict[str, Any] = field(default_factory=dict)
     """:class:`~echorl_agent.llm_rl.config.LLMPolicyConfig` / PlanningConfig fields."""
     grpo_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -93,7 +99,7 @@ class LLMTrainConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "train_steps" else 1):
                 raise ValueError(f"{name} must be a positive int, got {name}={v!r}")
-        if "gigpo" in self.method:
+        if "gigpo" in self.method or self.method == "echorl":
             if self.group_size < 2:
                 raise ValueError(f"group_size must be >= 2 (GiGPO compares the episodes of a group), "
                                  f"got group_size={self.group_size}")
@@ -163,7 +169,7 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None):
     torch.manual_seed(cfg.seed)
     if cfg.method == "grpo":
         return _train_grpo(cfg, out, lm)
-    if "gigpo" in cfg.method:
+    if "gigpo" in cfg.method or cfg.method == "echorl":
         return _train_gigpo(cfg, out, lm)
     from stable_baselines3.common.monitor import Monitor
     from stable_baselines3.common.vec_env import DummyVecEnv
@@ -255,11 +261,19 @@ def _train_gigpo(cfg: LLMTrainConfig, out: Path | None, lm: Any):
     from echorl_agent.llm_rl.gigpo import GiGPOConfig, GiGPOTrainer
 
     pk = dict(cfg.policy_kwargs)
+    replay, kl_coef = None, 0.0
+    if cfg.method == "echorl":
+        pk.setdefault("plan_tokens", 2)
+        kl_coef = float(pk.pop("kl_coef", 0.01))
+        replay = {"capacity": 4096, "replay_memory_mb": 1024.0} if cfg.replay is None else dict(cfg.replay)
+        if replay.pop("off", False):
+            replay = None
     gcfg = GiGPOConfig(env_id=cfg.env_id, env_kwargs=cfg.env_kwargs, group_size=cfg.group_size,
                        groups=max(1, cfg.n_envs // cfg.group_size), step_advantage_weight=cfg.step_advantage_weight,
                        gamma=0.95 if cfg.gamma is None else cfg.gamma, history=cfg.history,
                        max_episode_steps=cfg.max_episode_steps, learning_rate=cfg.learning_rate,
-                       epochs=1, ent_coef=0.0, seed=cfg.seed, lm=pk)
+                       epochs=1, ent_coef=0.0, seed=cfg.seed, kl_coef=kl_coef, replay=replay,
+                       replay_ratio=cfg.replay_ratio, lm=pk)
     policy = None
     if lm is not None:
         from stable_baselines3.common.utils import ConstantSchedule

@@ -325,12 +325,6 @@ class HotColdReplayBuffer(PersistenceMixin, ExactSamplerMixin, ReplayBuffer):
         self.num_evicted -= int(dead.sum())
         dead[:] = False
 
-    def _is_stored(self, slots: np.ndarray) -> np.ndarray:
-        """Mask of the slots that hold a transition (hot rows written so far, cold rows of the ring)."""
-        hot_filled = (self.buffer_size if self.full else self.pos) * self.n_envs
-        cold_filled = self.cold.num_rows * self.n_envs if self.cold is not None else 0
-        return (slots < hot_filled) | ((slots >= self.hot_slots) & (slots < self.hot_slots + cold_filled))
-
     def _rows_to_slots(self, rows: set[int], base: int) -> np.ndarray:
         r = np.fromiter(rows, dtype=np.int64, count=len(rows))
         r.sort()
@@ -376,24 +370,6 @@ class HotColdReplayBuffer(PersistenceMixin, ExactSamplerMixin, ReplayBuffer):
                 self.tracker.push(td[:, None])
             plans = self._field("plans", self.hot_plans, slots).astype(np.float64)
             self._set_leaves(slots, plans, self._field("rewards", self.rewards, slots), td)
-
-    def evict(self, indices: np.ndarray | torch.Tensor) -> int:
-        """Stop sampling the transitions at ``indices`` (their leaf becomes 0) until new transitions overwrite them.
-
-        Their data stays in place (the rings still advance in order); ``update_priorities`` leaves them evicted.
-        Used by :class:`~echorl_agent.replay.llm.LLMReplayBuffer` for stale items. Returns how many stored,
-        not yet evicted transitions were evicted.
-        """
-        with self._lock:
-            slots = np.unique(torch.as_tensor(indices).detach().cpu().numpy().astype(np.int64).reshape(-1))
-            if len(slots) and (slots.min() < 0 or slots.max() >= self.hot_slots + self.cold_slots):
-                raise ValueError(f"indices must be buffer slots in [0, {self.hot_slots + self.cold_slots}), got {slots}")
-            self._flush()
-            slots = slots[self._is_stored(slots) & ~self._dead[slots]]
-            self._dead[slots] = True
-            self.num_evicted += len(slots)
-            self.tree.set(slots, np.zeros(len(slots)))
-            return len(slots)
 
     # ================================================================== sizes and lifecycle
     def size(self) -> int:

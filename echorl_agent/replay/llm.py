@@ -36,8 +36,8 @@ from gymnasium import spaces
 
 from echorl_agent.config import ReplayConfig
 from echorl_agent.replay.buffer import HotColdReplayBuffer
-from echorl_agent.replay.llm_items import LLMTransition, pack_items, unpack_items
-from echorl_agent.replay.serialization import ReplayFileError, ReplayFileReader, remove_orphans, write_arrays
+from echorl_agent.replay.llm_items import LLMTransition
+from echorl_agent.replay.llm_persistence import COUNTERS, LLMPersistenceMixin
 
 __all__ = ["LLMReplayBuffer", "LLMReplaySample", "Recompute", "Rescore", "off_policy_ratio", "mix_batch"]
 
@@ -51,13 +51,11 @@ LLM_REPLAY_DEFAULTS: dict[str, Any] = {"plan_source": "auto", "plan_fallback": "
 """ReplayConfig fields the LLM buffer sets unless given: the plan term only when items carry plans, and an
 advantage term plus a PER-like TD term (``P ~ exp(0.5 beta |A|) (|delta| + eps)^(0.6 beta)``)."""
 
-_FORMAT = "echorl-llm-replay/1"
 _OBS = spaces.Box(-1.0, 1.0, (1,), np.float32)  # the inner buffer's observations are unused (all zero)
 _ACT = spaces.Discrete(2)
 _ZERO_OBS = np.zeros((1, 1), np.float32)
 _ZERO_ACT = np.zeros((1, 1), np.int64)
 _NOT_DONE = np.zeros(1, np.float32)
-_COUNTERS = ("hits", "misses", "recomputed", "activations_dropped", "evicted_stale", "rescored", "evicted_budget")
 
 
 class LLMReplaySample(NamedTuple):
@@ -94,21 +92,7 @@ def mix_batch(fresh: list[LLMTransition], replayed: LLMReplaySample) -> tuple[li
     return list(fresh) + list(replayed.items), weights, is_replay
 
 
-class _PrefixedReader:
-    """The part of a :class:`ReplayFileReader` under ``prefix``, as the SB3 buffer's loader expects a file."""
-
-    def __init__(self, reader: ReplayFileReader, prefix: str, meta: dict[str, Any]) -> None:
-        self.path, self.meta, self._reader, self._prefix = reader.path, meta, reader, prefix
-        self.entries = {k[len(prefix):]: e for k, e in reader.entries.items() if k.startswith(prefix)}
-
-    def verify(self) -> None:
-        self._reader.verify()  # every array of the file, the items' too
-
-    def array(self, name: str) -> np.ndarray:
-        return self._reader.array(self._prefix + name)
-
-
-class LLMReplayBuffer:
+class LLMReplayBuffer(LLMPersistenceMixin):
     """Prioritized hot/cold replay of LLM transitions with an activation memory budget (module docstring).
 
     Args:
@@ -154,7 +138,7 @@ class LLMReplayBuffer:
         self._with_acts: OrderedDict[int, None] = OrderedDict()  # seqs whose item keeps activations, oldest first
         self._token_bytes = 0
         self._act_bytes = 0
-        self._counts = dict.fromkeys(_COUNTERS, 0)
+        self._counts = dict.fromkeys(COUNTERS, 0)
         self._lock = threading.RLock()
 
     # ================================================================== slots
@@ -378,65 +362,6 @@ class LLMReplayBuffer:
                 "replayed": replayed, "hit_rate": self._counts["hits"] / replayed if replayed else math.nan,
                 **self._counts,
             }
-
-    # ================================================================== save / load
-    def save(self, path: str) -> None:
-        """Atomically write items (tensors included) and the sampler state to one checksummed replay file."""
-        with self._lock:
-            index_arrays, index_meta = self.index._state()
-            seqs = list(self._items)
-            item_arrays, item_meta = pack_items([self._items[s] for s in seqs])
-            arrays = {f"index/{k}": v for k, v in index_arrays.items()}
-            arrays.update({f"items/{k}": v for k, v in item_arrays.items()})
-            arrays["items/seq"] = np.array(seqs, dtype=np.int64)
-            meta = {"format": _FORMAT, "index": index_meta, "items": item_meta,
-                    "llm": {"version": self.version, "counts": self._counts}}
-            write_arrays(path, arrays, meta)
-
-    def load(self, path: str) -> None:
-        """Replace this buffer's state with the one saved at ``path`` (validated fully before anything changes).
-
-        Raises:
-            ReplayFileError: missing, truncated or corrupt file, a file of another buffer layout, or items that
-                disagree with the sampler state (a ``ValueError`` subclass).
-        """
-        with self._lock:
-            remove_orphans(path)
-            with ReplayFileReader(path) as reader:
-                meta = reader.meta
-                if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
-                    raise ReplayFileError(f"{path} is not an LLMReplayBuffer file (format {_FORMAT!r} expected)")
-                staged = self.index._stage(_PrefixedReader(reader, "index/", meta["index"]))
-                try:
-                    arrays = {k[len("items/"):]: reader.array(k) for k in reader.entries if k.startswith("items/")}
-                    items = unpack_items(arrays, meta["items"])
-                    seqs = np.asarray(arrays["seq"]).tolist()
-                    version, counts = int(meta["llm"]["version"]), {k: int(meta["llm"]["counts"][k]) for k in _COUNTERS}
-                except (KeyError, TypeError, ValueError) as e:
-                    if isinstance(e, ReplayFileError):
-                        raise
-                    raise ReplayFileError(f"{path} has malformed items ({type(e).__name__}: {e})") from e
-                if sorted(seqs) != self._live_seqs(staged) or len(seqs) != len(items):
-                    raise ReplayFileError(f"{path}: the stored items do not match the sampler's live slots")
-                self.index._apply_loaded(staged)
-            self._items.clear()
-            self._with_acts.clear()
-            self._token_bytes = self._act_bytes = 0
-            for seq, it in sorted(zip(seqs, items, strict=True), key=lambda p: p[0]):
-                self._store(seq, it)
-            self.version, self._counts = version, counts
-            self._enforce_budget()
-
-    def _live_seqs(self, staged: dict[str, Any]) -> list[int]:
-        """Add counters of the stored, not evicted slots of a staged inner-buffer state."""
-        arrays, h = staged["arrays"], self.index.buffer_size
-        dead = np.asarray(arrays["dead"]) if "dead" in arrays else np.zeros(h + self.index.cold_slots, bool)
-        hot = np.asarray(arrays["hot_seq"])
-        live = [int(s) for s, d in zip(hot.tolist(), dead[:h].tolist(), strict=True) if s >= 0 and not d]
-        if "cold_seq" in arrays:
-            cold = np.asarray(arrays["cold_seq"]).reshape(-1)
-            live += [int(s) for s, d in zip(cold.tolist(), dead[h : h + len(cold)].tolist(), strict=True) if not d]
-        return sorted(live)
 
     def close(self) -> None:
         """Close the inner buffer's cold memmaps (a private temporary folder is deleted)."""

@@ -1,6 +1,7 @@
 """Exact prioritized sampling of the hot/cold replay: anchored sum tree + rejection (see ``buffer`` module doc).
 
-:class:`ExactSamplerMixin` holds the tree maintenance (deferred leaf updates, re-anchoring) and ``sample``; it is
+:class:`ExactSamplerMixin` holds the tree maintenance (deferred leaf updates, re-anchoring), eviction, ``sample``
+and the exact reference ``probabilities``; it is
 mixed into :class:`echorl_agent.replay.buffer.HotColdReplayBuffer` and uses its storage helpers (``_field``,
 ``_rows_to_slots``, ``_split``) and state (``tree``, ``_c``, ``tracker``, ``config``, ...).
 """
@@ -24,7 +25,7 @@ _REFRESH_CHUNK = 1 << 16
 
 
 class ExactSamplerMixin:
-    """Sum-tree maintenance and exact softmax(beta * score) sampling with importance weights."""
+    """Sum-tree maintenance, eviction and exact softmax(beta * score) sampling with importance weights."""
 
     # ================================================================== tree maintenance
     def _constant_logit(self, plans: np.ndarray, rewards: np.ndarray, td: np.ndarray) -> np.ndarray:
@@ -110,6 +111,31 @@ class ExactSamplerMixin:
         self.stats["refreshes"] += 1
         self._acceptance = 1.0
         self._rejected_since_anchor = 0
+
+    # ================================================================== eviction
+    def _is_stored(self, slots: np.ndarray) -> np.ndarray:
+        """Mask of the slots that hold a transition (hot rows written so far, cold rows of the ring)."""
+        hot_filled = (self.buffer_size if self.full else self.pos) * self.n_envs
+        cold_filled = self.cold.num_rows * self.n_envs if self.cold is not None else 0
+        return (slots < hot_filled) | ((slots >= self.hot_slots) & (slots < self.hot_slots + cold_filled))
+
+    def evict(self, indices: np.ndarray | torch.Tensor) -> int:
+        """Stop sampling the transitions at ``indices`` (their leaf becomes 0) until new transitions overwrite them.
+
+        Their data stays in place (the rings still advance in order); ``update_priorities`` leaves them evicted.
+        Used by :class:`~echorl_agent.replay.llm.LLMReplayBuffer` for stale items. Returns how many stored,
+        not yet evicted transitions were evicted.
+        """
+        with self._lock:
+            slots = np.unique(torch.as_tensor(indices).detach().cpu().numpy().astype(np.int64).reshape(-1))
+            if len(slots) and (slots.min() < 0 or slots.max() >= self.hot_slots + self.cold_slots):
+                raise ValueError(f"indices must be buffer slots in [0, {self.hot_slots + self.cold_slots}), got {slots}")
+            self._flush()
+            slots = slots[self._is_stored(slots) & ~self._dead[slots]]
+            self._dead[slots] = True
+            self.num_evicted += len(slots)
+            self.tree.set(slots, np.zeros(len(slots)))
+            return len(slots)
 
     # ================================================================== sampling
     @property

@@ -40,7 +40,8 @@ try:
     from openenv.core.env_server.types import EnvironmentMetadata
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError(f"echorl serve-env needs the openenv extra: pip install 'echorl[openenv]' ({e})") from e
-from pydantic import Field
+from pydantic import Field, PrivateAttr, ValidationError, model_validator
+from starlette.exceptions import HTTPException
 
 import echorl_envs
 
@@ -58,9 +59,53 @@ _RESET_FIELDS = ("options", "task", "max_episode_steps")
 
 
 class EchoRLAction(Action):
-    """One text action."""
+    """One text action.
+
+    A message that does not validate still becomes an ``EchoRLAction``, holding why (OpenEnv would answer only
+    "Invalid message (code: VALIDATION_ERROR)", and its clients drop the details); ``step`` then raises a
+    ValueError naming the field, which every OpenEnv client shows.
+    """
 
     action: str = Field(description="The text action: an admissible command (choice envs) or an answer.")
+    _invalid: str | None = PrivateAttr(default=None)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _explain_invalid(cls, data: Any, handler: Any) -> EchoRLAction:
+        try:
+            return handler(data)
+        except ValidationError as e:
+            bad = cls.model_construct(action="")
+            bad._invalid = explain_validation_error(e, ["action", "metadata"])
+            return bad
+
+
+class InvalidActionMessage(ValueError, HTTPException):
+    """A step message that is not ``{"action": "<text>"}``: a ValueError whose text names the field (what the
+    WebSocket client shows), answered with HTTP 422 on OpenEnv's HTTP ``/step`` route."""
+
+    def __init__(self, message: str) -> None:
+        ValueError.__init__(self, message)
+        HTTPException.__init__(self, status_code=422, detail=message)
+
+    def __str__(self) -> str:
+        return self.detail
+
+
+def explain_validation_error(error: ValidationError, fields: Sequence[str]) -> str:
+    """pydantic's errors as one sentence that names each bad field and its value (and a close match)."""
+    parts = []
+    for err in error.errors():
+        name = ".".join(map(str, err["loc"])) or "message"
+        if err["type"] == "missing":
+            parts.append(f"{name} is required")
+        elif err["type"] == "extra_forbidden":
+            hint = difflib.get_close_matches(name, fields, n=1)
+            parts.append(f"unknown field {name!r}" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+        else:
+            parts.append(f"{name} {err['msg'][0].lower()}{err['msg'][1:]}, got {name}={err['input']!r:.80}")
+    return ("invalid action message: " + "; ".join(parts)
+            + ' (send {"action": "<text>"}: an admissible command or an answer)')
 
 
 class EchoRLObservation(Observation):
@@ -167,6 +212,8 @@ class EchoRLEnvironment(Environment[EchoRLAction, EchoRLObservation, EchoRLState
         return self._observation(obs, None, False, False, info)
 
     def step(self, action: EchoRLAction, timeout_s: float | None = None, **kwargs: Any) -> EchoRLObservation:
+        if action._invalid is not None:
+            raise InvalidActionMessage(action._invalid)
         with self._lock:
             self._check_open()
             if self._env is None:
