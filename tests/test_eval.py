@@ -372,3 +372,20 @@ def test_readme_demo_table_is_the_committed_demo_run():
     cfg = json.loads((base / "run.json").read_text())["config"]
     assert (cfg["seeds"], cfg["episodes"], cfg["train_steps"], cfg["eval_mode"]) == (
         DEMO_SEEDS, DEMO_EPISODES, DEMO_TRAIN_STEPS, "both")
+
+
+def test_agents_package_exports_resolve_and_share_the_one_protocol():
+    import echorl_agent.agents as agents
+    from echorl_agent.agent import Agent
+
+    for name in agents.__all__:
+        assert getattr(agents, name) is not None, name
+    for name in ("RandomAgent", "ExpertAgent", "ReActAgent", "ScoringAgent", "ChatReActAgent", "CachedScoringAgent",
+                 "EchoRLLLMAgent", "ToTAgent", "SB3Agent"):
+        assert issubclass(getattr(agents, name), Agent), name
+    with pytest.raises(ImportError, match="from echorl_agent.agents import ReActAgent"):
+        from echorl_agent.llm import ReActAgent  # noqa: F401
+    with pytest.raises(ImportError, match="moved to echorl_agent.agents.tot"):
+        import echorl_agent.llm.tot  # noqa: F401
+    with pytest.raises(ImportError, match="from echorl_agent.agents import CachedScoringAgent"):
+        from echorl_agent.priors import CachedScoringAgent  # noqa: F401

@@ -29,7 +29,7 @@ _EXPORTS = {
     "ChatReActAgent": "chat",
     "AgentStep": "chat",
     "parse_react": "chat",
-    "FREE_TEXT_SYSTEM": "llm",
+    "FREE_TEXT_SYSTEM": "chat",
     "CachedScoringAgent": "cached_scoring",
     "EchoRLConfig": "echorl",
     "EchoRLLLMAgent": "echorl",
