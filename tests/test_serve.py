@@ -157,11 +157,11 @@ def test_remote_env_reports_the_served_step_limit_and_checks_the_task():
             assert env.spec.max_episode_steps == limit == gym.spec(task or "EchoRL/MiniGrid-DoorKey-5x5-v0") \
                 .max_episode_steps
             env.close()
-        env = gym.make("EchoRL/Remote-v0", base_url=url, task="EchoRL/ARC-v0", time_limit=3)
+        env = gym.make("EchoRL/Remote-v0", base_url=url, task="EchoRL/MiniGrid-DoorKey-5x5-v0", time_limit=3)
         assert env.spec.max_episode_steps == 3
         env.reset(seed=0)
-        dones = [env.step("[[0]]")[3] for _ in range(3)]  # the server truncates at the reported limit
-        assert dones == [False, False, True]
+        steps = [env.step("turn left") for _ in range(3)]  # the server truncates at the reported limit
+        assert [s[3] for s in steps] == [False, False, True], [(s[0][:60], *s[1:4], s[4].get("step")) for s in steps]
         env.close()
         with pytest.raises(ValueError, match="'EchoRL/ARC-Eval-v0' is not served.*did you mean 'EchoRL/ARC-v0'"):
             gym.make("EchoRL/Remote-v0", base_url=url, task="EchoRL/ARC-Eval-v0")

@@ -49,8 +49,9 @@ def test_malformed_messages_get_openenv_errors_and_the_session_goes_on():
         cases = {
             "{not json": "INVALID_JSON",
             json.dumps({"type": "jump"}): "UNKNOWN_TYPE",
-            json.dumps({"type": "step", "data": {"action": 7}}): "VALIDATION_ERROR",
-            json.dumps({"type": "step", "data": {"actoin": "turn left"}}): "VALIDATION_ERROR",
+            # a bad action payload is explained by serve-env (OpenEnv's own VALIDATION_ERROR names no field)
+            json.dumps({"type": "step", "data": {"action": 7}}): "EXECUTION_ERROR",
+            json.dumps({"type": "step", "data": {"actoin": "turn left"}}): "EXECUTION_ERROR",
             json.dumps({"type": "step"}): "VALIDATION_ERROR",
             json.dumps({"type": "reset", "data": {"sed": 1}}): "EXECUTION_ERROR",
         }
@@ -58,6 +59,9 @@ def test_malformed_messages_get_openenv_errors_and_the_session_goes_on():
             reply = ask(ws, raw)
             assert reply["type"] == "error" and reply["data"]["code"] == code, (raw, reply)
         assert "did you mean 'seed'" in ask(ws, {"type": "reset", "data": {"sed": 1}})["data"]["message"]
+        assert "got action=7" in ask(ws, {"type": "step", "data": {"action": 7}})["data"]["message"]
+        assert "unknown field 'actoin' (did you mean 'action'?)" in ask(
+            ws, {"type": "step", "data": {"actoin": "turn left"}})["data"]["message"]
         # the episode started by the reset above is untouched: its next step is the local one
         ok = ask(ws, {"type": "step", "data": {"action": "turn left"}})
         assert ok["type"] == "observation" and ok["data"]["observation"]["text"] == obs1
