@@ -74,10 +74,10 @@ def evaluate(model, args, seed: int) -> list[dict]:
 def trace(args) -> None:
     """Replay the first deterministic evaluation episodes of a saved run (``--trace METHOD SEED``) and print the
     actions, the probability the policy gave each chosen action, and the expert's action at that step."""
-    from echorl_agent import EchoPPO
+    from echorl_agent import LLMPPO
 
     method, seed = args.trace[0], int(args.trace[1])
-    model = EchoPPO.load(Path(args.out) / f"{method}-seed{seed}" / "model.zip",
+    model = LLMPPO.load(Path(args.out) / f"{method}-seed{seed}" / "model.zip",
                          custom_objects={"policy_kwargs": dict(POLICY)})
     env = make_llm_env(args.env, args.history, args.max_steps)
     for ep in range(args.eval_episodes):

@@ -1,7 +1,7 @@
 """echorl_agent: the EchoRL plugin for Stable-Baselines3 and LLM agents.
 
 The LLM learning by RL: :class:`LLMPolicy` (the LM as actor-critic over admissible actions, with LoRA and a latent
-plan; ``EchoPPO("LLMPolicy", env)`` trains it, see :mod:`echorl_agent.llm_rl`). SB3 parts: :class:`EchoPolicy` /
+plan; ``LLMPPO("LLMPolicy", env)`` trains it, see :mod:`echorl_agent.llm_rl`). SB3 parts: :class:`EchoPolicy` /
 :class:`EchoPPO` (latent planning, EchoRL Eq. 1-3), :class:`HotColdReplayBuffer` /
 :class:`EchoDQN` (hot/cold prioritized replay, Eq. 6-7). Reuse of LLM priors and experience:
 :class:`LLMPriorCache`, :class:`PosteriorSampler`, :class:`ExperienceBank`. The LLM engine lives in

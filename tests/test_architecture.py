@@ -43,12 +43,6 @@ ENGINE_MAY_IMPORT = ("echorl_agent.llm", "echorl_agent.kernels")
 
 #: Known edges that break a rule, to be emptied by the change that owns the file (edge -> why it is still here).
 ALLOWED: dict[tuple[str, str], str] = {
-    # EchoPPO.__new__ returns an LLMPPO for policy="LLMPolicy" (a cycle with llm_rl.ppo, which subclasses EchoPPO);
-    # algorithms/ and llm_rl/ are being rewritten by the LLM-learning change (issue 27, item 2).
-    ("echorl_agent.algorithms.echo_ppo", "echorl_agent.llm_rl.ppo"): "EchoPPO('LLMPolicy') factory, llm_rl rewrite",
-    # eval/llm_rl_agents.py imports Agent from the registry module, which names it in an entry point string (a cycle
-    # through the registry); fixed by `from echorl_agent.agent import Agent` there (LLM-learning change's file).
-    ("echorl_agent.eval.llm_rl_agents", "echorl_agent.eval.agents"): "import Agent from echorl_agent.agent",
 }
 
 

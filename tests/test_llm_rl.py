@@ -239,13 +239,13 @@ def test_echoppo_llm_policy_learns_end_to_end_and_round_trips(fresh, tmp_path):
     from stable_baselines3.common.evaluation import evaluate_policy
     from stable_baselines3.common.vec_env import DummyVecEnv
 
-    from echorl_agent import EchoPPO
-    from echorl_agent.llm_rl.ppo import LLMPPO
+    from echorl_agent import LLMPPO, EchoPPO
 
     vec = DummyVecEnv([lambda: make_env(history=1, steps=6)])
-    model = EchoPPO("LLMPolicy", vec, n_steps=6, batch_size=3, n_epochs=1, seed=0,
-                    policy_kwargs={"lm": fresh, "plan_tokens": 1, "latent_dim": 4, "kl_coef": 0.01})
-    assert isinstance(model, LLMPPO)
+    with pytest.raises(ValueError, match=r"use LLMPPO\('LLMPolicy'"):
+        EchoPPO("LLMPolicy", vec)
+    model = LLMPPO("LLMPolicy", vec, n_steps=6, batch_size=3, n_epochs=1, seed=0,
+                   policy_kwargs={"lm": fresh, "plan_tokens": 1, "latent_dim": 4, "kl_coef": 0.01})
     v0 = fresh.engine.weight_version
     model.learn(6)
     logged = model.logger.name_to_value
@@ -258,8 +258,8 @@ def test_echoppo_llm_policy_learns_end_to_end_and_round_trips(fresh, tmp_path):
     assert 0.0 <= mean <= 1.0
     rec = model.policy.record(obs[0])
     model.save(tmp_path / "m.zip")
-    loaded = EchoPPO.load(tmp_path / "m.zip", custom_objects={"policy_kwargs": {"lm": fresh, "plan_tokens": 1,
-                                                                                  "latent_dim": 4}})
+    loaded = LLMPPO.load(tmp_path / "m.zip", custom_objects={"policy_kwargs": {"lm": fresh, "plan_tokens": 1,
+                                                                                 "latent_dim": 4}})
     rec2 = loaded.policy.record(obs[0])
     torch.testing.assert_close(rec2.rollout_logp, rec.rollout_logp, atol=1e-5, rtol=0)
 

@@ -53,16 +53,12 @@ class EchoPPO(PPO):
     policy: EchoPolicy
 
     def __init__(self, policy: str | type[EchoPolicy], env: Any, *args: Any, use_masking: bool = True, **kwargs: Any):
+        if type(self) is EchoPPO and (policy == "LLMPolicy" or getattr(policy, "__name__", "") == "LLMPolicy"):
+            raise ValueError("policy='LLMPolicy' trains the LM itself: use LLMPPO('LLMPolicy', env, ...) "
+                             "(from echorl_agent import LLMPPO), which takes every EchoPPO argument")
         self.use_masking = bool(use_masking)
         super().__init__(policy, env, *args, **kwargs)
 
-    def __new__(cls, policy: Any = None, *args: Any, **kwargs: Any):
-        # EchoPPO("LLMPolicy", ...) is the LLM variant (rollouts on the engine, truncated IS, weight sync)
-        if cls is EchoPPO and (policy == "LLMPolicy" or getattr(policy, "__name__", "") == "LLMPolicy"):
-            from echorl_agent.llm_rl.ppo import LLMPPO
-
-            return super().__new__(LLMPPO)
-        return super().__new__(cls)
 
     def _setup_model(self) -> None:
         if not (isinstance(self.policy_class, type) and hasattr(self.policy_class, "evaluate_actions_and_plans")):

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 import echorl_envs
-from echorl_agent.eval.agents import Agent
+from echorl_agent.agent import Agent
 from echorl_agent.eval.sb3_agents import _Mirror
 
 __all__ = ["LLMChoiceAgent", "LLMGRPOAgent", "make_llm_bc", "make_llm_ppo", "make_llm_echoppo", "make_llm_gigpo",

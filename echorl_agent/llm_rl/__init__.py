@@ -1,7 +1,7 @@
 """The language model itself learning by RL: LLM policies, their PPO/GRPO learners and behaviour cloning.
 
 * :class:`LLMPolicy` -- pi(a|s, tau) over admissible actions scored by the LM (+ value head, + latent plan);
-* :class:`LLMPPO` -- what ``EchoPPO("LLMPolicy", env)`` builds: rollouts on the KV-aware engine, learner reusing
+* :class:`LLMPPO` -- ``LLMPPO("LLMPolicy", env)``: PPO/EchoPPO for the LM, rollouts on the KV-aware engine, learner reusing
   the rollout's frozen-layer activations, truncated importance weights, weight sync;
 * behaviour cloning (:mod:`echorl_agent.llm_rl.bc`) and GRPO for free-text envs (:mod:`echorl_agent.llm_rl.grpo`).
 

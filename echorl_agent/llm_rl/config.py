@@ -19,7 +19,7 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 class LLMPolicyConfig:
     """What is trained and how the LLM policy scores actions.
 
-    Pass the fields through ``policy_kwargs`` (``EchoPPO("LLMPolicy", env, policy_kwargs={"lora_rank": 8})``).
+    Pass the fields through ``policy_kwargs`` (``LLMPPO("LLMPolicy", env, policy_kwargs={"lora_rank": 8})``).
     """
 
     model: str = "smollm2-135m"

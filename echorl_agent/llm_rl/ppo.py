@@ -1,6 +1,6 @@
 """``LLMPPO``: EchoPPO over :class:`~echorl_agent.llm_rl.policy.LLMPolicy` (EchoRL Algorithm 1/2 with the LM as pi).
 
-``EchoPPO("LLMPolicy", env, ...)`` returns this class. On top of EchoPPO (PPO + lambda_KL * plan KL, masks):
+``LLMPPO("LLMPolicy", env, ...)``: EchoPPO for the LM policy. On top of EchoPPO (PPO + lambda_KL * plan KL, masks):
 
 * rollouts: the policy scores actions on the rollout engine and keeps each state's captured activations;
 * before the update: old log-probabilities are recomputed by the learner (the PPO ratio is exactly 1 on the first

@@ -174,7 +174,7 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None):
     from stable_baselines3.common.monitor import Monitor
     from stable_baselines3.common.vec_env import DummyVecEnv
 
-    from echorl_agent.algorithms.echo_ppo import EchoPPO
+    from echorl_agent.llm_rl.ppo import LLMPPO
 
     pk = dict(cfg.policy_kwargs)
     if cfg.method == "echoppo":
@@ -189,7 +189,7 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None):
     vec = DummyVecEnv([env_fn(i) for i in range(cfg.n_envs)])
     vec.seed(cfg.seed)
     tb = str(out / "tb") if out is not None else None
-    model = EchoPPO("LLMPolicy", vec, n_steps=cfg.n_steps, batch_size=cfg.batch_size, n_epochs=cfg.n_epochs,
+    model = LLMPPO("LLMPolicy", vec, n_steps=cfg.n_steps, batch_size=cfg.batch_size, n_epochs=cfg.n_epochs,
                     learning_rate=cfg.learning_rate, ent_coef=cfg.ent_coef, seed=cfg.seed, verbose=0,
                     gamma=0.99 if cfg.gamma is None else cfg.gamma, tensorboard_log=tb, policy_kwargs=pk)
     if cfg.method in ("bc", "bc+ppo", "echoppo"):
