@@ -289,6 +289,7 @@ class LLMReplayBuffer(LLMPersistenceMixin):
                     if self.recompute is not None:
                         ctx, cands = self.recompute(it)
                         it = dataclasses.replace(it, context_states=ctx, cand_states=list(cands))
+                        it.validate()  # a recompute of the wrong shapes is named here, not deep in the learner
                         self._counts["recomputed"] += 1
                 items.append(it)
             return LLMReplaySample(items, batch.weights.reshape(-1).float(), slots)
