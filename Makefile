@@ -10,7 +10,7 @@ export OMP_NUM_THREADS ?= 1
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test test-slow bench lint clean install install-browser
+.PHONY: demo test test-slow test-slow-ci bench lint clean install install-browser
 
 install: $(STAMP)
 
@@ -46,6 +46,11 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
+
+# The slow tests CI runs after `make test` (tests/conftest.py::CI_SLOW_TESTS: every example, both servers, a slow
+# test of every family that has one).
+test-slow-ci: $(STAMP)
+	$(PY) -m pytest -q -m "slow and ci" --durations=10
 
 bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[bench]" $(TORCH_PIN)

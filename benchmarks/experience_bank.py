@@ -42,8 +42,7 @@ import torch
 from tabulate import tabulate
 
 import echorl_envs  # noqa: F401
-from echorl_agent.eval.report import wilson_interval
-from echorl_agent.eval.stats import paired_bootstrap
+from echorl_agent.eval.stats import bootstrap_text, read_jsonl, success_text
 from echorl_agent.experience import (
     ExperienceBank,
     ExperienceConfig,
@@ -90,11 +89,6 @@ def make_bank(rollouts: list[tuple], volume: int, **kw) -> ExperienceBank:
     for instr, steps, won in rollouts[:volume]:
         bank.add_rollout(instr, steps, won)
     return bank
-
-
-def ci(wins: int, n: int) -> str:
-    lo, hi = wilson_interval(wins, n)
-    return f"{wins / n:.2f} [{lo:.2f}, {hi:.2f}]"
 
 
 def sb3_runs(args, rollouts, seed: int = 0, skip: set[tuple[int, bool]] = frozenset()) -> list[dict]:
@@ -147,21 +141,17 @@ def sb3_part(args, rollouts) -> list[list]:
     for r in sb3_runs(args, rollouts):
         label = "PPO (frozen) + residual head" + ("" if r["retrieval"] else ", no retrieval (ablation)")
         rows.append([args.sb3_env.split("/")[1], label, r["volume"], r["bank_successful"], r["bank_steps"],
-                     ci(sum(r["won"]), len(r["won"])), "-" if r["fit_loss"] is None else f"{r['fit_loss']:.3f}",
+                     success_text(sum(r["won"]), len(r["won"])), "-" if r["fit_loss"] is None else f"{r['fit_loss']:.3f}",
                      f"{r['fit_s']:.1f}", f"{r['eval_s']:.1f}"])
         print(tabulate([rows[-1]], tablefmt="plain"), flush=True)
     return rows
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
 def seed_study(args) -> list[dict]:
     """The sb3 part once per study seed, appending one JSON line per (seed, volume, retrieval) to ``args.out``."""
     out = Path(args.out)
     for seed in range(args.first_seed, args.first_seed + args.seeds):
-        skip = {(r["volume"], r["retrieval"]) for r in _read_jsonl(out) if r["seed"] == seed}
+        skip = {(r["volume"], r["retrieval"]) for r in read_jsonl(out) if r["seed"] == seed}
         t0 = time.perf_counter()
         rollouts = fill_bank(args.sb3_env, max(args.volumes), args.epsilon, args.sb3_max_steps, seed=bank_seed0(seed))
         runs = sb3_runs(args, rollouts, seed=seed, skip=skip)
@@ -171,12 +161,7 @@ def seed_study(args) -> list[dict]:
         print(f"seed {seed}: " + ", ".join(f"v{r['volume']}{'' if r['retrieval'] else '-abl'} "
                                           f"{sum(r['won'])}/{len(r['won'])}" for r in runs)
               + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
-    return _read_jsonl(out)
-
-
-def _seed_ci(per_seed: list[float]) -> str:
-    m, lo, hi = paired_bootstrap(per_seed)
-    return f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+    return read_jsonl(out)
 
 
 def seed_summary(rows: list[dict]) -> str:
@@ -188,10 +173,9 @@ def seed_summary(rows: list[dict]) -> str:
     for v, u in keys:
         ss = [s for s in seeds if (s, v, u) in by]
         won = [w for s in ss for w in by[s, v, u]["won"]]
-        lo, hi = wilson_interval(sum(won), len(won))
-        m, blo, bhi = paired_bootstrap([float(np.mean(by[s, v, u]["won"])) for s in ss])
         table.append([f"bank {v}" + ("" if u else ", no retrieval (ablation)"), len(ss), len(won),
-                      f"{m:.3f} [{blo:.3f}, {bhi:.3f}]", f"{sum(won) / len(won):.3f} [{lo:.3f}, {hi:.3f}]"])
+                      bootstrap_text([float(np.mean(by[s, v, u]["won"])) for s in ss]),
+                      success_text(sum(won), len(won), digits=3)])
     diffs = []
     top = max(v for v, _ in keys)
     pairs = [(f"bank {top} - bank 0 (retrieval)", (top, True), (0, True))]
@@ -200,7 +184,7 @@ def seed_summary(rows: list[dict]) -> str:
         ss = [s for s in seeds if (s, *a) in by and (s, *b) in by]
         if ss:
             d = [float(np.mean(by[(s, *a)]["won"]) - np.mean(by[(s, *b)]["won"])) for s in ss]
-            diffs.append([name, len(ss), _seed_ci(d), f"{sum(x > 0 for x in d)}/{sum(x < 0 for x in d)}"])
+            diffs.append([name, len(ss), bootstrap_text(d, signed=True), f"{sum(x > 0 for x in d)}/{sum(x < 0 for x in d)}"])
     return (tabulate(table, ["row", "seeds", "episodes", "success [95% CI over seeds]",
                              "success [Wilson 95%, episodes]"], tablefmt="github") + "\n\n"
             + tabulate(diffs, ["paired difference", "seeds", "mean [95% CI over seeds]", "seeds up/down"],
@@ -208,7 +192,7 @@ def seed_summary(rows: list[dict]) -> str:
 
 
 def llm_part(args, rollouts) -> list[list]:
-    from echorl_agent.llm.agents import ScoringAgent
+    from echorl_agent.agents.chat import ScoringAgent
     from echorl_agent.llm.engine import LLMEngine
 
     engine = LLMEngine("smollm2-135m")
@@ -233,7 +217,7 @@ def llm_part(args, rollouts) -> list[list]:
                 steps += 1
             wins += int(info["won"])
         rows.append([args.llm_env.split("/")[1], "SmolLM2 scoring (frozen) + prompt guidance", v,
-                     sum(r.success for r in bank.rollouts), bank.num_steps, ci(wins, args.llm_episodes),
+                     sum(r.success for r in bank.rollouts), bank.num_steps, success_text(wins, args.llm_episodes),
                      steps, f"{time.perf_counter() - t0:.0f}"])
         print(tabulate([rows[-1]], tablefmt="plain"), flush=True)
     return rows

@@ -36,7 +36,7 @@ import torch  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
 from echorl_agent.llm import EngineConfig, LLMEngine, PrefixCacheConfig, SamplingParams, load_model  # noqa: E402
-from echorl_agent.llm.models import _embedded_gguf  # noqa: E402
+from echorl_agent.llm.models import embedded_gguf  # noqa: E402
 
 _TEXT = (
     "You are an agent in a small house. The kitchen has a fridge, a stove, a sink and a table with two chairs. "
@@ -65,7 +65,7 @@ class _LlamaCpp:
     def __init__(self, threads: int) -> None:
         from llama_cpp import Llama
 
-        self.m = Llama(str(_embedded_gguf("smollm2-135m")), n_ctx=2048, n_batch=512, n_threads=threads,
+        self.m = Llama(str(embedded_gguf("smollm2-135m")), n_ctx=2048, n_batch=512, n_threads=threads,
                        n_threads_batch=threads, verbose=False)
 
     def generate(self, ids: list[int], n: int, reset: bool = True) -> list[int]:
@@ -205,7 +205,7 @@ def action_agreement(llm, dtypes: list[str], n_states: int, env_id: str) -> dict
     import numpy as np
 
     import echorl_envs  # noqa: F401
-    from echorl_agent.llm import ScoringAgent
+    from echorl_agent.agents import ScoringAgent
 
     env = gym.make(env_id)
     rng = np.random.default_rng(0)
@@ -221,9 +221,9 @@ def action_agreement(llm, dtypes: list[str], n_states: int, env_id: str) -> dict
     for dt in ["float32", *dtypes]:
         agent = ScoringAgent(_ours(llm, dt), temperature=0.0)
         acts = []
-        for obs, info in states:
-            agent.reset(obs, info)
-            acts.append(agent.act(info))
+        for i, (obs, info) in enumerate(states):
+            agent.reset(env_id, obs, info, i)
+            acts.append(agent.act(obs, info))
         picks[dt] = acts
     return {dt: float(np.mean([a == b for a, b in zip(picks[dt], picks["float32"], strict=True)])) for dt in dtypes}
 

@@ -8,7 +8,9 @@ step budget, stochastic (sampled actions) and deterministic (argmax):
 * ``bc``      -- behaviour cloning on ``--bc-episodes`` expert episodes;
 * ``ppo``     -- LLM-PPO from the pretrained LM for ``--train-steps`` env steps;
 * ``bc+ppo``  -- BC, then LLM-PPO;
-* ``echoppo`` -- BC, then LLM-EchoPPO (m soft plan tokens + lambda_KL plan KL): the plan ablation of ``bc+ppo``.
+* ``echoppo`` -- BC, then LLM-EchoPPO (m soft plan tokens + lambda_KL plan KL): the plan ablation of ``bc+ppo``;
+* ``gigpo``   -- GiGPO from the pretrained LM (``--group-size`` episodes per seed, ``--n-envs`` envs per step);
+* ``bc+gigpo`` -- BC, then GiGPO.
 
 Results go to ``--out`` (one JSON line per evaluated episode in ``episodes.jsonl``, a run folder per
 method/seed with curve.csv, model.zip, adapter/, tb/), and ``--summary`` prints the table with Wilson 95% CIs
@@ -45,7 +47,7 @@ from echorl_agent.eval.report import wilson_interval as wilson  # noqa: E402
 from echorl_agent.eval.stats import mcnemar_exact, paired_bootstrap  # noqa: E402
 from echorl_agent.llm_rl.train import LLMTrainConfig, make_llm_env, train_llm  # noqa: E402
 
-METHODS = ("frozen", "bc", "ppo", "bc+ppo", "echoppo")
+METHODS = ("frozen", "bc", "ppo", "bc+ppo", "echoppo", "gigpo", "bc+gigpo")
 POLICY = {"length_norm": True, "show_admissible": False, "lora_rank": 8, "train_layers": 2}
 
 
@@ -103,7 +105,8 @@ def run(method: str, seed: int, args) -> None:
         train_steps=0 if method in ("frozen", "bc") else args.train_steps, bc_episodes=args.bc_episodes,
         bc_epochs=args.bc_epochs, bc_learning_rate=args.bc_lr, bc_batch_size=args.bc_batch_size, seed=seed, history=args.history, max_episode_steps=args.max_steps,
         n_steps=args.n_steps, batch_size=args.batch_size, n_epochs=args.n_epochs, learning_rate=args.lr,
-        policy_kwargs=dict(POLICY), out=str(out))
+        n_envs=args.n_envs if "gigpo" in method else 1, group_size=args.group_size,
+        policy_kwargs={**POLICY, **json.loads(args.policy_kwargs or "{}")}, out=str(out))
     model = train_llm(cfg)
     train_s = time.perf_counter() - t0
     rows = evaluate(model, args, seed)
@@ -216,6 +219,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--n-epochs", type=int, default=2)
     ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--n-envs", type=int, default=8, help="GiGPO: envs per iteration (groups x group size)")
+    ap.add_argument("--group-size", type=int, default=4, help="GiGPO: episodes per seed")
+    ap.add_argument("--policy-kwargs", help="JSON LLMPolicy options added to the defaults (e.g. temperature)")
     ap.add_argument("--eval-episodes", type=int, default=6)
     ap.add_argument("--out", default="benchmarks/results/llm_rl_learning")
     ap.add_argument("--summary", action="store_true", help="only print the table of what is in --out")

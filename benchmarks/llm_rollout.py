@@ -30,13 +30,12 @@ import torch  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
 import echorl_envs  # noqa: E402,F401  (registers the envs)
+from echorl_agent.agents import ReActAgent, ScoringAgent  # noqa: E402
 from echorl_agent.llm import (  # noqa: E402
     EngineConfig,
     LLMEngine,
     PrefixCacheConfig,
-    ReActAgent,
     SamplingParams,
-    ScoringAgent,
     load_model,
     speedup_bound,
 )
@@ -58,18 +57,18 @@ def _actor(engine: LLMEngine, env_id: str, seed: int, turns: int, max_tokens: in
         env = gym.make(env_id)
         obs, info = env.reset(seed=seed)
     agent = ReActAgent(engine, max_tokens=max_tokens)
-    agent.reset(obs, info)
+    agent.reset(env_id, obs, info, seed)
     for t in range(turns):
-        action = agent.act(info)
+        action = agent.act(obs, info)
         with _ENV_LOCK:
             obs, reward, term, trunc, info = env.step(action)
             if term or trunc:
                 obs, info = env.reset(seed=seed + 1000 + t)
         log.append((seed, t, action, agent.last.matched, reward))
         if term or trunc:
-            agent.reset(obs, info)
+            agent.reset(env_id, obs, info, seed + 1000 + t)
         else:
-            agent.observe(obs, info)
+            agent.observe(action, obs, reward, False, info)
     with _ENV_LOCK:
         env.close()
 
@@ -124,7 +123,7 @@ def part2(llm, args) -> list[list]:
     obs, info = env.reset(seed=0)
     admissible = info["admissible_actions"][: args.score_n]
     probe = ScoringAgent(_engine(llm, True), temperature=1.0)
-    probe.reset(obs, info)
+    probe.reset(args.env, obs, info, 0)
     prompt = probe.tokens
     eos = llm.eos_token_ids[:1]
     cands = [llm.encode(a) + eos for a in admissible]

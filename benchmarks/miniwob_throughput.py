@@ -21,7 +21,9 @@ THROUGHPUT_TASKS = ("click-button", "click-checkboxes", "enter-text", "login-use
 
 
 def text_episode(env, seed):
+    """The expert's episode on the text env: steps, seconds, the actions, and MiniWoB's own episode seed."""
     _, info = env.reset(seed=seed)
+    episode_seed = info["episode_seed"]
     steps, t = 0, time.perf_counter()
     plan = []
     while "expert_action" in info:
@@ -30,7 +32,7 @@ def text_episode(env, seed):
         steps += 1
         if term or trunc:
             break
-    return steps, time.perf_counter() - t, plan
+    return steps, time.perf_counter() - t, plan, episode_seed
 
 
 def raw_episode(env, seed, plan, elements_of):
@@ -63,10 +65,10 @@ def main() -> None:
         raw_env = raw.browser.env
         ts, tt, rs, rt = 0, 0.0, 0, 0.0
         for ep in range(args.episodes):
-            s, d, plan = text_episode(env, 1000 + ep)
+            s, d, plan, episode_seed = text_episode(env, 1000 + ep)
             ts, tt = ts + s, tt + d
             els = [Element(int(a.split()[1]), "input_text", 0) for a in plan]  # lets parse_command read the plan
-            s, d = raw_episode(raw_env, env.unwrapped._seed, plan, els)
+            s, d = raw_episode(raw_env, episode_seed, plan, els)
             rs, rt = rs + s, rt + d
         ratio = (ts / tt) / (rs / rt)
         ratios.append(ratio)

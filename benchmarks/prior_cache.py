@@ -39,9 +39,8 @@ import torch
 from tabulate import tabulate
 
 import echorl_envs  # noqa: F401 - registers the ids
-from echorl_agent.eval.report import wilson_interval
 from echorl_agent.eval.runner import episode_seed
-from echorl_agent.eval.stats import mcnemar_exact, paired_bootstrap, ratio_bootstrap
+from echorl_agent.eval.stats import bootstrap_text, mcnemar_exact, ratio_bootstrap, read_jsonl, success_text
 from echorl_agent.priors import (
     AdaptiveConfig,
     FaissIndex,
@@ -84,7 +83,7 @@ def seed_study(args, make_prior, encoder) -> list[dict]:
     ``make_prior()`` returns a fresh :class:`LLMActionPrior` (its ``num_queries`` counts this seed's queries).
     """
     out = Path(args.out)
-    done = {(r["seed"], r["variant"]) for r in _read_jsonl(out)}
+    done = {(r["seed"], r["variant"]) for r in read_jsonl(out)}
     delta = args.deltas[0]
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         for variant in ("no cache", f"cache delta={delta}"):
@@ -101,11 +100,7 @@ def seed_study(args, make_prior, encoder) -> list[dict]:
                 f.write(json.dumps(res) + "\n")
             print(f"seed {seed} {variant}: {res['wins']}/{args.episodes} won, {res['steps']} steps, "
                   f"{res['queries']} queries, {res['seconds']:.0f} s", flush=True)
-    return _read_jsonl(out)
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return read_jsonl(out)
 
 
 def seed_summary(rows: list[dict]) -> str:
@@ -118,7 +113,7 @@ def seed_summary(rows: list[dict]) -> str:
     cach = [by[s, False] for s in seeds]
     ratio = ratio_bootstrap([b["queries"] for b in base], [c["queries"] for c in cach])
     time_ratio = ratio_bootstrap([b["seconds"] for b in base], [c["seconds"] for c in cach])
-    diff = paired_bootstrap([np.mean(c["won"]) - np.mean(b["won"]) for b, c in zip(base, cach, strict=True)])
+    diff = bootstrap_text([np.mean(c["won"]) - np.mean(b["won"]) for b, c in zip(base, cach, strict=True)], signed=True)
     a = [w for b in base for w in b["won"]]
     c = [w for r in cach for w in r["won"]]
     n = len(a)
@@ -131,17 +126,12 @@ def seed_summary(rows: list[dict]) -> str:
         ["per-seed query ratios (min / median / max)", " / ".join(
             f"{q:.1f}" for q in np.percentile([b["queries"] / max(1, r["queries"]) for b, r in zip(base, cach, strict=True)],
                                               [0, 50, 100]))],
-        ["success no cache [Wilson 95%]", ci_text(sum(a), n)],
-        ["success cache [Wilson 95%]", ci_text(sum(c), n)],
-        ["success cache - no cache [95% CI over seeds]", f"{diff[0]:+.3f} [{diff[1]:+.3f}, {diff[2]:+.3f}]"],
+        ["success no cache [Wilson 95%]", success_text(sum(a), n, counts=True)],
+        ["success cache [Wilson 95%]", success_text(sum(c), n, counts=True)],
+        ["success cache - no cache [95% CI over seeds]", diff],
         ["McNemar p (exact, paired episodes)", f"{mcnemar_exact(c, a):.3g}"],
     ]
     return tabulate(rows_out, tablefmt="github")
-
-
-def ci_text(wins: int, n: int) -> str:
-    lo, hi = wilson_interval(wins, n)
-    return f"{wins / n:.2f} [{lo:.2f}, {hi:.2f}] ({wins}/{n})"
 
 
 def agent_part(args, engine, encoder) -> list[list]:
@@ -155,7 +145,6 @@ def agent_part(args, engine, encoder) -> list[list]:
             prior = LLMActionPrior(engine, temperature=1.0)
             agent = PriorCacheAgent(prior, encoder, use_cache=cfg is not None, cache_config=cfg)
             res = run_agent(env_id, agent, args.episodes, args.max_steps)
-            lo, hi = wilson_interval(res["wins"], res["episodes"])
             sr = res["wins"] / res["episodes"]
             if base is None:
                 base = res
@@ -165,7 +154,7 @@ def agent_part(args, engine, encoder) -> list[list]:
             retained = f"{sr / base_sr:.2f}" if base_sr > 0 else "n/a (baseline 0)"
             hit = agent.cache.counters.hit_rate if agent.cache is not None else 0.0
             rows.append([env_id.split("/")[1], label, res["steps"], res["queries"], f"{hit:.2f}",
-                         f"{res['seconds']:.0f}", f"{sr:.2f} [{lo:.2f}, {hi:.2f}]", f"{ratio_q:.2f}x",
+                         f"{res['seconds']:.0f}", success_text(res["wins"], res["episodes"]), f"{ratio_q:.2f}x",
                          f"{ratio_t:.2f}x", retained])
             print(tabulate([rows[-1]], tablefmt="plain"), flush=True)
     return rows

@@ -176,42 +176,22 @@ def bench_servers(tasks: list[str], episodes: int, rounds: int) -> dict:
     return {"tasks": tasks, "1 server s": o, "2 servers s": t, "speed-up (1/2)": o / t, "same table": all(tables)}
 
 
-class _SyncWrapperClient:
-    """``GenericEnvClient(...).sync()`` behind the calls ``RemoteTextEnv`` makes (for the client comparison)."""
-
-    def __init__(self, url: str) -> None:
-        from openenv.core.generic_client import GenericEnvClient
-
-        self.client = GenericEnvClient(base_url=url).sync()
-        self.client.connect()
-
-    def reset(self, **fields):
-        return self.client.reset(**fields)
-
-    def step(self, action):
-        return self.client.step(action)
-
-    def close(self) -> None:
-        self.client.close()
-
-
 def client_paths(env_id: str, n: int, rounds: int) -> dict:
     """Remote-v0's own-loop client vs OpenEnv's ``.sync()`` wrapper, same server, alternating rounds."""
-    from echorl_envs.remote import RemoteTextEnv
+    from openenv.core.generic_client import GenericEnvClient
+
+    from echorl_envs.service.remote import RemoteTextEnv
 
     with server([env_id]) as (url, pid):
         own = RemoteTextEnv(url, env_id)
-        wrapped = RemoteTextEnv(url, env_id)
-        wrapped._run(wrapped._client.close)
-        wrapped._client = _SyncWrapperClient(url)
-        wrapped._run = lambda call, loop=None: call()  # the .sync() client blocks by itself
+        wrapped = RemoteTextEnv(url, env_id, sync_client=GenericEnvClient(base_url=url).sync())
         rates: dict[str, list] = {"own loop": [], ".sync()": []}
         cpus: dict[str, dict] = {"own loop": {}, ".sync()": {}}
         for r in range(rounds):
             rates["own loop"].append(run_steps(own, n, r, 0.0, cpus["own loop"], pid))
             rates[".sync()"].append(run_steps(wrapped, n, r, 0.0, cpus[".sync()"], pid))
         own.close()
-        wrapped._client.close()
+        wrapped.close()
     return {k: (statistics.median(rates[k]), statistics.median(cpus[k]["client"]),
                 statistics.median(cpus[k]["server"])) for k in rates}
 

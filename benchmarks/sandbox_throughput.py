@@ -18,7 +18,7 @@ import torch
 from tabulate import tabulate
 
 from echorl_envs.cruxeval import check_program, load_cruxeval
-from echorl_envs.cruxeval_generator import generate_items
+from echorl_envs.cruxeval.generator import generate_items
 from echorl_envs.sandbox import SandboxConfig, SandboxPool, run_code
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "cruxeval" / "cruxeval.jsonl"

@@ -47,7 +47,7 @@ def main() -> None:
     t0 = time.perf_counter()
     oracle = [play_oracle(env, i) for i in range(n)]
     t_oracle = time.perf_counter() - t0
-    first_hit = np.mean([g.asin in env._search.search(_first_query(env, i)) for i, g in _goals(env)])
+    first_hit = np.mean([g.asin in env.search(_first_query(env, i)) for i, g in _goals(env)])
 
     rng = np.random.default_rng(args.seed)
     idx = rng.choice(n, size=min(args.n_random, n), replace=False)
@@ -72,7 +72,7 @@ def main() -> None:
 
 
 def _goals(env):
-    return [(i, env.catalogue.goals[j]) for i, j in enumerate(env._indices)]
+    return [(i, env.catalogue.goals[j]) for i, j in enumerate(env.catalogue.split_range(env.split))]
 
 
 def _first_query(env, i):

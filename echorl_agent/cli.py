@@ -1,14 +1,17 @@
-"""The ``echorl`` command line: list, play, bench, record, serve.
+"""The ``echorl`` command line: list, play, bench, train-llm, record, serve, serve-env.
 
-    echorl list
-    echorl play EchoRL/MiniGrid-DoorKey-5x5-v0
+    echorl list                                      # registered ids: family, actions, data, max steps
+    echorl play EchoRL/MiniGrid-DoorKey-5x5-v0       # type an action or its number; 'history', 'quit'
     echorl bench --tasks EchoRL/Game24-v0 EchoRL/MiniGrid-Empty-5x5-v0 --agents random expert --seeds 2 --episodes 5
     echorl bench --preset demo
     echorl train-llm --task EchoRL/MiniGrid-Empty-5x5-v0 --method bc+ppo --train-steps 256 --out runs/llm
     echorl record --task EchoRL/MiniGrid-Empty-5x5-v0 --agent expert --episodes 10 --format minari --out runs/data
-    echorl serve --port 8000 --model smollm2-135m
-    echorl serve --help
+    echorl serve --port 8000 --model smollm2-135m     # the LLM engine, OpenAI-compatible routes
     echorl serve-env --task EchoRL/ALFWorld-v0 --task EchoRL/MiniGrid-DoorKey-5x5-v0 --port 8001 --max-sessions 8
+
+Every subcommand's ``--help`` shows its defaults; the agent, method and family lists in it are generated from the
+registries (:data:`echorl_agent.eval.agents.AGENTS`, :data:`echorl_agent.llm_rl.train.METHODS`,
+:data:`echorl_envs.ENVS`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,11 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import os
+import re
 import sys
+import time
+import warnings
 from pathlib import Path
 
 __all__ = ["main", "demo_config"]
@@ -47,6 +54,9 @@ DEMO_AGENT_OPTIONS = {"llm-score": {"max_steps": 10, "episodes": 4}, "react": {"
 #: 2 training seeds x 20 episodes = 40 paired instances per (task, agent): enough for the expert/random and
 #: EchoPPO/PPO-deterministic gaps to be significant; the table marks which differences are.
 DEMO_SEEDS, DEMO_EPISODES, DEMO_TRAIN_STEPS = 2, 20, 8192
+#: Default ports: ``echorl serve`` (the LLM engine; the usual OpenAI-compatible port) and ``echorl serve-env``
+#: (environments), distinct so both can run on one machine with their defaults.
+SERVE_PORT, SERVE_ENV_PORT = 8000, 8001
 
 
 def _check_choices(values: list[str], known: list[str], what: str) -> None:
@@ -79,7 +89,7 @@ def cmd_play(args: argparse.Namespace) -> int:
     env = gym.make(args.id)
     obs, info = env.reset(seed=args.seed)
     history: list[str] = []
-    print(f"Task: {info['task']}\n\n{obs}")
+    print(f"Task: {info['task']}\n\n{obs}\n\n(type an action or its number; 'history' lists your moves, 'quit' stops)")
     while True:
         adm = info["admissible_actions"]
         if adm:
@@ -128,6 +138,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         notes,
         plot_curves,
         plot_success,
+        reference_of,
         summarize,
         write_summary,
     )
@@ -166,11 +177,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         rows = run_bench(cfg, progress=not args.quiet)
     except ValueError as e:
         raise SystemExit(f"echorl bench: {e}") from e
-    ref = cfg.reference_agent()
-    summary = summarize(rows, cfg.price_per_mtok, reference=ref)
+    summary = summarize(rows, cfg.price_per_mtok, reference=cfg.reference_agent())
+    ref = reference_of(summary)  # None when no agent could be paired with it (e.g. it ran on no task)
+    out = Path(cfg.out)
+    run = json.loads((out / "run.json").read_text())
+    run["reference"] = ref  # the reference the summary actually used
+    (out / "run.json").write_text(json.dumps(run, indent=2))
     paths = write_summary(summary, cfg.out)
-    plot_success(summary, Path(cfg.out) / "success.png")
-    curves = plot_curves(cfg.out, Path(cfg.out) / "learning_curves.png")
+    plot_success(summary, out / "success.png")
+    curves = plot_curves(cfg.out, out / "learning_curves.png")
     try:
         from rich.console import Console
         from rich.table import Table
@@ -178,21 +193,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from echorl_agent.eval.report import _diff_cell
 
         table = Table(title=f"echorl bench ({len(rows)} episodes)")
-        for col in ["task", "agent", "mode", "max steps", "n", "Success@1 [95% CI]", f"Δ vs {ref} [95% CI]",
-                    "McNemar p", "return", "steps", "ep/s", "KV reuse"]:
+        paired = [f"Δ vs {ref} [95% CI]", "McNemar p"] if ref else []
+        for col in ["task", "agent", "mode", "max steps", "n", "Success@1 [95% CI]", *paired, "return", "steps",
+                    "ep/s", "KV reuse"]:
             table.add_column(col)
         for s in summary:
+            diff = [_diff_cell(s), "-" if s["mcnemar_p"] is None else f"{s['mcnemar_p']:.2g}"] if ref else []
             table.add_row(s["task"].replace("EchoRL/", ""), s["agent"], s["mode"], str(s["max_steps"]),
                           str(s["episodes"]), f"{s['success']:.2f} [{s['ci_low']:.2f}, {s['ci_high']:.2f}]",
-                          _diff_cell(s), "-" if s["mcnemar_p"] is None else f"{s['mcnemar_p']:.2g}",
-                          f"{s['mean_return']:.2f}", f"{s['mean_steps']:.1f}", f"{s['episodes_per_s']:.2f}",
+                          *diff, f"{s['mean_return']:.2f}", f"{s['mean_steps']:.1f}", f"{s['episodes_per_s']:.2f}",
                           "-" if s["kv_reuse"] is None else f"{s['kv_reuse']:.2f}")
         Console(width=max(Console().width, 160)).print(table)
     except ImportError:  # rich is a dependency; tabulate is the fallback for trimmed installs
         print(markdown_table(summary))
     print(notes(summary))
-    print(f"\nwrote {paths['md']}, {paths['csv']}, {paths['json']}, {Path(cfg.out) / 'success.png'}"
-          + (f", {curves}" if curves else ""))
+    files = [out / "episodes.jsonl", out / "run.json", paths["md"], paths["csv"], paths["json"],
+             out / "success.png", *([curves] if curves else [])]
+    print(f"\nwrote {', '.join(map(str, files))}")
     return 0
 
 
@@ -217,16 +234,27 @@ def cmd_train_llm(args: argparse.Namespace) -> int:
             bc_epochs=args.bc_epochs, seed=args.seed, history=args.history, max_episode_steps=args.max_steps,
             n_steps=args.n_steps, batch_size=args.batch_size, n_epochs=args.n_epochs,
             learning_rate=args.learning_rate, policy_kwargs=json.loads(args.policy_kwargs or "{}"),
-            grpo_kwargs=json.loads(args.grpo_kwargs or "{}"), out=args.out, progress=not args.quiet)
-        kind = echorl_envs.entry(args.task).action_type
-        if (cfg.method == "grpo") != (kind != "choice"):
-            raise ValueError(f"method {cfg.method!r} does not fit {args.task} ({kind} actions): use grpo for "
-                             "free-text envs and bc/ppo/bc+ppo/echoppo for choice envs")
+            grpo_kwargs=json.loads(args.grpo_kwargs or "{}"), env_kwargs=json.loads(args.env_kwargs or "{}"),
+            n_envs=args.n_envs, gamma=args.gamma, group_size=args.group_size,
+            step_advantage_weight=args.step_advantage_weight, out=args.out, progress=not args.quiet)
+        started = time.time()
         train_llm(cfg)
     except ValueError as e:
         raise SystemExit(f"echorl train-llm: {e}") from e
-    print(f"wrote {args.out}/ (curve.csv, model.zip or adapter/, tb/, config.json)")
+    print(f"wrote {args.out}/: {', '.join(written_since(Path(args.out), started))}")
     return 0
+
+
+def written_since(folder: Path, since: float) -> list[str]:
+    """The entries of ``folder`` this run wrote (a folder counts when anything inside it was written), sorted;
+    folders end with "/"."""
+    def newest(p: Path) -> float:
+        if not p.is_dir():
+            return p.stat().st_mtime
+        return max([p.stat().st_mtime, *(q.stat().st_mtime for q in p.rglob("*"))])
+
+    # file systems with coarse timestamps may round an mtime down; one second of slack covers them
+    return sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir() if newest(p) >= since - 1.0)
 
 
 def cmd_record(args: argparse.Namespace) -> int:
@@ -254,7 +282,7 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
 
     _check_choices(args.task, echorl_envs.env_ids(), "task")
     try:
-        from echorl_envs.serve import serve
+        from echorl_envs.service.server import serve
     except ImportError as e:
         raise SystemExit(f"echorl serve-env: {e}") from e
     make_kwargs = json.loads(args.env_kwargs) if args.env_kwargs else None
@@ -264,51 +292,85 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
     return 0
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """argparse's ArgumentDefaultsHelpFormatter (each option's help ends with its default), keeping the epilog's
+    line breaks; an option whose default is None, False or empty has no default worth printing, so none is added."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False, []) or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _agents_epilog() -> str:
+    """The agent registry as a help section: one line per agent with its description."""
+    from echorl_agent.eval.agents import AGENTS
+
+    width = max(map(len, AGENTS))
+    return "agents:\n" + "\n".join(f"  {name:<{width}}  {s.description}" for name, s in AGENTS.items())
+
+
+def _families() -> list[str]:
+    import echorl_envs
+
+    return list(dict.fromkeys(e.family for e in echorl_envs.ENVS))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="echorl", description="echorl: text environments and EchoRL agents.")
+    from echorl_agent.eval.agents import EVAL_MODES, agent_names
+    from echorl_agent.llm_rl.train import METHODS
+
+    p = argparse.ArgumentParser(prog="echorl", description="echorl: text environments and EchoRL agents.",
+                                epilog=__doc__.split("\n\n")[1], formatter_class=HelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("list", help="list registered environment ids")
-    s.add_argument("--family", help="only this family (minigrid, math, alfworld, ...)")
+    def add(name: str, help: str, **kwargs) -> argparse.ArgumentParser:  # noqa: A002 - argparse's own name
+        return sub.add_parser(name, help=help, description=kwargs.pop("description", help),
+                              formatter_class=HelpFormatter, **kwargs)
+
+    s = add("list", "list registered environment ids (family, actions, data source, max steps)")
+    s.add_argument("--family", choices=_families(), help="only this family")
     s.set_defaults(func=cmd_list)
 
-    s = sub.add_parser("play", help="play an environment in the terminal (type an action or its number)")
+    s = add("play", "play an environment in the terminal",
+            description="Play an environment in the terminal: type an action or its number;\n'history' shows "
+            "the actions so far, 'quit' (or 'exit', or Ctrl-D) stops.")
     s.add_argument("id", help="environment id, e.g. EchoRL/MiniGrid-DoorKey-5x5-v0")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=int, default=0, help="reset seed (picks the task instance)")
     s.set_defaults(func=cmd_play)
 
-    s = sub.add_parser("bench", help="evaluate agents side by side and write tables and plots")
-    s.add_argument("--tasks", nargs="+", help="environment ids")
-    s.add_argument("--agents", nargs="+", help="agent names (random, expert, ppo, maskable-ppo, dqn, echoppo, "
-                   "react, llm-score, tot, echorl)")
+    s = add("bench", "evaluate agents side by side and write tables and plots", epilog=_agents_epilog())
+    s.add_argument("--tasks", nargs="+", metavar="ID", help="environment ids (see `echorl list`)")
+    s.add_argument("--agents", nargs="+", metavar="AGENT", help="agent names: " + ", ".join(agent_names()))
     s.add_argument("--preset", choices=["demo"], help="a predefined run ('demo': what `make demo` runs)")
-    s.add_argument("--seeds", type=int, default=2)
-    s.add_argument("--episodes", type=int, default=5)
+    s.add_argument("--seeds", type=int, default=2,
+                   help="training/evaluation seeds per (task, agent); each plays --episodes episodes")
+    s.add_argument("--episodes", type=int, default=5, help="evaluation episodes per seed")
     s.add_argument("--workers", type=int, default=None, help="parallel workers (default 2; also for --preset)")
-    s.add_argument("--backend", choices=["local", "ray"], default="local")
-    s.add_argument("--train-steps", type=int, default=2048, help="budget for SB3-trained agents")
+    s.add_argument("--backend", choices=["local", "ray"], default="local", help="where the workers run")
+    s.add_argument("--train-steps", type=int, default=2048, help="training budget (env steps) of learned agents")
     s.add_argument("--max-steps", type=int, default=None,
                    help="cap on steps per episode, the same for every agent (default: each id's own limit)")
-    s.add_argument("--eval-mode", choices=["deterministic", "stochastic", "both"], default="both",
+    s.add_argument("--eval-mode", choices=list(EVAL_MODES), default="both",
                    help="how learned agents (ppo, echoppo, dqn, ...) act at evaluation; 'both' gives one row each")
     s.add_argument("--reference", default=None,
                    help="agent the others are compared with on the same instances (default: random when it runs)")
-    s.add_argument("--price-per-mtok", type=float, default=0.0, help="price per million LLM tokens")
+    s.add_argument("--price-per-mtok", type=float, default=0.0, help="price per million LLM tokens (cost/success)")
     s.add_argument("--agent-options", help='JSON, e.g. \'{"react": {"model": "smollm2-135m"}}\'')
     s.add_argument("--exclude", nargs="*", default=[], help='pairs not to run, e.g. "EchoRL/ALFWorld*:ppo"')
-    s.add_argument("--out", default="runs/bench")
+    s.add_argument("--out", default="runs/bench", help="output folder")
     s.add_argument("--env-url", action="append", default=[], metavar="URL",
                    help="an `echorl serve-env` server to play on (repeat to spread episodes over several)")
-    s.add_argument("--quiet", action="store_true")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_bench)
 
-    s = sub.add_parser("record", help="write an agent's trajectories as a Minari dataset or SFT-ready JSONL")
+    s = add("record", "write an agent's trajectories as a Minari dataset or SFT-ready JSONL", epilog=_agents_epilog())
     s.add_argument("--task", required=True, help="environment id, e.g. EchoRL/MiniGrid-Empty-5x5-v0")
-    s.add_argument("--agent", default="expert", help="agent name (default: expert)")
-    s.add_argument("--episodes", type=int, default=10)
-    s.add_argument("--format", choices=["jsonl", "minari"], default="jsonl")
+    s.add_argument("--agent", default="expert", help="agent name (see 'agents' below)")
+    s.add_argument("--episodes", type=int, default=10, help="episodes to record")
+    s.add_argument("--format", choices=["jsonl", "minari"], default="jsonl", help="dataset format")
     s.add_argument("--out", default="runs/record", help="output folder")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=int, default=0, help="seed of the first episode")
     s.add_argument("--max-steps", type=int, default=None, help="cap on steps per episode")
     s.add_argument("--agent-options", help='JSON keyword arguments for the agent factory')
     s.add_argument("--dataset-id", help="Minari dataset id (default echorl/<env>/<agent>-v0)")
@@ -316,48 +378,78 @@ def build_parser() -> argparse.ArgumentParser:
 
     from echorl_agent.llm.serve_args import add_serve_arguments
 
-    s = sub.add_parser("serve", help="serve the LLM engine with OpenAI-compatible routes",
-                       description="Serve a model with OpenAI-compatible routes (completions, chat, streaming, "
-                       "LoRA adapters).")
+    s = add("serve", "serve the LLM engine with OpenAI-compatible routes",
+            description="Serve a model with OpenAI-compatible routes (completions, chat, streaming, LoRA adapters).")
     add_serve_arguments(s)
     s.set_defaults(func=cmd_serve)
-    s = sub.add_parser("train-llm", help="train the LLM itself by RL (LoRA): BC, PPO, EchoPPO or GRPO")
+
+    s = add("train-llm", "train the LLM itself by RL (LoRA): " + ", ".join(METHODS))
     s.add_argument("--task", required=True, help="environment id")
-    s.add_argument("--method", default="bc+ppo", choices=["bc", "ppo", "bc+ppo", "echoppo", "grpo"])
+    s.add_argument("--method", default="bc+ppo", choices=list(METHODS),
+                   help="gigpo / bc+gigpo: critic-free group RL (K episodes per seed); grpo: free-text envs")
     s.add_argument("--train-steps", type=int, default=512, help="PPO env steps / GRPO completions")
     s.add_argument("--bc-episodes", type=int, default=8, help="expert episodes (oracle answers for grpo)")
-    s.add_argument("--bc-epochs", type=int, default=3)
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--bc-epochs", type=int, default=3, help="behaviour-cloning epochs over those episodes")
+    s.add_argument("--seed", type=int, default=0, help="random seed")
     s.add_argument("--history", type=int, default=0, help="history window k in the prompt")
     s.add_argument("--max-steps", type=int, default=None, help="per-episode step cap while training")
     s.add_argument("--n-steps", type=int, default=64, help="PPO rollout length per update")
-    s.add_argument("--batch-size", type=int, default=16)
-    s.add_argument("--n-epochs", type=int, default=2)
-    s.add_argument("--learning-rate", type=float, default=1e-4)
+    s.add_argument("--n-envs", type=int, default=1,
+                   help="envs stepping together, scored in one engine call per step (GiGPO: groups x group size)")
+    s.add_argument("--group-size", type=int, default=4, help="GiGPO: episodes per group (one seed)")
+    s.add_argument("--step-advantage-weight", type=float, default=1.0,
+                   help="GiGPO: omega, weight of the anchor-state step advantage")
+    s.add_argument("--gamma", type=float, default=None, help="discount (default 0.99 PPO, 0.95 GiGPO)")
+    s.add_argument("--env-kwargs", help='JSON of extra gym.make arguments, e.g. \'{"env_kwargs": {"max_steps": 32}}\'')
+    s.add_argument("--batch-size", type=int, default=16, help="minibatch size")
+    s.add_argument("--n-epochs", type=int, default=2, help="PPO epochs per update")
+    s.add_argument("--learning-rate", type=float, default=1e-4, help="optimizer learning rate")
     s.add_argument("--policy-kwargs", help='JSON LLMPolicy options, e.g. \'{"lora_rank": 8, "train_layers": 2}\'')
     s.add_argument("--grpo-kwargs", help='JSON GRPOConfig options, e.g. \'{"group_size": 8}\'')
-    s.add_argument("--out", default="runs/train-llm")
+    s.add_argument("--out", default="runs/train-llm", help="output folder")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
     s.set_defaults(func=cmd_train_llm)
 
-    s = sub.add_parser("serve-env", help="serve environments over OpenEnv (HTTP + WebSocket + /web page)")
-    s.add_argument("--task", action="append", required=True,
+    s = add("serve-env", "serve environments over OpenEnv (HTTP + WebSocket + /web page)")
+    s.add_argument("--task", action="append", required=True, metavar="ID",
                    help="an env id to serve (repeat for several; clients pick one with reset(task=ID))")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--host", default="127.0.0.1", help="interface to bind")
+    s.add_argument("--port", type=int, default=SERVE_ENV_PORT,
+                   help=f"TCP port (`echorl serve` uses {SERVE_PORT}, so both can run side by side)")
     s.add_argument("--max-sessions", type=int, default=8, help="concurrent sessions, one env each")
     s.add_argument("--session-timeout", type=float, default=300.0,
                    help="close a session idle this many seconds (0: never)")
     s.add_argument("--env-kwargs", help='JSON of extra gym.make arguments per id, e.g. '
                    '\'{"EchoRL/GSM8K-v0": {"data_path": "test.jsonl"}}\'')
     s.add_argument("--web", action=argparse.BooleanOptionalAction, default=True,
-                   help="serve the browser page at /web (default: on)")
+                   help="serve the browser page at /web")
     s.set_defaults(func=cmd_serve_env)
     return p
 
 
+#: Deprecation warnings that third-party code raises on our behalf and that we cannot fix at our call: peft's
+#: ``PeftModel.__init__`` reads transformers' deprecated ``is_gradient_checkpointing`` property (peft 0.21 with
+#: transformers 5), printed once per LLM policy. Filtered for ``echorl`` commands and the worker processes they
+#: spawn (through ``PYTHONWARNINGS``), each by its exact message and category.
+THIRD_PARTY_WARNINGS: tuple[tuple[str, type[Warning]], ...] = (
+    ("`is_gradient_checkpointing` is deprecated", FutureWarning),
+)
+
+
+def quiet_third_party_warnings() -> None:
+    """Ignore :data:`THIRD_PARTY_WARNINGS` in this process and in the processes it starts."""
+    specs = [s for s in os.environ.get("PYTHONWARNINGS", "").split(",") if s]
+    for message, category in THIRD_PARTY_WARNINGS:
+        warnings.filterwarnings("ignore", message=re.escape(message), category=category)
+        spec = f"ignore:{message}:{category.__name__}"
+        if spec not in specs:
+            specs.append(spec)
+    os.environ["PYTHONWARNINGS"] = ",".join(specs)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    quiet_third_party_warnings()
     return args.func(args)
 
 

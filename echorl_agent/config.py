@@ -91,7 +91,8 @@ class ReplayConfig:
     """Hot/cold prioritized replay of ``HotColdReplayBuffer`` (EchoRL Eq. 6-7, Algorithm 3).
 
     Sampling is ``P(t) = softmax(beta * score(t))`` over hot and cold transitions with
-    ``score(t) = ||tau_t - tau_bar||^2 + alpha * |r_t| + td_weight * |delta_t|`` (tau_bar: EMA of plans).
+    ``score(t) = ||tau_t - tau_bar||^2 + alpha * |r_t| + td_weight * log(|delta_t| + td_eps)`` (tau_bar: EMA of
+    plans; docs/equations.md).
     Pass it as ``replay_buffer_kwargs={"config": ReplayConfig(...)}`` or pass its fields directly.
     """
 

@@ -197,6 +197,7 @@ class ARCEnv(DatasetTextEnv):
     """
 
     reset_options: ClassVar[frozenset[str]] = frozenset({"index"})
+    step_info_keys: ClassVar[tuple[str, ...]] = ("wrong_cells",)
 
     def __init__(
         self,
@@ -270,11 +271,11 @@ class ARCEnv(DatasetTextEnv):
         self._index = self._select_index(options)
         self._item = self.item(self._index)
         self._attempts = 0
-        return Transition(self._prompt(), info=self._extra())
+        return Transition(self._prompt())
 
-    def _extra(self, **more: Any) -> dict[str, Any]:
+    def _extra_info(self) -> dict[str, Any]:
         assert self._item is not None
-        return {"task_id": self._item["id"], "attempts_left": self.max_attempts - self._attempts, **more}
+        return {"task_id": self._item["id"], "attempts_left": self.max_attempts - self._attempts}
 
     def _apply(self, action: str) -> Transition:
         assert self._item is not None
@@ -288,7 +289,7 @@ class ARCEnv(DatasetTextEnv):
         gold = self._item["test_output"]
         if grid == gold:
             return Transition("Correct! The grid matches the expected output.", 1.0, True, won=True,
-                              info=self._extra(wrong_cells=0))
+                              info={"wrong_cells": 0})
         extra: dict[str, Any] = {}
         if (len(grid), len(grid[0])) != (len(gold), len(gold[0])):
             why = (f"Wrong shape: your grid is {len(grid)}x{len(grid[0])} (rows x columns), "
@@ -299,8 +300,8 @@ class ARCEnv(DatasetTextEnv):
             extra["wrong_cells"] = wrong
         if left <= 0:
             return Transition(f"{why} No attempts left. The expected output was:\n{format_grid(gold)}", 0.0, True,
-                              info=self._extra(**extra))
-        return Transition(f"{why} {left} attempt(s) left.", 0.0, False, info=self._extra(**extra))
+                              info=extra)
+        return Transition(f"{why} {left} attempt(s) left.", 0.0, False, info=extra)
 
     def _task(self) -> str:
         return self._prompt() if self._item is not None else "Solve an ARC task."

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from echorl_envs.alfworld.games import cache_root
-from echorl_envs.core import EngineError, EngineHost, ReplayPickledEnv, Transition, timeout_transition
+from echorl_envs.core import EngineHostedEnv, Transition
 
 __all__ = ["TextWorldEnv", "CHALLENGE_SETTINGS", "generate_textworld_game"]
 
@@ -143,7 +143,7 @@ class _TextWorldEngine:
         self.env = None
 
 
-class TextWorldEnv(ReplayPickledEnv):
+class TextWorldEnv(EngineHostedEnv):
     """A TextWorld challenge (Cote et al., 2018) generated offline and played on textworld's engine.
 
     Description:
@@ -193,6 +193,7 @@ class TextWorldEnv(ReplayPickledEnv):
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
+    load_method = "start"
 
     def __init__(
         self,
@@ -210,8 +211,7 @@ class TextWorldEnv(ReplayPickledEnv):
         self._ctor = dict(challenge=challenge, difficulty=difficulty, challenge_args=challenge_args, split=split,
                           num_games=num_games, cache_dir=cache_dir, render_mode=render_mode,
                           step_timeout=step_timeout, reset_timeout=reset_timeout)
-        self._host = EngineHost(_TextWorldEngine, step_timeout, name="echorl-textworld-engine")
-        self._reset_timeout = reset_timeout
+        self._start_host(_TextWorldEngine, step_timeout, reset_timeout, "echorl-textworld-engine")
         if challenge not in CHALLENGE_SETTINGS:
             hint = difflib.get_close_matches(challenge, CHALLENGE_SETTINGS, n=1)
             raise ValueError(f"challenge must be one of {sorted(CHALLENGE_SETTINGS)}, got challenge={challenge!r}"
@@ -231,9 +231,6 @@ class TextWorldEnv(ReplayPickledEnv):
         key = hashlib.sha1(json.dumps([_GEN_VERSION, self.challenge_args]).encode()).hexdigest()[:10]
         self.root = cache_root(cache_dir) / "textworld" / challenge / key / split
         self._paths: dict[int, Path] = {}
-        self._loaded: Path | None = None
-        self._game: Path | None = None
-        self._state: Any = None
         self._score = 0
         self._index: int | None = None
         self._history: list[Any] = []
@@ -260,34 +257,15 @@ class TextWorldEnv(ReplayPickledEnv):
         raise RuntimeError(f"could not generate any {self.challenge} game for index {index}")
 
     # ------------------------------------------------------------------ hooks
-    def _reset_episode(self, options: dict[str, Any]) -> Transition:
-        index = self._select_index(options)
-        path = self.game_path(index)
-        try:
-            self._state = self._start_and_reset(path)
-        except EngineError:  # one retry on a fresh engine process, then the error reaches the caller
-            self._loaded = None
-            self._state = self._start_and_reset(path)
-        self._score = int(self._state["score"] or 0)
-        self._index, self._history, self._game = index, [], path
-        return Transition(self._state["feedback"])
+    def _first_transition(self, state: dict[str, Any]) -> Transition:
+        self._score = int(state["score"] or 0)
+        return Transition(state["feedback"])
 
-    def _start_and_reset(self, path: Path) -> dict[str, Any]:
-        if self._loaded != path:
-            self._host.call("start", path, timeout=self._reset_timeout)
-            self._loaded = path
-        return self._host.call("reset", timeout=self._reset_timeout)
-
-    def _apply(self, action: str) -> Transition:
-        try:
-            self._state = self._host.call("step", action)
-        except EngineError as e:  # the engine process was killed or died: a fresh one starts at reset
-            self._loaded = None
-            return timeout_transition(e)
-        score = int(self._state["score"] or 0)
+    def _step_transition(self, state: dict[str, Any]) -> Transition:
+        score = int(state["score"] or 0)
         reward, self._score = float(score - self._score), score
-        won, lost = bool(self._state["won"]), bool(self._state["lost"])
-        return Transition(self._state["feedback"], reward=reward, terminated=won or lost, won=won)
+        won, lost = bool(state["won"]), bool(state["lost"])
+        return Transition(state["feedback"], reward=reward, terminated=won or lost, won=won)
 
     def _admissible(self) -> list[str]:
         return list(self._state["admissible_commands"]) if self._state is not None else []
@@ -310,8 +288,3 @@ class TextWorldEnv(ReplayPickledEnv):
         }
         return super()._info(invalid, {**extra, **more})
 
-    # ------------------------------------------------------------------ lifecycle
-    def close(self) -> None:
-        self._host.close()
-        self._loaded = None
-        super().close()

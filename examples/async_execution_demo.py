@@ -13,6 +13,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import os
 import threading
 import time
 
@@ -42,18 +43,19 @@ def run_actors(engine, env_id: str, n_actors: int, turns: int, concurrent: bool)
     """Wall time of ``n_actors`` ReAct episodes (``turns`` turns each), in threads or one after another."""
     import gymnasium as gym
 
-    from echorl_agent.llm import ReActAgent
+    from echorl_agent.agents import ReActAgent
 
     def play(i: int) -> None:
         env = gym.make(env_id)
         obs, info = env.reset(seed=i)
         agent = ReActAgent(engine, max_tokens=24)
-        agent.reset(obs, info)
+        agent.reset(env_id, obs, info, i)
         for _ in range(turns):
-            obs, _, term, trunc, info = env.step(agent.act(info))
+            action = agent.act(obs, info)
+            obs, reward, term, trunc, info = env.step(action)
+            agent.observe(action, obs, reward, term or trunc, info)
             if term or trunc:
                 break
-            agent.observe(obs, info)
         env.close()
 
     errors: list[BaseException] = []
@@ -94,6 +96,9 @@ def main() -> None:
     two = env_steps_per_second(args.env, 2, args.env_steps)
     print(f"[envs] {args.env}, AsyncVectorEnv, {args.env_steps} vector steps: 1 worker {one:.1f} steps/s, "
           f"2 workers {two:.1f} steps/s, ratio {two / one:.2f}")
+    if two / one < 1.5:
+        print(f"[envs] 2 workers gain little here: the 2 workers and this process share {os.cpu_count()} CPU cores "
+              f"(1-minute load average {os.getloadavg()[0]:.1f}), and every vector step waits for both workers")
 
     from echorl_agent.llm import LLMEngine, load_model
 

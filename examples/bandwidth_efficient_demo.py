@@ -22,7 +22,8 @@ import torch
 def play(engine, env_id: str, episodes: int, max_steps: int):
     import gymnasium as gym
 
-    from echorl_agent.llm import BandwidthEfficiencyTracker, ScoringAgent
+    from echorl_agent.agents import ScoringAgent
+    from echorl_agent.llm import BandwidthEfficiencyTracker
 
     tracker = BandwidthEfficiencyTracker()
     env = gym.make(env_id, max_episode_steps=max_steps)
@@ -31,18 +32,17 @@ def play(engine, env_id: str, episodes: int, max_steps: int):
     for ep in range(episodes):
         obs, info = env.reset(seed=ep)
         agent = ScoringAgent(engine, temperature=0.0)
-        agent.reset(obs, info)
+        agent.reset(env_id, obs, info, ep)
         done = False
         while not done:
-            action = agent.act(info)
+            action = agent.act(obs, info)
             actions.append(action)
             step = agent.last
             tracker.record_request(step.num_cached_tokens + step.num_computed_tokens, step.num_cached_tokens, ep)
             obs, reward, term, trunc, info = env.step(action)
             tracker.record_reward(reward, ep)
             done = term or trunc
-            if not done:
-                agent.observe(obs, info)
+            agent.observe(action, obs, reward, done, info)
         tracker.end_episode(ep)
     env.close()
     return time.perf_counter() - t0, tracker.snapshot(), actions
@@ -72,6 +72,11 @@ def main() -> None:
     same = runs["cache on"][2] == runs["cache off"][2]
     print(f"same actions in both runs: {same}; wall time off / on = "
           f"{runs['cache off'][0] / runs['cache on'][0]:.2f}")
+    print("(with the prefix cache off, rho is the sharing inside each scoring request: all candidate actions read "
+          "the prompt's KV once; the cache adds the reuse across steps, the gap in 'b saved')")
+    if all(s.mean_return == 0 for _, s, _ in runs.values()):
+        print(f"(no episode was won within {args.max_steps} steps, so E[return] and eta_bw are 0 in both runs; "
+              "a larger --max-steps gives the agent the chance to win)")
 
 
 if __name__ == "__main__":

@@ -35,10 +35,11 @@ def main() -> None:
         exclude=["EchoRL/Game24-v0:ppo", "EchoRL/Game24-v0:echoppo"],  # SB3 agents need admissible actions
     )
     rows = run_bench(cfg, progress=False)
-    summary = summarize(rows)
+    summary = summarize(rows, reference=cfg.reference_agent())  # each agent paired with random on the same episodes
     paths = write_summary(summary, out)
     print(markdown_table(summary))
-    print(f"\n{len(rows)} episodes; wrote {paths['md']}, {paths['csv']}, {paths['json']}")
+    print(f"\n{len(rows)} episodes; wrote {out}/episodes.jsonl, {out}/run.json, {paths['md']}, {paths['csv']}, "
+          f"{paths['json']}")
 
 
 if __name__ == "__main__":

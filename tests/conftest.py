@@ -53,3 +53,47 @@ def registry_skip_reason(env_id: str) -> str | None:
 
         return f"{env_id}: {chromium_missing_reason()}"
     return f"data for {env_id} is not available here"
+
+
+#: The slow tests CI runs too (``make test-slow-ci``, called by ``.ci/run``), chosen to cover what the default suite
+#: cannot: every example, both servers (``echorl serve-env`` with its /web page in Chromium, ``echorl serve`` with
+#: LoRA adapters), a slow test of every family that has one (the families without slow tests -- MiniGrid, math,
+#: ARC -- run in full in the default suite) and one more MiniWoB task through the whole registry suite. A prefix
+#: of a node id selects every parametrization below it. The whole slow suite stays ``make test-slow``.
+CI_SLOW_TESTS = (
+    "tests/test_examples.py::test_example_prints_what_it_demonstrates",
+    "tests/test_serve_web.py::test_a_person_plays_an_episode_on_the_web_page",
+    "tests/test_serve_faults.py::test_disconnecting_clients_free_their_alfworld_and_textworld_engines",
+    "tests/test_serve_faults.py::test_sigterm_closes_every_env_and_exits_promptly",
+    "tests/test_serve.py::test_served_episodes_equal_local_engine_families",
+    "tests/test_llm_server_lora.py::test_load_use_unload_reload_lora",
+    "tests/test_llm_server_lora.py::test_sigterm_stops_a_busy_server_promptly",
+    "tests/test_workers.py::test_engine_process_does_not_outlive_a_killed_vector_worker",
+    "tests/test_workers.py::test_hung_engine_step_truncates_and_env_recovers",
+    "tests/test_alfworld.py::test_expert_sweep_vs_random[PickAndPlace]",
+    "tests/test_textworld.py::test_expert_sweep_vs_random[tw-coin_collector]",
+    "tests/test_webshop.py::test_oracle_scores_one_on_all_instructions",
+    "tests/test_cruxeval.py::test_real_cruxeval_all_800_gold_outputs_and_inputs_pass",
+    "tests/test_cruxeval_repair.py::test_real_cruxeval_rows_build",
+    "tests/test_envs_registry.py::*[EchoRL/MiniWoB-choose-list-v0]",
+)
+
+
+def _in_ci_subset(nodeid: str) -> bool:
+    for pattern in CI_SLOW_TESTS:
+        if "*" in pattern:
+            head, tail = pattern.split("*", 1)
+            if nodeid.startswith(head) and nodeid.endswith(tail):
+                return True
+        elif nodeid == pattern or nodeid.startswith(pattern + "["):
+            return True
+    return False
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Mark the slow tests of :data:`CI_SLOW_TESTS` ``ci``."""
+    import pytest
+
+    for item in items:
+        if _in_ci_subset(item.nodeid):
+            item.add_marker(pytest.mark.ci)

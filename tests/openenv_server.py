@@ -32,10 +32,11 @@ def running_server(tasks: list[str], max_sessions: int = 8, session_timeout: flo
     """Serve ``tasks`` in a uvicorn thread; yields the base URL and stops the server on exit."""
     import uvicorn
 
-    from echorl_envs.serve import build_app, uvicorn_config
+    from echorl_envs.service.server import build_app, uvicorn_config
 
     port = free_port()
-    app = build_app(tasks, max_sessions=max_sessions, session_timeout=session_timeout, web=web)
+    app = build_app(tasks, max_sessions=max_sessions, session_timeout=session_timeout, web=web,
+                    url=f"http://127.0.0.1:{port}")
     server = uvicorn.Server(uvicorn_config(app, port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -24,7 +24,7 @@ from echorl_envs.cruxeval import (
     load_cruxeval,
     parse_answer,
 )
-from echorl_envs.cruxeval_generator import TEMPLATES, generate_items
+from echorl_envs.cruxeval.generator import TEMPLATES, generate_items
 from echorl_envs.sandbox import SandboxConfig, SandboxPool
 
 torch.set_num_threads(1)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from echorl_envs.cruxeval import _generated
-from echorl_envs.cruxeval_mutations import mutants
-from echorl_envs.cruxeval_repair import CRUXEvalRepairEnv, build_repair_items, repair_program
+from echorl_envs.cruxeval.env import generated_items as _generated
+from echorl_envs.cruxeval.mutations import mutants
+from echorl_envs.cruxeval.repair import CRUXEvalRepairEnv, build_repair_items, repair_program
 from echorl_envs.sandbox import run_code
 from tests.conftest import CRUXEVAL_FILE
 

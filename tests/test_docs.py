@@ -38,7 +38,7 @@ PAGES = sorted(p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")
 
 def test_discovery_finds_the_documented_modules():
     assert _COVERED_ELSEWHERE <= set(_modules_with_examples())
-    assert {"echorl_envs.integrations.trl", "echorl_agent.eval.record", "echorl_envs.sandbox"} <= set(MODULES)
+    assert {"echorl_envs.integrations.trl", "echorl_agent.eval.record", "echorl_envs.sandbox.host"} <= set(MODULES)
     assert {"plug-new-env.md", "plug-sb3.md", "plug-datasets.md"} <= set(PAGES)
 
 

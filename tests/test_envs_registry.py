@@ -77,6 +77,18 @@ def test_registry_not_empty():
         assert e.action_type in ("choice", "free-text")
 
 
+@pytest.mark.parametrize("old", sorted(echorl_envs.MOVED_MODULES))
+def test_moved_modules_keep_their_old_names(old):
+    import importlib
+    import sys
+
+    new = echorl_envs.MOVED_MODULES[old]
+    if new == "echorl_envs.service.server":
+        pytest.importorskip("openenv", reason="the openenv extra is not installed")
+    assert importlib.import_module(old) is importlib.import_module(new) is sys.modules[old]
+    assert getattr(echorl_envs, old.rsplit(".", 1)[1]) is sys.modules[new]  # `from echorl_envs import serve` too
+
+
 def test_check_env(env_id):
     env = make(env_id)
     try:
@@ -109,8 +121,54 @@ def test_protocol_info_and_render(env_id):
         bad = opts[0] + "x" if opts else "zzz_not_an_option"
         with pytest.raises(ValueError, match="unknown reset option"):
             env.reset(options={bad: 1})
+        check_same_info_keys(env)
     finally:
         env.close()
+
+
+#: Actions no env accepts (one of them is invalid everywhere) and answers most free-text envs judge as wrong.
+NOT_ACTIONS = ("zzz not an action zzz", "", "[[[")
+WRONG_ANSWERS = ("0", "[[0]]", "'zzz'")
+
+
+def check_same_info_keys(env, max_steps: int = 400) -> None:
+    """``info`` has the same keys after reset, an invalid step, a valid step and the final step; only
+    ``expert_action`` goes once the episode is over (there is nothing left to do)."""
+    _, info = env.reset(seed=3)  # the game test_protocol_info_and_render loaded (TextWorld compiles new ones)
+    keys = set(info)
+    seen = {}
+    for a in NOT_ACTIONS:
+        *_, step_info = env.step(a)
+        if step_info["invalid_action"]:
+            seen["invalid"] = step_info
+            break
+    assert "invalid" in seen, "no invalid action found"
+    if info["admissible_actions"]:
+        choices = [a for a in info["admissible_actions"] if a != info.get("expert_action")][:1]
+    else:
+        choices = list(WRONG_ANSWERS)
+    done = False
+    for a in choices:  # a valid step that (usually) does not end the episode
+        _, _, term, trunc, step_info = env.step(a)
+        if not step_info["invalid_action"]:
+            seen["valid"], done = step_info, term or trunc
+            info = step_info
+            break
+    for _ in range(max_steps):
+        if done:
+            break
+        action = info.get("expert_action") or (info["admissible_actions"] or ["0"])[0]
+        _, _, term, trunc, info = env.step(action)
+        done = term or trunc
+        seen.setdefault("valid", info)
+    assert done, f"the expert did not finish in {max_steps} steps"
+    seen["final"] = info
+    for kind, step_info in seen.items():
+        if step_info is info:  # the last step: the episode is over
+            assert "expert_action" not in step_info
+            assert set(step_info) | ({"expert_action"} & keys) == keys, (kind, set(step_info) ^ keys)
+        else:
+            assert set(step_info) == keys, (kind, set(step_info) ^ keys)
 
 
 def test_same_seed_same_trajectory(env_id):

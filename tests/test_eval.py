@@ -33,6 +33,19 @@ def test_wilson_interval_matches_hand_computation():
     assert lo == 0.0 and hi == pytest.approx(0.434482, abs=1e-5)
 
 
+def test_benchmark_table_cells_and_seed_study_records(tmp_path):
+    from echorl_agent.eval.stats import bootstrap_text, read_jsonl, success_text
+
+    assert success_text(7, 10) == "0.70 [0.40, 0.89]" and success_text(7, 10, digits=3) == "0.700 [0.397, 0.892]"
+    with pytest.raises(ValueError, match="n must be > 0"):
+        success_text(0, 0)
+    assert bootstrap_text([0.5, 0.5]) == "0.500 [0.500, 0.500]"  # no spread: the interval is the mean
+    path = tmp_path / "seeds.jsonl"
+    assert read_jsonl(path) == []  # a study not started yet
+    path.write_text('{"seed": 1}\n\n{"seed": 2}\n')
+    assert read_jsonl(path) == [{"seed": 1}, {"seed": 2}]
+
+
 def test_summarize_groups_and_tokens():
     rows = [
         {"task": "t", "agent": "a", "success": True, "return": 1.0, "steps": 4, "seconds": 1.0,
@@ -359,3 +372,20 @@ def test_readme_demo_table_is_the_committed_demo_run():
     cfg = json.loads((base / "run.json").read_text())["config"]
     assert (cfg["seeds"], cfg["episodes"], cfg["train_steps"], cfg["eval_mode"]) == (
         DEMO_SEEDS, DEMO_EPISODES, DEMO_TRAIN_STEPS, "both")
+
+
+def test_agents_package_exports_resolve_and_share_the_one_protocol():
+    import echorl_agent.agents as agents
+    from echorl_agent.agent import Agent
+
+    for name in agents.__all__:
+        assert getattr(agents, name) is not None, name
+    for name in ("RandomAgent", "ExpertAgent", "ReActAgent", "ScoringAgent", "ChatReActAgent", "CachedScoringAgent",
+                 "EchoRLLLMAgent", "ToTAgent", "SB3Agent"):
+        assert issubclass(getattr(agents, name), Agent), name
+    with pytest.raises(ImportError, match="from echorl_agent.agents import ReActAgent"):
+        from echorl_agent.llm import ReActAgent  # noqa: F401
+    with pytest.raises(ImportError, match="moved to echorl_agent.agents.tot"):
+        import echorl_agent.llm.tot  # noqa: F401
+    with pytest.raises(ImportError, match="from echorl_agent.agents import CachedScoringAgent"):
+        from echorl_agent.priors import CachedScoringAgent  # noqa: F401

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from echorl_agent.agent import Agent
 from echorl_agent.experience import (
     ExperienceBank,
     ExperienceConfig,
@@ -177,20 +178,26 @@ def test_config_errors_name_the_field():
 
 
 # ----------------------------------------------------------------------------- frozen LLM agent wrapper
-class RecordingChatAgent:
-    """The chat-agent interface of echorl_agent.llm.agents, recording what it is shown."""
+class RecordingChatAgent(Agent):
+    """An agent on the one protocol, recording the observations it is shown (reset and observe) and acts on."""
 
     def __init__(self) -> None:
         self.seen: list[str] = []
+        self.acted_on: list[str] = []
+        self.ended = 0
 
-    def reset(self, obs, info):
+    def reset(self, env_id, obs, info, seed):
         self.seen.append(obs)
 
-    def act(self, info):
+    def act(self, obs, info):
+        self.acted_on.append(obs)
         return info["admissible_actions"][0]
 
-    def observe(self, obs, info):
-        self.seen.append(obs)
+    def observe(self, action, obs, reward, done, info):
+        if done:
+            self.ended += 1
+        else:
+            self.seen.append(obs)
 
 
 def test_guided_agent_puts_retrieved_step_in_prompt_and_grows_bank():
@@ -202,8 +209,10 @@ def test_guided_agent_puts_retrieved_step_in_prompt_and_grows_bank():
     want = guidance_text(bank.retrieve("open the red door", "the red door is right in front of you")[0])
     assert inner.seen[0] == "the red door is right in front of you\n" + want
     assert '"toggle"' in want and "succeeded in 2 steps" in want
-    a = agent.act("", info)
+    a = agent.act("the red door is right in front of you", info)
+    assert inner.acted_on == [inner.seen[0]]  # the inner agent acts on the guided observation
     agent.observe(a, "the red door is open", 1.0, True, {**info, "won": True})
+    assert inner.ended == 1 and len(inner.seen) == 1  # the end of the episode is passed on, not guided
     assert bank.num_rollouts == 5 and bank.rollouts[-1].success
     assert bank.steps[-1].action == "toggle" and bank.steps[-1].next_observation == "the red door is open"
     plain = ExperienceGuidedAgent(RecordingChatAgent(), bank, guide=False, grow=False)

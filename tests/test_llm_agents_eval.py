@@ -8,7 +8,7 @@ from fractions import Fraction
 import pytest
 import torch
 
-from echorl_agent.llm.tot import Game24State, ToTConfig, legal_steps, parse_game24
+from echorl_agent.agents.tot import Game24State, ToTConfig, legal_steps, parse_game24
 from echorl_agent.llm.usage import TokenMeter
 
 torch.set_num_threads(1)
@@ -86,8 +86,8 @@ def test_react_on_minigrid_reuses_turn_one_kv():
 
 @needs_model
 def test_react_answers_free_text_on_game24():
+    from echorl_agent.agents.chat import FREE_TEXT_SYSTEM
     from echorl_agent.eval.agents import make_agent
-    from echorl_agent.eval.llm_agents import FREE_TEXT_SYSTEM
     from echorl_agent.eval.runner import run_job
 
     (row,) = run_job(GAME24, "react", 0, [0], {"max_steps": 1})
@@ -100,9 +100,9 @@ def test_react_answers_free_text_on_game24():
     assert not info.get("admissible_actions")
     agent = make_agent("react", GAME24)
     agent.reset(GAME24, obs, info, 0)
-    assert agent.inner.system_prompt == FREE_TEXT_SYSTEM
+    assert agent.llm.decode(agent.tokens).count(FREE_TEXT_SYSTEM) == 1  # the free-text system turn
     action = agent.act(obs, info)
-    assert isinstance(action, str) and action == agent.inner.last.action
+    assert isinstance(action, str) and action == agent.last.action
     # no admissible list: the parsed action goes to the env as written, and the env judges it
     obs2, r, term, trunc, info2 = env.step(action)
     assert ("Correct" in obs2) == (r == 1.0)
@@ -120,8 +120,8 @@ def test_llm_score_on_minigrid_counts_tokens():
 
 @needs_model
 def test_tot_game24_search_structure_and_answers():
-    from echorl_agent.eval.llm_agents import shared_engine
-    from echorl_agent.llm.tot import game24_bfs
+    from echorl_agent.agents.llm import shared_engine
+    from echorl_agent.agents.tot import game24_bfs
     from echorl_envs.math.game24 import check_expression
 
     cfg = ToTConfig(beam_size=2, proposals_per_state=3)
@@ -166,7 +166,7 @@ def test_echorl_plans_and_uses_experience_on_minigrid():
 
 @needs_model
 def test_unknown_option_is_named_with_a_hint():
-    from echorl_agent.eval.llm_agents import make_tot
+    from echorl_agent.agents.llm import make_tot
 
     with pytest.raises(ValueError, match="beam_size"):
         make_tot(GAME24, beam_sise=3)

@@ -11,7 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from echorl_agent.kernels.attention import paged_attention, paged_attention_reference, positions_of_new_tokens
+from echorl_agent.kernels.attention import (
+    paged_attention,
+    paged_attention_grouped,
+    paged_attention_reference,
+    positions_of_new_tokens,
+)
 
 torch.set_num_threads(1)
 
@@ -38,6 +43,16 @@ def _random_paged(seed: int, ctx_lens: list[int], q_lens: list[int], block_size:
     return q, k_pool, v_pool, tables, torch.tensor(ctx_lens), cu, dense_k, dense_v
 
 
+@pytest.mark.parametrize("short", [0, 4, 16])
+def test_grouped_cpu_path_equals_the_reference(short):
+    # long and short query runs mixed (prompt chunks and scoring candidates), batched or one by one
+    ctx, ql = [7, 13, 1, 9, 40, 21], [3, 1, 1, 9, 20, 2]
+    q, kp, vp, bt, cl, cu, _, _ = _random_paged(3, ctx, ql)
+    ref = paged_attention_reference(q, kp, vp, bt, cl, cu, scale=8**-0.5)
+    out = paged_attention_grouped(q, kp, vp, bt, cl, cu, scale=8**-0.5, short=short)
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=0)
+
+
 def test_positions_of_new_tokens():
     seq, pos = positions_of_new_tokens(torch.tensor([5, 3]), torch.tensor([0, 2, 5]))
     assert seq.tolist() == [0, 0, 1, 1, 1]
@@ -58,10 +73,11 @@ def test_reference_matches_dense_causal_sdpa():
         torch.testing.assert_close(out[cu[b] : cu[b + 1]], ref, atol=1e-5, rtol=1e-5)
 
 
-def test_dispatcher_uses_reference_on_cpu_and_rejects_bad_shapes():
+def test_dispatcher_uses_the_grouped_torch_path_on_cpu_and_rejects_bad_shapes():
     q, kp, vp, bt, cl, cu, _, _ = _random_paged(1, [5], [2])
     a = paged_attention(q, kp, vp, bt, cl, cu, scale=0.3, use_triton=False)
-    assert torch.equal(a, paged_attention_reference(q, kp, vp, bt, cl, cu, scale=0.3))
+    assert torch.equal(a, paged_attention_grouped(q, kp, vp, bt, cl, cu, scale=0.3))
+    torch.testing.assert_close(a, paged_attention_reference(q, kp, vp, bt, cl, cu, scale=0.3), atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="multiple of H_kv"):
         paged_attention_reference(q[:, :5], kp, vp, bt, cl, cu, scale=0.3)
 

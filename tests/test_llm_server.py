@@ -177,7 +177,7 @@ def test_echo_prompt_logprobs_match_hf_forward(served, client):
 
 def test_backend_scoring_matches_engine_and_drives_scoring_agent(served):
     llm, ref, url, _ = served
-    from echorl_agent.llm import ScoringAgent
+    from echorl_agent.agents import ScoringAgent
 
     prompt = llm.encode("Question: what is 2 + 2? Answer:")
     cands = [llm.encode(" 4"), llm.encode(" five"), llm.encode(" 22 apples")]
@@ -189,8 +189,8 @@ def test_backend_scoring_matches_engine_and_drives_scoring_agent(served):
         assert text.logprobs == pytest.approx(got.logprobs[:2], abs=1e-4)
         obs, info = "You are in a room. A door is north.", {"admissible_actions": ["go north", "go south", "wait"]}
         remote, local = ScoringAgent(be, temperature=1.0), ScoringAgent(ref, temperature=1.0)
-        remote.reset(obs, info)
-        local.reset(obs, info)
+        remote.reset("text", obs, info, 0)
+        local.reset("text", obs, info, 0)
         assert remote.policy(info["admissible_actions"])[0] == pytest.approx(
             local.policy(info["admissible_actions"])[0], abs=1e-4)
 
@@ -327,7 +327,7 @@ def test_chat_react_agent_over_http(served):
     import gymnasium as gym
 
     import echorl_envs  # noqa: F401
-    from echorl_agent.llm import ChatReActAgent
+    from echorl_agent.agents import ChatReActAgent
 
     if "EchoRL/MiniGrid-Empty-5x5-v0" not in gym.registry:
         pytest.skip("text MiniGrid not registered")
@@ -336,10 +336,10 @@ def test_chat_react_agent_over_http(served):
     obs, info = env.reset(seed=0)
     with OpenAICompatibleBackend(url) as be:
         agent = ChatReActAgent(be, max_tokens=12)
-        agent.reset(obs, info)
-        a1 = agent.act(info)
-        obs, _, _, _, info = env.step(a1)
-        agent.observe(obs, info)
-        agent.act(info)
+        agent.reset("EchoRL/MiniGrid-Empty-5x5-v0", obs, info, 0)
+        a1 = agent.act(obs, info)
+        obs, r, term, trunc, info = env.step(a1)
+        agent.observe(a1, obs, r, term or trunc, info)
+        agent.act(obs, info)
     assert [m["role"] for m in agent.messages] == ["system", "user", "assistant", "user", "assistant"]
     assert agent.last.num_cached_tokens > 0  # the server reused turn 1's prompt KV

@@ -367,18 +367,18 @@ def test_llm_action_prior_is_softmax_of_engine_scores_and_cache_skips_repeat(eng
 
 @pytest.mark.slow
 def test_cached_scoring_agent_hits_on_revisited_state(engine):
-    pytest.importorskip("echorl_agent.llm.agents")
-    from echorl_agent.priors.scoring import CachedScoringAgent
+    pytest.importorskip("transformers")
+    from echorl_agent.agents.cached_scoring import CachedScoringAgent
     from echorl_envs.wrappers import HashingEncoder
 
     agent = CachedScoringAgent(engine, HashingEncoder(dim=64), cache_config=PriorCacheConfig(refresh_rate=0.0),
                                temperature=1.0, seed=0)
     info = {"task": "get to the goal", "admissible_actions": ["turn left", "turn right", "go forward"]}
-    agent.reset("You see a wall ahead.", info)
+    agent.reset("text", "You see a wall ahead.", info, 0)
     p1, r1 = agent.policy(info["admissible_actions"])
     assert r1.num_computed_tokens > 0 and p1.sum() == pytest.approx(1.0)
-    a = agent.act(info)
-    agent.observe("You see a wall ahead.", info)  # same state again
+    a = agent.act("You see a wall ahead.", info)
+    agent.observe(a, "You see a wall ahead.", 0.0, False, info)  # same state again
     p2, r2 = agent.policy(info["admissible_actions"])
     assert r2.num_computed_tokens == 0 and agent.cache.counters.hits >= 1
     np.testing.assert_allclose(p2, p1)

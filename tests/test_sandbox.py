@@ -469,7 +469,7 @@ def test_ctypes_cannot_come_back_through_extension_file_loader(run):
 
 
 def test_missing_layers_warn_once(monkeypatch):
-    from echorl_envs import sandbox
+    from echorl_envs.sandbox import host as sandbox
 
     monkeypatch.setattr(sandbox, "_WARNED", set())
     with pytest.warns(RuntimeWarning, match="seccomp"):

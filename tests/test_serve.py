@@ -12,7 +12,7 @@ import pytest
 import echorl_envs
 from tests.openenv_server import running_server
 
-to_wire = pytest.importorskip("echorl_envs.serve", reason="the openenv extra is not installed").to_wire
+to_wire = pytest.importorskip("echorl_envs.service.server", reason="the openenv extra is not installed").to_wire
 
 #: One id per family; ALFWorld and TextWorld load engines/games for tens of seconds (slow suite).
 FAST = ["EchoRL/MiniGrid-DoorKey-5x5-v0", "EchoRL/Game24-v0", "EchoRL/WebShop-v0", "EchoRL/CRUXEval-O-v0",
@@ -118,11 +118,53 @@ def test_remote_gym_env_keeps_the_text_protocol_and_feeds_sb3_wrappers():
         local.close()
 
 
+def test_remote_env_over_a_blocking_client_plays_the_same_episode():
+    from openenv.core.generic_client import GenericEnvClient
+
+    from echorl_envs.service.remote import RemoteTextEnv
+
+    env_id = "EchoRL/MiniGrid-Empty-5x5-v0"
+    with running_server([env_id]) as url:
+        own = RemoteTextEnv(url, env_id)
+        blocking = RemoteTextEnv(url, env_id, sync_client=GenericEnvClient(base_url=url).sync())
+        trajectories = []
+        for env in (own, blocking):
+            obs, info = env.reset(seed=3)
+            steps = [(obs, info["admissible_actions"])]
+            for t in range(4):
+                obs, r, term, trunc, info = env.step(info["admissible_actions"][t % len(info["admissible_actions"])])
+                steps.append((obs, r, term, trunc, to_wire(info)))
+            trajectories.append(steps)
+            env.close()
+        assert trajectories[0] == trajectories[1]
+        with pytest.raises(RuntimeError, match="closed"):
+            blocking.reset(seed=0)
+
+
 def test_remote_id_is_registered_but_outside_the_family_table():
     assert echorl_envs.REMOTE_ID in gym.registry
     assert echorl_envs.REMOTE_ID not in echorl_envs.env_ids()
     with pytest.raises(ValueError, match="base_url must start with http://"):
         gym.make("EchoRL/Remote-v0", base_url="localhost:1", task="EchoRL/ARC-v0")
+    with pytest.raises(ValueError, match=r"base_url is required.*got base_url=None"):
+        gym.make("EchoRL/Remote-v0")
+
+
+def test_remote_env_reports_the_served_step_limit_and_checks_the_task():
+    with running_server(["EchoRL/MiniGrid-DoorKey-5x5-v0", "EchoRL/ARC-v0"]) as url:
+        for task, limit in ((None, 250), ("EchoRL/MiniGrid-DoorKey-5x5-v0", 250), ("EchoRL/ARC-v0", 8)):
+            env = gym.make("EchoRL/Remote-v0", base_url=url, task=task)
+            assert env.spec.max_episode_steps == limit == gym.spec(task or "EchoRL/MiniGrid-DoorKey-5x5-v0") \
+                .max_episode_steps
+            env.close()
+        env = gym.make("EchoRL/Remote-v0", base_url=url, task="EchoRL/MiniGrid-DoorKey-5x5-v0", time_limit=3)
+        assert env.spec.max_episode_steps == 3
+        env.reset(seed=0)
+        steps = [env.step("turn left") for _ in range(3)]  # the server truncates at the reported limit
+        assert [s[3] for s in steps] == [False, False, True], [(s[0][:60], *s[1:4], s[4].get("step")) for s in steps]
+        env.close()
+        with pytest.raises(ValueError, match="'EchoRL/ARC-Eval-v0' is not served.*did you mean 'EchoRL/ARC-v0'"):
+            gym.make("EchoRL/Remote-v0", base_url=url, task="EchoRL/ARC-Eval-v0")
 
 
 def test_bench_over_two_servers_equals_one_server_and_local(tmp_path):
@@ -190,3 +232,18 @@ def test_sb3_ppo_trains_on_remote_envs():
         model.learn(128)
         assert model.num_timesteps == 128
         vec.close()
+
+
+def test_a_malformed_step_message_names_the_bad_field():
+    import httpx
+    from openenv.core.generic_client import GenericEnvClient
+
+    with running_server(["EchoRL/Game24-v0"]) as url, GenericEnvClient(base_url=url).sync() as client:
+        client.reset(seed=0)
+        with pytest.raises(RuntimeError, match=r"unknown field 'actoin' \(did you mean 'action'\?\)"):
+            client.step({"actoin": "1"})
+        with pytest.raises(RuntimeError, match=r"action input should be a valid string, got action=3"):
+            client.step({"action": 3})
+        assert client.step({"action": "1"}).observation["invalid_action"]  # the session goes on
+        r = httpx.post(url + "/step", json={"action": {"action": "1", "extra": 2}})
+        assert r.status_code == 422 and "unknown field 'extra'" in r.json()["detail"]

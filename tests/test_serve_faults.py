@@ -13,7 +13,7 @@ import pytest
 
 from tests.openenv_server import running_server, server_process
 
-serve = pytest.importorskip("echorl_envs.serve", reason="the openenv extra is not installed")
+serve = pytest.importorskip("echorl_envs.service.server", reason="the openenv extra is not installed")
 
 MINIGRID = "EchoRL/MiniGrid-DoorKey-5x5-v0"
 
@@ -49,8 +49,9 @@ def test_malformed_messages_get_openenv_errors_and_the_session_goes_on():
         cases = {
             "{not json": "INVALID_JSON",
             json.dumps({"type": "jump"}): "UNKNOWN_TYPE",
-            json.dumps({"type": "step", "data": {"action": 7}}): "VALIDATION_ERROR",
-            json.dumps({"type": "step", "data": {"actoin": "turn left"}}): "VALIDATION_ERROR",
+            # a bad action payload is explained by serve-env (OpenEnv's own VALIDATION_ERROR names no field)
+            json.dumps({"type": "step", "data": {"action": 7}}): "EXECUTION_ERROR",
+            json.dumps({"type": "step", "data": {"actoin": "turn left"}}): "EXECUTION_ERROR",
             json.dumps({"type": "step"}): "VALIDATION_ERROR",
             json.dumps({"type": "reset", "data": {"sed": 1}}): "EXECUTION_ERROR",
         }
@@ -58,6 +59,9 @@ def test_malformed_messages_get_openenv_errors_and_the_session_goes_on():
             reply = ask(ws, raw)
             assert reply["type"] == "error" and reply["data"]["code"] == code, (raw, reply)
         assert "did you mean 'seed'" in ask(ws, {"type": "reset", "data": {"sed": 1}})["data"]["message"]
+        assert "got action=7" in ask(ws, {"type": "step", "data": {"action": 7}})["data"]["message"]
+        assert "unknown field 'actoin' (did you mean 'action'?)" in ask(
+            ws, {"type": "step", "data": {"actoin": "turn left"}})["data"]["message"]
         # the episode started by the reset above is untouched: its next step is the local one
         ok = ask(ws, {"type": "step", "data": {"action": "turn left"}})
         assert ok["type"] == "observation" and ok["data"]["observation"]["text"] == obs1
@@ -110,7 +114,7 @@ def test_disconnecting_clients_free_their_alfworld_and_textworld_engines():
     alf, tw = "EchoRL/ALFWorld-PickAndPlace-v0", "EchoRL/TextWorld-CoinCollector-v0"
     probe = gym.make(tw)
     probe.reset(seed=0)
-    tw_cls = type(probe.unwrapped._env)
+    tw_cls = type(probe.unwrapped._host._engine.env)  # textworld's env, inside the env's engine host
     probe.close()
     with running_server([alf, tw], max_sessions=4) as url:
         # warm-up: the first games of a process fill textworld's caches; leaks are counted from after it

@@ -48,9 +48,17 @@ def test_a_person_plays_an_episode_on_the_web_page(browser):
     def shown() -> str:
         return browser.find_element(By.CSS_SELECTOR, ".echorl-obs").text
 
-    with running_server([MINIGRID], web=True) as url:
+    with running_server([MINIGRID, "EchoRL/Game24-v0"], web=True) as url:
         browser.get(url + "/web/")
-        wait.until(ec.element_to_be_clickable((By.XPATH, "//button[normalize-space()='Reset']"))).click()
+        reset = wait.until(ec.element_to_be_clickable((By.XPATH, "//button[normalize-space()='Reset']")))
+        # the page names the served ids and the address it really serves on (not OpenEnv's localhost:8000)
+        header = browser.find_element(By.CSS_SELECTOR, ".oe-header").text
+        assert f"echorl serve-env at {url}. Reset plays {MINIGRID}" in header
+        assert "clients pick among EchoRL/MiniGrid-DoorKey-5x5-v0, EchoRL/Game24-v0 with reset(task=ID)" in header
+        code = browser.find_element(By.CSS_SELECTOR, ".oe-code").get_attribute("textContent")
+        assert f'base_url="{url}", task="{MINIGRID}"' in code and "localhost:8000" not in code
+        assert browser.title == f"echorl serve-env: {MINIGRID}, EchoRL/Game24-v0"
+        reset.click()
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".echorl-obs pre"))
         first = shown()
         assert "Mission: use the key to open the door" in first

@@ -278,13 +278,21 @@ def test_soak_harness_counts_steps_and_resources():
     assert r["start"]["fds"] > 0 and r["end"]["rss_mb"] > 0
 
 
+def _textworld_with_engine_process() -> gym.Env:
+    """A TextWorld env whose engine already runs in a child process, as after an abandoned (hung) call; engines
+    start in-process on a thread, so a fresh worker has no engine process of its own."""
+    env = gym.make("EchoRL/TextWorld-CoinCollector-v0", num_games=1)
+    host = env.unwrapped._host
+    host.process = EngineProcess(host.factory, host.timeout, host.name)
+    return env
+
+
 @pytest.mark.slow
 def test_engine_process_does_not_outlive_a_killed_vector_worker():
     psutil = pytest.importorskip("psutil")
     import echorl_envs  # noqa: F401  (registers the ids)
 
-    venv = RobustAsyncVectorEnv([lambda: gym.make("EchoRL/TextWorld-CoinCollector-v0", num_games=1)] * 2,
-                                shared_memory=False)
+    venv = RobustAsyncVectorEnv([_textworld_with_engine_process] * 2, shared_memory=False)
     try:
         _, infos = venv.reset(seed=[0, 1])
         worker = psutil.Process(venv.processes[0].pid)

@@ -1,7 +1,7 @@
 """The agent registry of the evaluation runner: one short name per baseline.
 
-Every agent follows the same small protocol (:class:`Agent`): ``reset`` at the start of an episode, ``act`` once per
-step, ``stats`` for counters the summary reports (LLM tokens, KV reuse...). A *learned* agent (``AgentSpec.learned``:
+Every agent follows the one protocol of :class:`echorl_agent.agent.Agent`: ``reset`` at the start of an episode, ``act``
+once per step, ``stats`` for counters the summary reports (LLM tokens, KV reuse...). A *learned* agent (``AgentSpec.learned``:
 PPO, EchoPPO, DQN..., and any policy with a sampling temperature) takes a ``deterministic: bool`` factory option and
 exposes a writable ``deterministic`` attribute; the runner sets it per evaluation mode (``--eval-mode``), so one
 trained policy is evaluated both greedily and by sampling. Agents that need a part that is not
@@ -16,71 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
+from echorl_agent.agent import Agent
+from echorl_agent.agents.basic import ExpertAgent, RandomAgent
 
 __all__ = ["Agent", "AgentSpec", "AGENTS", "EVAL_MODES", "eval_modes", "availability", "incompatibility", "make_agent", "agent_names", "RandomAgent", "ExpertAgent"]
-
-
-class Agent:
-    """Base class: an agent acting in an echorl text env.
-
-    Attributes:
-        name: the registry name.
-    """
-
-    name = "agent"
-
-    def reset(self, env_id: str, obs: str, info: dict[str, Any], seed: int) -> None:
-        """Start an episode (``seed`` makes stochastic agents reproducible)."""
-
-    def act(self, obs: str, info: dict[str, Any]) -> str:  # pragma: no cover - every agent overrides
-        raise TypeError(f"{type(self).__name__} must implement act()")
-
-    def observe(self, action: str, obs: str, reward: float, done: bool, info: dict[str, Any]) -> None:
-        """See the result of the last action (agents that learn or keep history override this)."""
-
-    def stats(self) -> dict[str, float]:
-        """Counters for the summary (e.g. ``prompt_tokens``, ``cached_tokens``, ``generated_tokens``)."""
-        return {}
-
-    def close(self) -> None:
-        """Release resources (models, engines)."""
-
-
-class RandomAgent(Agent):
-    """Uniform over the admissible actions; on a search page with nothing to click (WebShop's
-    ``info["has_search_bar"]``), searches the instruction as WebShop's random baseline does; on free-text envs, a
-    uniform integer answer in [0, 100]."""
-
-    name = "random"
-
-    def __init__(self) -> None:
-        self.rng = np.random.default_rng(0)
-
-    def reset(self, env_id: str, obs: str, info: dict[str, Any], seed: int) -> None:
-        self.rng = np.random.default_rng(seed)
-
-    def act(self, obs: str, info: dict[str, Any]) -> str:
-        adm = info.get("admissible_actions") or []
-        if adm:
-            return adm[int(self.rng.integers(len(adm)))]
-        if info.get("has_search_bar"):
-            return f"search[{info['task']}]"
-        return str(int(self.rng.integers(0, 101)))
-
-
-class ExpertAgent(Agent):
-    """Follows ``info["expert_action"]`` (the env's expert, oracle or walkthrough): an upper bound."""
-
-    name = "expert"
-
-    def act(self, obs: str, info: dict[str, Any]) -> str:
-        action = info.get("expert_action")
-        if action is None:
-            # No expert at this step (e.g. the expert has no plan from here): do nothing the env accepts.
-            adm = info.get("admissible_actions") or []
-            return adm[0] if adm else ""
-        return action
 
 
 @dataclass(frozen=True)
@@ -108,30 +47,36 @@ AGENTS: dict[str, AgentSpec] = {
     for s in [
         AgentSpec("random", "uniform over admissible actions", lambda env_id: RandomAgent()),
         AgentSpec("expert", "the env's expert/oracle (upper bound)", lambda env_id: ExpertAgent()),
-        AgentSpec("ppo", "SB3 PPO (MlpPolicy) on the encoded text env", "echorl_agent.eval.sb3_agents:make_ppo",
+        AgentSpec("ppo", "SB3 PPO (MlpPolicy) on the encoded text env", "echorl_agent.agents.sb3:make_ppo",
                   ("stable_baselines3", "echorl_envs.wrappers"), "sb3", learned=True),
         AgentSpec("maskable-ppo", "sb3-contrib MaskablePPO with admissible-action masks",
-                  "echorl_agent.eval.sb3_agents:make_maskable_ppo", ("sb3_contrib", "echorl_envs.wrappers"), "sb3",
+                  "echorl_agent.agents.sb3:make_maskable_ppo", ("sb3_contrib", "echorl_envs.wrappers"), "sb3",
                   learned=True),
-        AgentSpec("dqn", "SB3 DQN on the encoded text env", "echorl_agent.eval.sb3_agents:make_dqn",
+        AgentSpec("dqn", "SB3 DQN on the encoded text env", "echorl_agent.agents.sb3:make_dqn",
                   ("stable_baselines3", "echorl_envs.wrappers"), "sb3", learned=True),
-        AgentSpec("echoppo", "EchoPPO with EchoPolicy (latent planning)", "echorl_agent.eval.sb3_agents:make_echoppo",
+        AgentSpec("echoppo", "EchoPPO with EchoPolicy (latent planning)", "echorl_agent.agents.sb3:make_echoppo",
                   ("echorl_agent.algorithms", "echorl_envs.wrappers"), "sb3",
                   learned=True),
-        AgentSpec("react", "generative ReAct LLM agent (SmolLM2 by default)", "echorl_agent.eval.llm_agents:make_react",
-                  ("transformers", "echorl_agent.llm.agents"), "llm"),
+        AgentSpec("react", "generative ReAct LLM agent (SmolLM2 by default)", "echorl_agent.agents.llm:make_react",
+                  ("transformers", "echorl_agent.agents.chat"), "llm"),
         AgentSpec("llm-score", "LLM scoring of admissible actions (shared-prefix KV)",
-                  "echorl_agent.eval.llm_agents:make_scoring", ("transformers", "echorl_agent.llm.agents"), "llm"),
-        AgentSpec("tot", "tree-of-thought BFS with the LLM (Game24/math)", "echorl_agent.eval.llm_agents:make_tot",
-                  ("transformers", "echorl_agent.llm.agents"), "llm"),
-        AgentSpec("echorl", "LLM + latent plan + KV-aware engine + experience", "echorl_agent.eval.llm_agents:make_echorl",
-                  ("transformers", "echorl_agent.llm.agents"), "llm"),
+                  "echorl_agent.agents.llm:make_scoring", ("transformers", "echorl_agent.agents.chat"), "llm"),
+        AgentSpec("tot", "tree-of-thought BFS with the LLM (Game24/math)", "echorl_agent.agents.llm:make_tot",
+                  ("transformers", "echorl_agent.agents.chat"), "llm"),
+        AgentSpec("echorl", "LLM + latent plan + KV-aware engine + experience", "echorl_agent.agents.llm:make_echorl",
+                  ("transformers", "echorl_agent.agents.chat"), "llm"),
         AgentSpec("llm-bc", "SmolLM2 behaviour-cloned on the expert (LoRA, LLMPolicy)",
                   "echorl_agent.eval.llm_rl_agents:make_llm_bc", ("peft", "echorl_agent.llm_rl.policy"), "sb3", learned=True),
         AgentSpec("llm-ppo", "SmolLM2 trained by PPO (LLMPolicy: LoRA, engine rollouts, activation reuse)",
                   "echorl_agent.eval.llm_rl_agents:make_llm_ppo", ("peft", "echorl_agent.llm_rl.policy"), "sb3", learned=True),
         AgentSpec("llm-echoppo", "SmolLM2, BC warm start + EchoPPO with the latent plan (soft tokens, plan KL)",
                   "echorl_agent.eval.llm_rl_agents:make_llm_echoppo", ("peft", "echorl_agent.llm_rl.policy"), "sb3", learned=True),
+        AgentSpec("llm-gigpo", "SmolLM2 trained by GiGPO (critic-free group RL: K episodes per seed, anchor-state "
+                  "step advantages; bc_warm_start option)", "echorl_agent.eval.llm_rl_agents:make_llm_gigpo",
+                  ("peft", "echorl_agent.llm_rl.gigpo"), "sb3", learned=True),
+        AgentSpec("llm-echorl", "SmolLM2 trained by EchoRL on the LM: GiGPO + latent plan tokens (plan KL) + hot/cold "
+                  "prioritized replay of LLM transitions", "echorl_agent.eval.llm_rl_agents:make_llm_echorl",
+                  ("peft", "echorl_agent.llm_rl.gigpo", "echorl_agent.replay.llm"), "sb3", learned=True),
         AgentSpec("llm-grpo", "SmolLM2 trained by GRPO on free-text envs (oracle warm start, group sampling)",
                   "echorl_agent.eval.llm_rl_agents:make_llm_grpo", ("peft", "echorl_agent.llm_rl.grpo"), "sb3", learned=True),
     ]

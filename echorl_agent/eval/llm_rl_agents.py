@@ -1,4 +1,5 @@
-"""The trained-LLM agents of the runner: ``llm-bc``, ``llm-ppo``, ``llm-echoppo`` (choice envs), ``llm-grpo``.
+"""The trained-LLM agents of the runner: ``llm-bc``, ``llm-ppo``, ``llm-echoppo``, ``llm-gigpo``, ``llm-echorl`` (choice envs),
+``llm-grpo``.
 
 Each trains SmolLM2 (LoRA on the top layers) for the run's ``train_steps`` with
 :func:`echorl_agent.llm_rl.train.train_llm` -- writing ``curve.csv``, ``model.zip``, the peft adapter and TensorBoard
@@ -17,7 +18,8 @@ import echorl_envs
 from echorl_agent.eval.agents import Agent
 from echorl_agent.eval.sb3_agents import _Mirror
 
-__all__ = ["LLMChoiceAgent", "LLMGRPOAgent", "make_llm_bc", "make_llm_ppo", "make_llm_echoppo", "make_llm_grpo"]
+__all__ = ["LLMChoiceAgent", "LLMGRPOAgent", "make_llm_bc", "make_llm_ppo", "make_llm_echoppo", "make_llm_gigpo",
+           "make_llm_echorl", "make_llm_grpo"]
 
 
 class LLMChoiceAgent(Agent):
@@ -49,7 +51,7 @@ class LLMChoiceAgent(Agent):
         self.obs, _ = self.env.reset()
 
     def act(self, obs: str, info: dict[str, Any]) -> str:
-        index, _ = self.model.predict(self.obs, deterministic=self.deterministic)
+        index, _ = self.model.policy.predict(self.obs, deterministic=self.deterministic)
         self.index = int(np.asarray(index).reshape(-1)[0])
         return self.env.action_text(self.index)
 
@@ -102,6 +104,16 @@ def make_llm_ppo(env_id: str, **kw: Any) -> LLMChoiceAgent:
 
 def make_llm_echoppo(env_id: str, **kw: Any) -> LLMChoiceAgent:
     return LLMChoiceAgent("llm-echoppo", env_id, "echoppo", **kw)
+
+
+def make_llm_gigpo(env_id: str, **kw: Any) -> LLMChoiceAgent:
+    kw.setdefault("n_envs", 8)
+    return LLMChoiceAgent("llm-gigpo", env_id, "bc+gigpo" if kw.pop("bc_warm_start", False) else "gigpo", **kw)
+
+
+def make_llm_echorl(env_id: str, **kw: Any) -> LLMChoiceAgent:
+    kw.setdefault("n_envs", 8)
+    return LLMChoiceAgent("llm-echorl", env_id, "echorl", **kw)
 
 
 def make_llm_grpo(env_id: str, **kw: Any) -> LLMGRPOAgent:

@@ -11,6 +11,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from echorl_agent.eval.stats import wilson_interval
+
 __all__ = ["wilson_interval", "summarize", "write_summary", "markdown_table", "notes", "budget_notes", "plot_success",
            "plot_curves", "COLUMNS", "TIMING_COLUMNS"]
 
@@ -22,20 +24,6 @@ COLUMNS = ["task", "agent", "mode", "max_steps", "episodes", "success", "ci_low"
 ALPHA = 0.05
 #: Columns that depend on the machine's speed (left out when two runs are compared for equality).
 TIMING_COLUMNS = ("episodes_per_s",)
-
-
-def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
-    """Wilson score interval for a binomial proportion (95% by default); (0, 1) when ``n == 0``.
-
-    Better than the normal approximation at the small n and extreme rates typical of agent benchmarks.
-    """
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def _caps(rs: list[dict]) -> int | str | None:
@@ -133,16 +121,17 @@ def reference_of(summary: list[dict]) -> str | None:
 
 def markdown_table(summary: list[dict]) -> str:
     """The summary as a GitHub Markdown table (Success@1 with its 95% Wilson CI; the paired difference against the
-    reference with its 95% bootstrap CI, "*" when McNemar's exact p < 0.05)."""
+    reference with its 95% bootstrap CI, "*" when McNemar's exact p < 0.05; without a reference, no such columns)."""
     from tabulate import tabulate
 
-    ref = reference_of(summary) or "reference"
-    headers = ["task", "agent", "mode", "max steps", "n", "Success@1 [95% CI]", f"Δ vs {ref} [95% CI]",
-               "McNemar p", "return", "steps", "ep/s", "prompt tok", "cached", "generated", "KV reuse", "eta_bw",
+    ref = reference_of(summary)
+    paired = [f"Δ vs {ref} [95% CI]", "McNemar p"] if ref else []
+    headers = ["task", "agent", "mode", "max steps", "n", "Success@1 [95% CI]", *paired,
+               "return", "steps", "ep/s", "prompt tok", "cached", "generated", "KV reuse", "eta_bw",
                "cost/success"]
+    diff = lambda s: [_diff_cell(s), "-" if s.get("mcnemar_p") is None else f"{s['mcnemar_p']:.2g}"] if ref else []  # noqa: E731
     body = [[s["task"], s["agent"], s.get("mode", "-"), _fmt(s.get("max_steps")), s["episodes"],
-             f"{s['success']:.2f} [{s['ci_low']:.2f}, {s['ci_high']:.2f}]", _diff_cell(s),
-             "-" if s.get("mcnemar_p") is None else f"{s['mcnemar_p']:.2g}",
+             f"{s['success']:.2f} [{s['ci_low']:.2f}, {s['ci_high']:.2f}]", *diff(s),
              _fmt(s["mean_return"]), _fmt(s["mean_steps"]), _fmt(s["episodes_per_s"]), _fmt(s["prompt_tokens"]),
              _fmt(s["cached_tokens"]), _fmt(s["generated_tokens"]), _fmt(s["kv_reuse"]), _fmt(s["eta_bw"]),
              _fmt(s["cost_per_success"])] for s in summary]

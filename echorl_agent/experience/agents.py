@@ -1,8 +1,8 @@
 """A frozen LLM agent guided by retrieved experience (the retrieved step goes into its prompt).
 
-:class:`ExperienceGuidedAgent` follows the eval runner's :class:`~echorl_agent.eval.agents.Agent` protocol and wraps
-a chat agent with the ``reset(obs, info)`` / ``act(info)`` / ``observe(obs, info)`` interface of
-:mod:`echorl_agent.llm.agents` (``ScoringAgent`` or ``ReActAgent``), whose weights never change. Before each turn it
+:class:`ExperienceGuidedAgent` follows the :class:`~echorl_agent.agent.Agent` protocol and wraps
+another agent on the same protocol -- a frozen chat agent of :mod:`echorl_agent.agents.chat` (``ScoringAgent`` or
+``ReActAgent``), whose weights never change. Before each turn it
 retrieves-then-samples one step from the :class:`~echorl_agent.experience.bank.ExperienceBank` for the current
 (instruction, observation) and appends it to the observation the LLM sees::
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from echorl_agent.eval.agents import Agent
+from echorl_agent.agent import Agent
 from echorl_agent.experience.bank import ExperienceBank, Retrieved
 
 __all__ = ["ExperienceGuidedAgent", "guidance_text"]
@@ -42,7 +42,7 @@ class ExperienceGuidedAgent(Agent):
     """A frozen chat agent + an experience bank (module docstring).
 
     Args:
-        inner: the frozen chat agent (``reset(obs, info)``, ``act(info)``, ``observe(obs, info)``).
+        inner: the frozen agent it shows the guided observations to (any :class:`~echorl_agent.agent.Agent`).
         bank: the experience bank (shared across episodes; grows online when ``grow=True``).
         grow: add every finished episode to the bank.
         guide: put retrieved experience into the prompt (False: the plain frozen agent, same code path).
@@ -51,7 +51,7 @@ class ExperienceGuidedAgent(Agent):
 
     name = "experience"
 
-    def __init__(self, inner: Any, bank: ExperienceBank, grow: bool = True, guide: bool = True,
+    def __init__(self, inner: Agent, bank: ExperienceBank, grow: bool = True, guide: bool = True,
                  max_chars: int = 160) -> None:
         self.inner = inner
         self.bank = bank
@@ -61,6 +61,7 @@ class ExperienceGuidedAgent(Agent):
         self.rng = np.random.default_rng(0)
         self._instruction = ""
         self._prev_obs = ""
+        self._shown = ""  # the (guided) observation the inner agent saw last
         self.num_guided_turns = 0
         self.last_guidance: str | None = None
 
@@ -81,10 +82,11 @@ class ExperienceGuidedAgent(Agent):
         self._prev_obs = obs
         if self.grow:
             self.bank.begin_episode(self._instruction, {"env_id": env_id, "seed": seed})
-        self.inner.reset(self._augment(obs), info)
+        self._shown = self._augment(obs)
+        self.inner.reset(env_id, self._shown, info, seed)
 
     def act(self, obs: str, info: dict[str, Any]) -> str:
-        return self.inner.act(info)
+        return self.inner.act(self._shown, info)
 
     def observe(self, action: str, obs: str, reward: float, done: bool, info: dict[str, Any]) -> None:
         if self.grow:
@@ -93,8 +95,10 @@ class ExperienceGuidedAgent(Agent):
         if done:
             if self.grow:
                 self.bank.end_episode(bool(info.get("won", False)))
+            self.inner.observe(action, obs, reward, done, info)
             return
-        self.inner.observe(self._augment(obs), info)
+        self._shown = self._augment(obs)
+        self.inner.observe(action, self._shown, reward, done, info)
 
     def stats(self) -> dict[str, float]:
         return {"guided_turns": float(self.num_guided_turns), "bank_rollouts": float(self.bank.num_rollouts)}

@@ -34,6 +34,7 @@ from echorl_agent.kernels._dispatch import HAS_TRITON, next_power_of_2, tl, trit
 __all__ = [
     "decode_plan",
     "paged_attention",
+    "paged_attention_grouped",
     "paged_attention_reference",
     "paged_decode_attention",
     "positions_of_new_tokens",
@@ -129,6 +130,71 @@ def paged_attention_reference(
             scores = scores.masked_fill(keys > pos, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         out[lo:hi] = torch.matmul(probs, vb).transpose(0, 1).to(q.dtype)
+    return out
+
+
+def paged_attention_grouped(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    block_tables: torch.Tensor,
+    ctx_lens: torch.Tensor,
+    cu_q_lens: torch.Tensor,
+    scale: float,
+    short: int = 16,
+) -> torch.Tensor:
+    """:func:`paged_attention_reference` arranged for the CPU: the same float32 softmax attention, with fewer copies.
+
+    Queries of a KV head's ``H / H_kv`` query heads are stacked so K and V are never repeated per query head, and
+    all sequences with at most ``short`` new tokens (scoring candidates, short turns) are gathered and attended in
+    one padded batch instead of one call each.
+    """
+    _check(q, k_pool, v_pool, block_tables, ctx_lens, cu_q_lens)
+    n, h, d = q.shape
+    block_size, h_kv = k_pool.shape[1], k_pool.shape[2]
+    g = h // h_kv
+    if n == ctx_lens.shape[0] and n > 0:  # pure decode step: one new token per sequence
+        return _decode_reference(q, k_pool, v_pool, block_tables, ctx_lens, scale)
+    out = torch.empty_like(q)
+    cu = cu_q_lens.tolist()
+    lens = ctx_lens.tolist()
+    qlen = [cu[b + 1] - cu[b] for b in range(len(lens))]
+    batched = [b for b in range(len(lens)) if 0 < qlen[b] <= short]
+    if batched:
+        nb, t_max = len(batched), max(qlen[b] for b in batched)
+        n_blocks = (max(lens[b] for b in batched) + block_size - 1) // block_size
+        tb = block_tables[batched, :n_blocks]
+        k = k_pool[tb].reshape(nb, n_blocks * block_size, h_kv, d).permute(0, 2, 3, 1).float()  # [B, H_kv, D, S]
+        v = v_pool[tb].reshape(nb, n_blocks * block_size, h_kv, d).transpose(1, 2).float()  # [B, H_kv, S, D]
+        rows = torch.zeros(nb, t_max, dtype=torch.long, device=q.device)
+        valid = torch.zeros(nb, t_max, dtype=torch.bool, device=q.device)
+        for i, b in enumerate(batched):
+            rows[i, : qlen[b]] = torch.arange(cu[b], cu[b + 1], device=q.device)
+            valid[i, : qlen[b]] = True
+        qb = q[rows].float().view(nb, t_max, h_kv, g, d).permute(0, 2, 3, 1, 4).reshape(nb, h_kv, g * t_max, d)
+        scores = torch.matmul(qb, k) * scale  # [B, H_kv, G*T, S]
+        start = torch.tensor([lens[b] - qlen[b] for b in batched], device=q.device)
+        pos = start[:, None] + torch.arange(t_max, device=q.device)[None, :]  # absolute position of each query
+        allowed = torch.arange(n_blocks * block_size, device=q.device)[None, None, :] <= pos[:, :, None]
+        scores = scores.view(nb, h_kv, g, t_max, -1).masked_fill(~allowed[:, None, None], float("-inf"))
+        probs = torch.softmax(scores.view(nb, h_kv, g * t_max, -1), dim=-1)
+        o = torch.matmul(probs, v).view(nb, h_kv, g, t_max, d).permute(0, 3, 1, 2, 4).reshape(nb, t_max, h, d)
+        out[rows[valid]] = o[valid].to(q.dtype)
+    for b in range(len(lens)):
+        t, ctx = qlen[b], lens[b]
+        if t <= short:
+            continue
+        lo, hi = cu[b], cu[b + 1]
+        n_blocks = (ctx + block_size - 1) // block_size
+        ids = block_tables[b, :n_blocks]
+        k = k_pool[ids].reshape(n_blocks * block_size, h_kv, d)[:ctx].permute(1, 2, 0).float()  # [H_kv, D, S]
+        v = v_pool[ids].reshape(n_blocks * block_size, h_kv, d)[:ctx].transpose(0, 1).float()  # [H_kv, S, D]
+        qb = q[lo:hi].float().view(t, h_kv, g, d).permute(1, 2, 0, 3).reshape(h_kv, g * t, d)
+        scores = torch.matmul(qb, k) * scale
+        causal = torch.ones(t, ctx, dtype=torch.bool, device=q.device).tril(ctx - t)
+        scores = scores.view(h_kv, g, t, ctx).masked_fill(~causal, float("-inf")).view(h_kv, g * t, ctx)
+        o = torch.matmul(torch.softmax(scores, dim=-1), v)
+        out[lo:hi] = o.view(h_kv, g, t, d).permute(2, 0, 1, 3).reshape(t, h, d).to(q.dtype)
     return out
 
 
@@ -325,11 +391,11 @@ def paged_attention(
         cu_q_lens: ``[B + 1]`` cumulative new-token counts.
         scale: softmax scale, usually ``D ** -0.5``.
         use_triton: True = Triton kernel, False = torch reference, None = kernel on CUDA (or when
-            ``TRITON_INTERPRET=1`` / ``ECHORL_USE_TRITON=1``), reference otherwise.
+            ``TRITON_INTERPRET=1`` / ``ECHORL_USE_TRITON=1``), :func:`paged_attention_grouped` otherwise.
 
     Returns:
         ``[N, H, D]`` attention outputs.
     """
     if use_kernel(use_triton, q, k_pool):
         return _paged_attention_triton(q, k_pool, v_pool, block_tables, ctx_lens, cu_q_lens, scale)
-    return paged_attention_reference(q, k_pool, v_pool, block_tables, ctx_lens, cu_q_lens, scale)
+    return paged_attention_grouped(q, k_pool, v_pool, block_tables, ctx_lens, cu_q_lens, scale)

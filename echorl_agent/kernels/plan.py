@@ -3,7 +3,7 @@
 * EMA plan update: ``tau_bar' = (1 - lam) * tau_bar + lam * mean_b(plans[b])`` -- the running mean plan that the
   replay priorities measure surprise against (one EMA step per added batch of plans).
 * Plan surprise: ``s_t = ||tau_t - tau_bar||^2 + alpha * |r_t|`` -- the priority score whose softmax is the sampling
-  distribution of :class:`echorl_agent.buffers.HotColdReplayBuffer`.
+  distribution of :class:`echorl_agent.replay.HotColdReplayBuffer`.
 
 Each has a torch reference, a Triton kernel (defined only when triton imports) and a dispatcher.
 """

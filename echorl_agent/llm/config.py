@@ -8,10 +8,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from echorl_agent.llm.prefix_cache import PrefixCacheConfig
-from echorl_agent.llm.quant import check_weight_dtype
 from echorl_agent.llm.scheduler import SchedulerConfig
 
-__all__ = ["EngineConfig", "SamplingParams", "GenerationResult", "ScoreResult"]
+__all__ = ["EngineConfig", "SamplingParams", "GenerationResult", "ScoreResult", "WEIGHT_DTYPES", "check_weight_dtype"]
+
+#: Values of ``EngineConfig.weight_dtype``: "float32" (the model's own weights, exact), "int8" and "int4" (packed
+#: copies for the CPU decode kernel, :mod:`echorl_agent.llm.quant`). The one list: the engine's check, ``echorl
+#: serve --weight-dtype`` and the learner's engine option read it.
+WEIGHT_DTYPES = ("float32", "int8", "int4")
+
+
+def check_weight_dtype(weight_dtype: str) -> str:
+    """Return ``weight_dtype`` or raise a ValueError naming the field and the allowed values."""
+    if weight_dtype not in WEIGHT_DTYPES:
+        raise ValueError(
+            f"weight_dtype must be one of {WEIGHT_DTYPES}, got weight_dtype={weight_dtype!r}; "
+            "use 'float32' for exact decoding, 'int8' for fast batched CPU decoding or 'int4' for the smallest "
+            "weights and fastest single stream"
+        )
+    return weight_dtype
 
 
 @dataclass

@@ -170,6 +170,24 @@ class LLMEngine(_RequestsMixin):
         with self._lock:
             return score_candidates(self.runner, self.cache, p, cands, share_prefix, soft=soft, capture=capture)
 
+    def score_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        candidates: Sequence[Sequence[Sequence[int]]],
+        soft: Sequence[SoftTokens | None] | None = None,
+        capture: bool = False,
+    ) -> list[ScoreResult]:
+        """:meth:`score` for several prompts at once (the envs of one rollout step), in two batched forwards.
+
+        Exact duplicate requests (no soft tokens) are computed once; see :func:`echorl_agent.llm.scoring.score_batch`.
+        """
+        from echorl_agent.llm.scoring import score_batch
+
+        ps = [[int(t) for t in p] for p in prompts]
+        cs = [[[int(t) for t in c] for c in cands] for cands in candidates]
+        with self._lock:
+            return score_batch(self.runner, self.cache, ps, cs, soft, capture)
+
     # ------------------------------------------------------------------ weights (RL)
     @property
     def weight_version(self) -> int:

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["LoadedModel", "load_model", "cache_dir", "DEFAULT_MODEL", "EMBEDDED_MODELS"]
+__all__ = ["LoadedModel", "load_model", "cache_dir", "embedded_gguf", "DEFAULT_MODEL", "EMBEDDED_MODELS"]
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,9 @@ class LoadedModel:
         return self.encode(text)
 
 
-def _embedded_gguf(name: str) -> Path:
+def embedded_gguf(name: str) -> Path:
+    """The GGUF file of embedded model ``name`` (e.g. ``"smollm2-135m"``) inside its wheel, for tools that read
+    GGUF themselves (llama.cpp in ``benchmarks/llama_cpp_compare.py``); a ValueError says which wheel is missing."""
     pkg, fname = EMBEDDED_MODELS[name]
     spec = importlib.util.find_spec(pkg)
     if spec is None or not spec.submodule_search_locations:
@@ -101,7 +103,7 @@ def _embedded_gguf(name: str) -> Path:
 def _load_embedded(name: str, dtype: torch.dtype) -> tuple[Any, Any, Path]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = _embedded_gguf(name)
+    gguf = embedded_gguf(name)
     folder = cache_dir() / "models" / name
     if not (folder / "config.json").exists() or not any(folder.glob("*.safetensors")):
         log.info("converting %s to a safetensors cache in %s (once)", gguf.name, folder)

@@ -7,7 +7,7 @@ so prefix reuse can be measured across backends.
 :meth:`OpenAICompatibleBackend.score` computes log-likelihoods of candidate continuations from the server's prompt
 log-probabilities (``echo=True, logprobs=0, max_tokens=0``, the lm-eval-harness recipe vLLM and SGLang serve), with
 the same signature and result as :meth:`LLMEngine.score`; given a ``tokenizer``, the backend also exposes ``llm``,
-so :class:`~echorl_agent.llm.agents.ScoringAgent` runs against a remote server unchanged.
+so :class:`~echorl_agent.agents.chat.ScoringAgent` runs against a remote server unchanged.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class OpenAICompatibleBackend:
         timeout: seconds per request.
         tokenizer: the served model's tokenizer (a ``transformers`` tokenizer or a
             :class:`~echorl_agent.llm.models.LoadedModel`); needed only by agents that build token prompts
-            themselves (:class:`~echorl_agent.llm.agents.ScoringAgent`), exposed as :attr:`llm`.
+            themselves (:class:`~echorl_agent.agents.chat.ScoringAgent`), exposed as :attr:`llm`.
     """
 
     def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None, timeout: float = 120.0,

@@ -44,13 +44,11 @@ import torch
 import torch.nn.functional as F
 
 from echorl_agent.llm import qkernel
+from echorl_agent.llm.config import WEIGHT_DTYPES, check_weight_dtype
 
 __all__ = [
     "WEIGHT_DTYPES", "QuantizedLinear", "quantize_model_linears", "linear_names", "check_weight_dtype", "lm_head_dtype"
 ]
-
-WEIGHT_DTYPES = ("float32", "int8", "int4")
-"""Values of ``EngineConfig.weight_dtype``."""
 
 GROUP = 32
 """Input features per scale/offset group (as GGUF Q4_1 / Q8_0 blocks)."""
@@ -88,17 +86,6 @@ def int16_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     dx = g.abs().amax(dim=-1, keepdim=True) / 32767.0
     inv = torch.where(dx > 0, 1.0 / dx, torch.zeros_like(dx))
     return (torch.round(g * inv) * dx).view_as(x), g.sum(dim=-1)
-
-
-def check_weight_dtype(weight_dtype: str) -> str:
-    """Return ``weight_dtype`` or raise a ValueError naming the field and the allowed values."""
-    if weight_dtype not in WEIGHT_DTYPES:
-        raise ValueError(
-            f"weight_dtype must be one of {WEIGHT_DTYPES}, got weight_dtype={weight_dtype!r}; "
-            "use 'float32' for exact decoding, 'int8' for fast batched CPU decoding or 'int4' for the smallest "
-            "weights and fastest single stream"
-        )
-    return weight_dtype
 
 
 class QuantizedLinear(torch.nn.Module):

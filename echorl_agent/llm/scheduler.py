@@ -24,8 +24,13 @@ __all__ = ["SchedulerConfig", "Scheduler", "attention_bandwidth", "effective_ban
 
 
 def attention_bandwidth(t: int, scale: float = 1.0) -> float:
-    """``b(s_{1:t}) = scale * t (t + 1) / 2``: key reads of causal attention over ``t`` tokens (seed README)."""
-    return scale * t * (t + 1) / 2.0
+    """``b(s_{1:t}) = scale * t (t + 1) / 2``: key reads of causal attention over ``t`` tokens (seed README).
+
+    The one place the formula is written: the scheduler's ``"bandwidth"`` policy, the agents' token meter
+    (:class:`~echorl_agent.llm.usage.TokenMeter`) and :class:`~echorl_agent.llm.metrics.BandwidthEfficiencyTracker`
+    all call it. ``t (t + 1)`` is an exact integer product, so the result is the float64 of the formula.
+    """
+    return scale * (t * (t + 1)) * 0.5
 
 
 def effective_bandwidth(t: int, t_cached: int, scale: float = 1.0) -> float:

@@ -18,7 +18,7 @@ import torch
 from echorl_agent.llm.prefix_cache import PrefixCache
 from echorl_agent.llm.runner import ModelRunner, SeqChunk
 
-__all__ = ["score_candidates", "prompt_logprobs", "SoftTokens"]
+__all__ = ["score_candidates", "score_batch", "prompt_logprobs", "SoftTokens"]
 
 
 @dataclass
@@ -78,11 +78,8 @@ def score_candidates(
         raise ValueError("the prompt is empty; scoring needs at least one prompt token")
     if not candidates or any(len(c) == 0 for c in candidates):
         raise ValueError("candidates must be a non-empty list of non-empty token lists")
-    bs = cache.block_size
-    p = len(prompt)
-    out: list[float] = []
     if not share_prefix:
-        computed = 0
+        p, out, computed = len(prompt), [], 0
         for c in candidates:
             tokens = prompt + c
             alloc = cache.allocate(tokens, record_stats=False, use_cache=False)
@@ -94,71 +91,165 @@ def score_candidates(
             out.append(_candidate_logprob(lg[p - 1], lg[p:], c))
         return ScoreResult(out, [len(c) for c in candidates], 0, computed)
 
-    alloc = cache.allocate(prompt)
-    table, hashes = alloc.block_table, list(alloc.block_hashes)
-    extra: dict = {}
+    (res,) = score_batch(runner, cache, [prompt], [candidates], [soft], capture)
+    return res
+
+
+def score_batch(
+    runner: ModelRunner,
+    cache: PrefixCache,
+    prompts: Sequence[list[int]],
+    candidates: Sequence[list[list[int]]],
+    soft: Sequence[SoftTokens | None] | None = None,
+    capture: bool = False,
+):
+    """Score the candidates of several prompts in two batched forwards (many envs of one rollout step).
+
+    All prompts' uncached tokens run in one forward (each prompt's leading blocks may come from the prefix cache),
+    then every candidate of every prompt runs in one more forward (as many as fit the free blocks). Exact duplicate
+    requests without soft tokens -- the K episodes of a group that start from one state -- are computed once and
+    share one result.
+
+    Args:
+        prompts: token ids of each prompt.
+        candidates: per prompt, its candidate token lists.
+        soft: per prompt, soft tokens or a callable as in :func:`score_candidates` (None: none).
+        capture: as in :func:`score_candidates`.
+
+    Returns:
+        One :class:`echorl_agent.llm.config.ScoreResult` per prompt (duplicates get the same object).
+    """
+    n = len(prompts)
+    if len(candidates) != n:
+        raise ValueError(f"candidates must have one list per prompt: {len(candidates)} lists for {n} prompts")
+    softs = list(soft) if soft is not None else [None] * n
+    if len(softs) != n:
+        raise ValueError(f"soft must have one entry per prompt: {len(softs)} for {n} prompts")
+    for p, cands in zip(prompts, candidates, strict=True):
+        if not p:
+            raise ValueError("the prompt is empty; scoring needs at least one prompt token")
+        if not cands or any(len(c) == 0 for c in cands):
+            raise ValueError("candidates must be a non-empty list of non-empty token lists")
+    owner: list[int] = []
+    first_of: dict[tuple, int] = {}
+    for i in range(n):
+        if softs[i] is None:
+            key = (tuple(prompts[i]), tuple(tuple(c) for c in candidates[i]))
+            owner.append(first_of.setdefault(key, i))
+        else:
+            owner.append(i)
+    todo = [i for i in range(n) if owner[i] == i]
+    results: dict[int, object] = {}
+    # sub-batches whose prompts (and a block per candidate) fit the pool together
+    while todo:
+        budget = max(1, cache.num_free_blocks)
+        take, need = [], 0
+        for i in todo:
+            blocks = cache.num_blocks_needed(len(prompts[i])) + len(candidates[i]) + 1
+            if take and need + blocks > budget:
+                break
+            take.append(i)
+            need += blocks
+        todo = todo[len(take):]
+        for i, r in zip(take, _score_group(runner, cache, [prompts[i] for i in take],
+                                            [candidates[i] for i in take], [softs[i] for i in take], capture),
+                        strict=True):
+            results[i] = r
+    return [results[owner[i]] for i in range(n)]
+
+
+def _score_group(runner, cache, prompts, candidates, softs, capture):
+    """:func:`score_batch` for prompts that fit the pool together."""
+    from echorl_agent.llm.config import ScoreResult
+
+    bs = cache.block_size
+    allocs, tables, hashes = [], [], []
     try:
-        (first,), (last_h,) = runner.forward(
-            [SeqChunk(prompt[alloc.num_cached_tokens :], alloc.num_cached_tokens, table)], return_hidden=True
-        )
-        _register_full(cache, table, prompt, hashes)
-        if callable(soft):  # a plan computed from the prompt's own activations (EchoRL: tau_t = F(s_{t-k:t}))
-            states = runner.gather_hidden(table, 0, p) if runner.h_pool is not None else None
-            soft = soft(states, last_h)
-        if soft is not None:
-            # the soft tokens extend the prompt's own blocks; blocks holding them are never registered
-            m = soft.embeds.shape[0]
-            while len(table) * bs < p + m:
-                table.append(cache.append_block())
-            (first,), (last_h,) = runner.forward(
-                [SeqChunk([soft.token_id] * m, p, table, embeds=soft.embeds, embeds_layer=soft.layer)],
-                return_hidden=True,
-            )
-            p += m
+        for p in prompts:
+            a = cache.allocate(p)
+            allocs.append(a)
+            tables.append(a.block_table)
+            hashes.append(list(a.block_hashes))
+        # 1. every prompt's uncached tokens in one forward
+        chunks = [SeqChunk(p[a.num_cached_tokens :], a.num_cached_tokens, a.block_table)
+                  for p, a in zip(prompts, allocs, strict=True)]
+        firsts, lasts = runner.forward(chunks, return_hidden=True)
+        for p, t, h in zip(prompts, tables, hashes, strict=True):
+            _register_full(cache, t, p, h)
+        # 2. soft tokens (EchoRL's plan, computed from the prompt's own activations), one forward for all
+        lens = [len(p) for p in prompts]
+        resolved = []
+        for k, s in enumerate(softs):
+            if callable(s):
+                states = runner.gather_hidden(tables[k], 0, lens[k]) if runner.h_pool is not None else None
+                s = s(states, lasts[k])
+            resolved.append(s)
+        soft_rows = [k for k, s in enumerate(resolved) if s is not None]
+        if soft_rows:
+            soft_chunks = []
+            for k in soft_rows:
+                m = resolved[k].embeds.shape[0]
+                while len(tables[k]) * bs < lens[k] + m:  # soft tokens extend the prompt's own, never-registered blocks
+                    tables[k].append(cache.append_block())
+                soft_chunks.append(SeqChunk([resolved[k].token_id] * m, lens[k], tables[k],
+                                            embeds=resolved[k].embeds, embeds_layer=resolved[k].layer))
+            f2, l2 = runner.forward(soft_chunks, return_hidden=True)
+            for j, k in enumerate(soft_rows):
+                firsts[k], lasts[k] = f2[j], l2[j]
+                lens[k] += resolved[k].embeds.shape[0]
+        extras = [{} for _ in prompts]
         if capture:
-            extra["hidden"] = last_h.clone()
-            if runner.h_pool is not None:
-                extra["context_states"] = runner.gather_hidden(table, 0, p)
-                extra["candidate_states"] = [None] * len(candidates)
-        full, partial = p // bs, p % bs
-        # candidates in groups that fit the free blocks
+            for k, ex in enumerate(extras):
+                ex["hidden"] = lasts[k].clone()
+                if runner.h_pool is not None:
+                    ex["context_states"] = runner.gather_hidden(tables[k], 0, lens[k])
+                    ex["candidate_states"] = [None] * len(candidates[k])
+        # 3. every candidate of every prompt, sharing its prompt's full blocks (+ a copy of the partial one)
+        pairs = [(k, j) for k in range(len(prompts)) for j in range(len(candidates[k]))]
+        scores = [[0.0] * len(c) for c in candidates]
         i = 0
-        while i < len(candidates):
-            group: list[tuple[list[int], list[int]]] = []
+        while i < len(pairs):
+            group = []
             free = cache.num_free_blocks
-            while i < len(candidates):
-                need = cache.num_blocks_needed(p + len(candidates[i])) - full
+            while i < len(pairs):
+                k, j = pairs[i]
+                c, p = candidates[k][j], lens[k]
+                full, partial = p // bs, p % bs
+                need = cache.num_blocks_needed(p + len(c)) - full
                 if need > free:
                     break
                 free -= need
-                cache.share(table[:full])
+                cache.share(tables[k][:full])
                 own = [cache.append_block() for _ in range(need)]
                 if partial:
-                    runner.copy_block(table[full], own[0])
-                group.append((candidates[i], table[:full] + own))
+                    runner.copy_block(tables[k][full], own[0])
+                group.append((k, j, tables[k][:full] + own))
                 i += 1
             if not group:
                 raise MemoryError("prefix cache full while scoring; raise PrefixCacheConfig.max_tokens")
             try:
-                logits = runner.forward([SeqChunk(c, p, t, all_logits=True) for c, t in group])
-                if "candidate_states" in extra:
-                    for j, (c, t) in enumerate(group):
-                        extra["candidate_states"][len(out) + j] = runner.gather_hidden(t, p, p + len(c))
+                logits = runner.forward([SeqChunk(candidates[k][j], lens[k], t, all_logits=True) for k, j, t in group])
+                for k, j, t in group:
+                    if "candidate_states" in extras[k]:
+                        extras[k]["candidate_states"][j] = runner.gather_hidden(t, lens[k], lens[k] + len(candidates[k][j]))
             finally:
-                for _, t in group:
+                for _, _, t in group:
                     cache.release(t)
-            for (c, _), lg in zip(group, logits, strict=True):
-                out.append(_candidate_logprob(first, lg, c))
+            for (k, j, _), lg in zip(group, logits, strict=True):
+                scores[k][j] = _candidate_logprob(firsts[k], lg, candidates[k][j])
     finally:
-        cache.release(table)
-    # candidates reuse the whole prompt's KV (KV_frozen) and compute only their own tokens
-    n_cand = sum(len(c) for c in candidates)
-    cache.stats.num_cached_tokens += p * len(candidates)
-    cache.stats.num_computed_tokens += n_cand
-    return ScoreResult(
-        out, [len(c) for c in candidates], alloc.num_cached_tokens + p * len(candidates),
-        p - alloc.num_cached_tokens + n_cand, **extra,
-    )
+        for t in tables:
+            cache.release(t)
+    out = []
+    for k, cands in enumerate(candidates):
+        # candidates reuse the whole prompt's KV (KV_frozen) and compute only their own tokens
+        n_cand = sum(len(c) for c in cands)
+        p, cached = lens[k], allocs[k].num_cached_tokens
+        cache.stats.num_cached_tokens += p * len(cands)
+        cache.stats.num_computed_tokens += n_cand
+        out.append(ScoreResult(scores[k], [len(c) for c in cands], cached + p * len(cands),
+                               p - cached + n_cand, **extras[k]))
+    return out
 
 
 def prompt_logprobs(

@@ -1,8 +1,10 @@
-"""Command-line options of ``echorl serve`` (kept free of heavy imports so ``echorl serve --help`` is instant)."""
+"""Command-line options of ``echorl serve``."""
 
 from __future__ import annotations
 
 import argparse
+
+from echorl_agent.llm.config import WEIGHT_DTYPES
 
 __all__ = ["add_serve_arguments"]
 
@@ -21,7 +23,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--no-prefix-cache", action="store_true", help="disable prefix caching (baseline)")
     p.add_argument("--policy", default="priority", choices=["priority", "bandwidth", "fcfs"],
                    help="request ordering (default: %(default)s, EchoRL Eq. 5)")
-    p.add_argument("--weight-dtype", default="float32", choices=["float32", "int8", "int4"],
+    p.add_argument("--weight-dtype", default="float32", choices=WEIGHT_DTYPES,
                    help="decode weights: float32 (exact), int8 (fast on CPU, best batched) or int4 (smallest, fastest single stream)")
     p.add_argument("--max-loras", type=int, default=2,
                    help="LoRA adapters loaded at once via /v1/load_lora_adapter (default: %(default)s)")

@@ -5,7 +5,7 @@ prefix cache (``t'``, EchoRL's KV_frozen) and how many were prefilled (``t - t'`
 
 * ``prompt_tokens`` / ``cached_tokens`` / ``generated_tokens`` / ``llm_calls`` -- monotone counters;
 * ``bandwidth`` -- the summed effective attention bandwidth ``b_eff = b(s_{1:t}) - b(s_{1:t'})`` with
-  ``b(s_{1:t}) = scale * t (t + 1) / 2`` (seed README; :func:`echorl_agent.kernels.effective_bandwidth_cost`);
+  ``b(s_{1:t}) = scale * t (t + 1) / 2`` (seed README; :func:`echorl_agent.llm.scheduler.effective_bandwidth`);
 * ``eta_bw`` -- the running *sum* of per-episode ``eta_bw = sum_t r_t / (sum b_eff + E_B[w |l_PG|])`` (seed
   README); the policy-gradient term is 0 for agents that do not learn. It is a sum so that the runner, which
   reports ``stats()`` after an episode minus before it, gets exactly that episode's ``eta_bw``.
@@ -15,9 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from echorl_agent.kernels.bandwidth import effective_bandwidth_cost
+from echorl_agent.llm.scheduler import effective_bandwidth
 
 __all__ = ["TokenMeter"]
 
@@ -49,8 +47,7 @@ class TokenMeter:
         if min(cached, computed, generated) < 0:
             raise ValueError(f"token counts must be >= 0, got cached={cached}, computed={computed}, generated={generated}")
         t = cached + computed
-        b_eff = float(effective_bandwidth_cost(torch.tensor([float(t)]), torch.tensor([float(cached)]),
-                                               self.bandwidth_scale)[0])
+        b_eff = effective_bandwidth(t, cached, self.bandwidth_scale)
         self.prompt_tokens += t
         self.cached_tokens += cached
         self.generated_tokens += generated

@@ -84,7 +84,9 @@ def behaviour_clone(policy, data: ExpertData, epochs: int = 3, batch_size: int =
     policy.clear_store()
     policy.recording = True
     try:
-        records = [policy.record(row) for row in data.observations]
+        records = []
+        for lo in range(0, len(data.observations), 16):  # 16 states per batched engine call
+            records += policy.record_many(list(data.observations[lo : lo + 16]))
     finally:
         policy.recording = False
     policy.set_training_mode(True)
@@ -98,8 +100,9 @@ def behaviour_clone(policy, data: ExpertData, epochs: int = 3, batch_size: int =
         order = rng.permutation(len(records))
         total = 0.0
         for lo in range(0, len(order), batch_size):
-            idx = order[lo : lo + batch_size]
-            loss = torch.stack([-policy.learner_scores(records[i])[0][int(data.actions[i])] for i in idx]).mean()
+            idx = sorted(order[lo : lo + batch_size])  # episode order inside a batch: shared prefixes meet
+            logps = policy.learner_scores_many([records[i] for i in idx])[0]
+            loss = torch.stack([-lp[int(data.actions[i])] for lp, i in zip(logps, idx, strict=True)]).mean()
             policy.optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(list(policy.parameters()), 1.0)

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["DecoderParts", "PackedBatch", "pack", "causal", "run_layers", "candidate_logprobs", "token_logprobs"]
+__all__ = ["DecoderParts", "CandidateSet", "PackedBatch", "pack", "pack_sets", "causal", "run_layers", "candidate_logprobs",
+           "candidate_set_logprobs", "token_logprobs"]
 
 
 @dataclass
@@ -52,32 +53,64 @@ class DecoderParts:
 
 
 @dataclass
+class CandidateSet:
+    """The candidates of one state in a packed sequence: they see the first ``prefix`` context rows."""
+
+    prefix: int
+    spans: list[tuple[int, int]]  # rows of each candidate in the packed sequence
+    ids: list[list[int]]
+
+
+@dataclass
 class PackedBatch:
-    """Positions, attention mask and row indices of one packed ``[context, candidates...]`` sequence."""
+    """Positions, attention mask and candidate rows of one packed ``[context, candidates...]`` sequence.
+
+    Several states whose prompts are prefixes of one context (consecutive steps of an episode inside one history
+    chunk, or the same state reached twice) share the context rows: each state's candidate set attends to its own
+    prefix of the context only, so every state's log-probabilities are those of its own prompt.
+    """
 
     positions: torch.Tensor  # [T]
     mask: torch.Tensor  # [T, T] bool, True = may attend
     context_len: int
-    cand_spans: list[tuple[int, int]]  # rows of each candidate in the packed sequence
-    cand_ids: list[list[int]]
+    sets: list[CandidateSet]
+
+    @property
+    def cand_spans(self) -> list[tuple[int, int]]:
+        return [sp for s in self.sets for sp in s.spans]
+
+    @property
+    def cand_ids(self) -> list[list[int]]:
+        return [c for s in self.sets for c in s.ids]
 
 
 def pack(context_len: int, cand_ids: Sequence[Sequence[int]], device: torch.device | str = "cpu") -> PackedBatch:
     """Build the block mask and positions for a context of ``context_len`` rows and the candidates."""
-    spans, pos = [], list(range(context_len))
+    return pack_sets(context_len, [(context_len, cand_ids)], device)
+
+
+def pack_sets(context_len: int, sets: Sequence[tuple[int, Sequence[Sequence[int]]]],
+              device: torch.device | str = "cpu") -> PackedBatch:
+    """A context of ``context_len`` rows and candidate sets ``(prefix, cand_ids)`` attached after ``prefix`` rows."""
+    pos = list(range(context_len))
     row = context_len
-    for c in cand_ids:
-        spans.append((row, row + len(c)))
-        pos.extend(range(context_len, context_len + len(c)))
-        row += len(c)
-    t = row
-    mask = torch.zeros(t, t, dtype=torch.bool)
-    mask[:, :context_len] = True
+    out: list[CandidateSet] = []
+    for prefix, cands in sets:
+        if not 0 < prefix <= context_len:
+            raise ValueError(f"a candidate set's prefix must be in [1, {context_len}], got prefix={prefix}")
+        spans = []
+        for c in cands:
+            spans.append((row, row + len(c)))
+            pos.extend(range(prefix, prefix + len(c)))
+            row += len(c)
+        out.append(CandidateSet(prefix, spans, [list(c) for c in cands]))
+    mask = torch.zeros(row, row, dtype=torch.bool)
     mask[:context_len, :context_len] = torch.ones(context_len, context_len, dtype=torch.bool).tril()
-    for lo, hi in spans:
-        mask[lo:hi, lo:hi] = torch.ones(hi - lo, hi - lo, dtype=torch.bool).tril()
-    return PackedBatch(torch.tensor(pos, device=device), mask.to(device), context_len, spans,
-                       [list(c) for c in cand_ids])
+    for s in out:
+        for lo, hi in s.spans:
+            mask[lo:hi, : s.prefix] = True
+            mask[lo:hi, lo:hi] = torch.ones(hi - lo, hi - lo, dtype=torch.bool).tril()
+    return PackedBatch(torch.tensor(pos, device=device), mask.to(device), context_len, out)
 
 
 def _apply_rope(layer: torch.nn.Module):
@@ -127,32 +160,40 @@ def candidate_logprobs(parts: DecoderParts, x: torch.Tensor, batch: PackedBatch)
         x: the packed rows after the last layer ``[T, hidden]`` (before the final norm).
 
     Returns:
-        ``(logprobs [N], context_hidden [hidden])`` -- ``context_hidden`` is the normed last context row (the value
-        head's input; it predicts every candidate's first token).
+        ``(logprobs [N], context_hidden [hidden])`` for a batch with one candidate set (see
+        :func:`candidate_set_logprobs` for several).
     """
-    p = batch.context_len
-    rows = [p - 1]
-    targets = []
-    owners = []
-    for i, ((lo, hi), ids) in enumerate(zip(batch.cand_spans, batch.cand_ids, strict=True)):
-        # logits predicting ids[0] come from the last context row; ids[j] (j >= 1) from row lo + j - 1
-        rows.extend(range(lo, hi - 1))
-        targets.extend(ids)
-        owners.extend([i] * len(ids))
-    hidden = parts.norm(x[torch.tensor(rows, device=x.device)])
-    ctx_h = hidden[0]
-    # row order: [ctx, c0[0..n0-2], c1[...]] ; target order: [c0[0], c0[1..], c1[0], ...]
-    src = []
-    k = 1
-    for lo, hi in batch.cand_spans:
-        src.append(0)
-        src.extend(range(k, k + (hi - lo - 1)))
-        k += hi - lo - 1
-    logits = parts.lm_head(hidden[torch.tensor(src, device=x.device)]).float()
-    lp = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(targets, device=x.device)[:, None])[:, 0]
-    out = torch.zeros(len(batch.cand_ids), dtype=lp.dtype, device=x.device)
-    out = out.index_add(0, torch.tensor(owners, device=x.device), lp)
-    return out, ctx_h
+    lps, ctx = candidate_set_logprobs(parts, x, batch)
+    if len(lps) != 1:
+        raise ValueError(f"candidate_logprobs takes one candidate set, the batch has {len(lps)}")
+    return lps[0], ctx[0]
+
+
+def candidate_set_logprobs(parts: DecoderParts, x: torch.Tensor,
+                           batch: PackedBatch) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Per candidate set: the summed token log-probabilities of its candidates; and ``[sets, hidden]``: the normed
+    hidden state of each set's last context row (the value head's input; it predicts every candidate's first token).
+
+    Only candidate tokens go through the LM head (one matmul for all sets).
+    """
+    rows, targets, owners = [], [], []
+    n = 0
+    for s in batch.sets:
+        for (lo, hi), ids in zip(s.spans, s.ids, strict=True):
+            # ids[0] is predicted by the set's last context row, ids[j] (j >= 1) by row lo + j - 1
+            rows.append(s.prefix - 1)
+            rows.extend(range(lo, hi - 1))
+            targets.extend(ids)
+            owners.extend([n] * len(ids))
+            n += 1
+    dev = x.device
+    ctx_rows = torch.tensor([s.prefix - 1 for s in batch.sets], device=dev)
+    hidden = parts.norm(x[torch.cat([ctx_rows, torch.tensor(rows, device=dev)])])
+    ctx_h, tok_h = hidden[: len(batch.sets)], hidden[len(batch.sets):]
+    logits = parts.lm_head(tok_h).float()
+    lp = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(targets, device=dev)[:, None])[:, 0]
+    sums = torch.zeros(n, dtype=lp.dtype, device=dev).index_add(0, torch.tensor(owners, device=dev), lp)
+    return list(sums.split([len(s.ids) for s in batch.sets])), ctx_h
 
 
 def causal(length: int, device: torch.device | str = "cpu") -> PackedBatch:

@@ -12,6 +12,7 @@ KV computed with the old weights.
 from __future__ import annotations
 
 import copy
+import warnings
 from pathlib import Path
 
 import torch
@@ -67,7 +68,9 @@ class TrainableLM:
 
             lcfg = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0, bias="none",
                               target_modules=list(cfg.lora_targets), layers_to_transform=self.layer_ids)
-            self.model = get_peft_model(hf, lcfg)
+            with warnings.catch_warnings():  # raised inside peft, not at our call (transformers 5 rename)
+                warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+                self.model = get_peft_model(hf, lcfg)
         else:
             self.model = hf
             for i in self.layer_ids:

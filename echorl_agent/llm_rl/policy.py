@@ -30,7 +30,7 @@ from torch import nn
 
 from echorl_agent.llm.scoring import SoftTokens
 from echorl_agent.llm_rl.config import LLMPolicyConfig
-from echorl_agent.llm_rl.forward import candidate_logprobs, pack, run_layers
+from echorl_agent.llm_rl.forward import candidate_set_logprobs, pack_sets, run_layers
 from echorl_agent.llm_rl.lm import TrainableLM
 from echorl_agent.llm_rl.plan import PlanHead
 from echorl_agent.llm_rl.prompt import candidate_ids, render_prompt
@@ -39,6 +39,8 @@ from echorl_envs.wrappers.llm import decode_llm_obs
 __all__ = ["LLMPolicy", "StepRecord"]
 
 _MAX_FEATURES = 20_000
+_REFRESH_CHUNK = 32
+"""Records per learner pass when recomputing old log-probabilities."""
 
 
 @dataclass
@@ -59,6 +61,21 @@ class StepRecord:
     """Plan features of steps t-k-1..t, ``[k + 2, hidden]``."""
     learner_logp: torch.Tensor | None = None
     """log pi over the candidates recomputed by the learner before the update (see ``LLMPPO``)."""
+
+
+def _merge_prefixes(recs: list[StepRecord]) -> list[tuple[int, list[int]]]:
+    """Group records whose context is a prefix of a longer one's: ``[(head, members)]``, head = the longest."""
+    order = sorted(range(len(recs)), key=lambda i: -len(recs[i].context))
+    segments: list[tuple[int, list[int]]] = []
+    for i in order:
+        ctx = recs[i].context
+        for head, members in segments:
+            if recs[head].context[: len(ctx)] == ctx:
+                members.append(i)
+                break
+        else:
+            segments.append((i, [i]))
+    return segments
 
 
 class LLMPolicy(BasePolicy):
@@ -158,47 +175,68 @@ class LLMPolicy(BasePolicy):
 
     def record(self, row: np.ndarray) -> StepRecord:
         """Score the state's admissible actions with the rollout engine (cached per observation bytes)."""
-        key = self._key(row)
-        rec = self._store.get(key)
-        if rec is not None:
-            return rec
-        state = decode_llm_obs(row)
-        if not state.get("admissible"):
-            raise ValueError("the state lists no admissible action; LLMPolicy needs a choice env")
+        return self.record_many([row])[0]
+
+    def record_many(self, rows: np.ndarray | list[np.ndarray]) -> list[StepRecord]:
+        """Score the admissible actions of several states (one per env) in one batched engine call.
+
+        A state with no admissible action (the final observation of a truncated episode, whose value SB3
+        bootstraps) gets a value-only record: its single placeholder candidate is the end-of-turn token.
+        """
+        out: list[StepRecord | None] = []
+        todo: list[tuple[int, bytes, list[int], int, list[list[int]], str, int]] = []
         llm = self.lm.llm
-        prompt, span = render_prompt(llm, state, self.cfg.system_prompt, self.cfg.show_admissible)
-        cands = candidate_ids(llm, state["admissible"])
+        for row in rows:
+            key = self._key(row)
+            rec = self._store.get(key)
+            out.append(rec)
+            if rec is not None:
+                continue
+            state = decode_llm_obs(row)
+            prompt, span = render_prompt(llm, state, self.cfg.system_prompt, self.cfg.show_admissible)
+            cands = candidate_ids(llm, state["admissible"]) if state.get("admissible") else [llm.eos_token_ids[:1]]
+            todo.append((len(out) - 1, key, prompt, span, cands, str(state.get("episode", "")), int(state.get("t", 0))))
+        if not todo:
+            return out  # type: ignore[return-value]
         if self.remote is not None:
-            return self._remote_record(key, prompt, cands)
-        holder: dict[str, torch.Tensor] = {}
-        episode, t = str(state.get("episode", "")), int(state.get("t", 0))
+            for i, key, prompt, _, cands, _, _ in todo:
+                out[i] = self._remote_record(key, prompt, cands)
+            return out  # type: ignore[return-value]
+        windows: dict[int, torch.Tensor] = {}
+        # without a plan nothing reads the step features, and identical states (a group's common start) dedupe
+        softs = None if self.plan is None else [self._plan_hook(i, span, episode, t, windows)
+                                                for i, _, _, span, _, episode, t in todo]
+        results = self.lm.engine.score_batch([t[2] for t in todo], [t[4] for t in todo], soft=softs, capture=True)
+        with torch.no_grad():
+            values = self.value_head(torch.stack([r.hidden for r in results]).to(self.lm.device).float())[:, 0]
+        m = self.cfg.plan_tokens
+        for (i, key, prompt, _, cands, _, _), res, value in zip(todo, results, values.tolist(), strict=True):
+            scores = torch.tensor(res.logprobs, dtype=torch.float64)
+            logp = self._logits(scores, cands).log_softmax(-1).float()
+            rec = StepRecord(prompt + [self.placeholder_id] * m, len(prompt), cands, logp, value,
+                             window=windows.get(i))
+            if self.lm.capture:
+                rec.context_states, rec.cand_states = res.context_states, res.candidate_states
+            if self.recording:
+                self._store[key] = rec
+            out[i] = rec
+        return out  # type: ignore[return-value]
+
+    def _plan_hook(self, i: int, span: int, episode: str, t: int, windows: dict[int, torch.Tensor]):
+        """The engine calls this after the prompt's prefill: store the step feature, return the plan's soft tokens."""
 
         def plan_tokens(states: torch.Tensor | None, last_h: torch.Tensor) -> SoftTokens | None:
             feat = (states[span:].mean(0) if states is not None else last_h).float().cpu()
             self._features[(episode, t)] = feat
             while len(self._features) > _MAX_FEATURES:
                 self._features.popitem(last=False)
-            holder["window"] = self._window(episode, t)
-            if self.plan is None:
-                return None
+            windows[i] = self._window(episode, t)
             with torch.no_grad():
-                mu = self.plan.plans(holder["window"][None].to(self.lm.device))[0]
+                mu = self.plan.plans(windows[i][None].to(self.lm.device))[0]
                 embeds = self.plan.soft(mu)[0]
             return SoftTokens(embeds, layer=self.lm.boundary, token_id=self.placeholder_id)
 
-        res = self.lm.engine.score(prompt, cands, soft=plan_tokens, capture=True)
-        scores = torch.tensor(res.logprobs, dtype=torch.float64)
-        logp = self._logits(scores, cands).log_softmax(-1).float()
-        with torch.no_grad():
-            value = float(self.value_head(res.hidden.to(self.lm.device).float()).item())
-        m = self.cfg.plan_tokens
-        rec = StepRecord(prompt + [self.placeholder_id] * m, len(prompt), cands, logp, value,
-                         window=holder.get("window"))
-        if self.lm.capture:
-            rec.context_states, rec.cand_states = res.context_states, res.candidate_states
-        if self.recording:
-            self._store[key] = rec
-        return rec
+        return plan_tokens
 
     def _remote_record(self, key: bytes, prompt: list[int], cands: list[list[int]]) -> StepRecord:
         scores = torch.tensor(self.remote.score(prompt, cands), dtype=torch.float64)
@@ -217,8 +255,7 @@ class LLMPolicy(BasePolicy):
     def forward(self, obs: torch.Tensor, deterministic: bool = False, action_masks: Any = None):
         """Rollout step: ``(actions, values [B, 1], log_probs)`` from the engine's distribution."""
         actions, values, logps = [], [], []
-        for row in obs.cpu().numpy().astype(np.uint8):
-            rec = self.record(row)
+        for rec in self._records(obs):
             dist = torch.distributions.Categorical(logits=rec.rollout_logp)
             a = torch.argmax(rec.rollout_logp) if deterministic else dist.sample()
             actions.append(int(a))
@@ -229,8 +266,7 @@ class LLMPolicy(BasePolicy):
                 torch.tensor(logps, device=dev))
 
     def predict_values(self, obs: torch.Tensor) -> torch.Tensor:
-        return torch.tensor([self.record(r).value for r in obs.cpu().numpy().astype(np.uint8)],
-                            device=self.device)[:, None]
+        return torch.tensor([r.value for r in self._records(obs)], device=self.device)[:, None]
 
     def _predict(self, observation: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         return self.forward(observation, deterministic)[0]
@@ -247,44 +283,68 @@ class LLMPolicy(BasePolicy):
         Starts from the captured activations when the record has them (exact reuse), otherwise recomputes the
         frozen layers without gradients.
         """
+        logps, values, plans = self.learner_scores_many([rec])
+        return logps[0], values[0], None if plans is None else tuple(p[:1] for p in plans)
+
+    def learner_scores_many(self, recs: list[StepRecord]) -> tuple[list[torch.Tensor], torch.Tensor, tuple | None]:
+        """:meth:`learner_scores` for a minibatch: ``(log pi per record, values [B, 1], plans or None)``.
+
+        Records whose prompt is a prefix of another's (later steps of one episode inside a history chunk, or the
+        same state reached again, e.g. the K episodes of a group) share one packed sequence: its context rows run
+        once through the trained layers and each record's candidates attend to its own prefix
+        (:func:`~echorl_agent.llm_rl.forward.pack_sets`). With soft plan tokens every record is its own sequence.
+        """
+        dev = self.lm.device
+        segments = _merge_prefixes(recs) if self.plan is None else [(i, [i]) for i in range(len(recs))]
+        plans = self.plan.plans(torch.stack([r.window for r in recs]).to(dev)) if self.plan is not None else None
+        logps: list[torch.Tensor | None] = [None] * len(recs)
+        values: list[torch.Tensor | None] = [None] * len(recs)
+        for head, members in segments:
+            sets: dict[tuple, int] = {}  # (prefix, candidates) -> the record that stands for the set
+            for i in members:
+                sets.setdefault((len(recs[i].context), tuple(map(tuple, recs[i].cands))), i)
+            reps = list(sets.values())
+            set_lp, set_v = self._segment_forward(recs[head], [recs[i] for i in reps],
+                                                  None if plans is None else self.plan.soft(plans[0][head : head + 1])[0])
+            for i in members:
+                k = reps.index(sets[(len(recs[i].context), tuple(map(tuple, recs[i].cands)))])
+                logps[i] = self._logits(set_lp[k].double(), recs[i].cands).log_softmax(-1).float()
+                values[i] = set_v[k]
+        return logps, torch.stack(values), plans  # type: ignore[arg-type]
+
+    def _segment_forward(self, head: StepRecord, reps: list[StepRecord],
+                         soft: torch.Tensor | None) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Trained layers over ``head``'s context with the candidate sets of ``reps`` (whose prompts are prefixes of
+        it); per-set candidate scores and values."""
         lm, parts, b = self.lm, self.lm.parts, self.lm.boundary
         dev = lm.device
-        batch = pack(len(rec.context), rec.cands, dev)
-        if rec.context_states is not None:
-            x = torch.cat([rec.context_states] + list(rec.cand_states), dim=0).to(dev)
+        batch = pack_sets(len(head.context), [(len(r.context), r.cands) for r in reps], dev)
+        if head.context_states is not None and all(r.cand_states is not None for r in reps):
+            # the frozen layers' activations as the rollout captured them (a prefix's are the same rows)
+            x = torch.cat([head.context_states] + [c for r in reps for c in r.cand_states], dim=0).to(dev)
         else:
-            ids = torch.tensor(rec.context + [t for c in rec.cands for t in c], device=dev)
+            ids = torch.tensor(head.context + [t for r in reps for c in r.cands for t in c], device=dev)
             with torch.no_grad():
                 x = run_layers(parts, parts.embed(ids), batch, 0, b)
-        inject, plans = None, None
-        if self.plan is not None:
-            plans = self.plan.plans(rec.window[None].to(dev))
-            inject = {b: (rec.num_prompt, self.plan.soft(plans[0])[0])}
+        inject = {b: (head.num_prompt, soft)} if soft is not None else None
         x = run_layers(parts, x, batch, b, lm.num_layers, inject)
-        lp, ctx_h = candidate_logprobs(parts, x, batch)
-        logp = self._logits(lp.double(), rec.cands).log_softmax(-1).float()
-        value = self.value_head(ctx_h.float())
-        return logp, value, plans
+        lps, ctx_h = candidate_set_logprobs(parts, x, batch)
+        return lps, self.value_head(ctx_h.float())
 
     def _records(self, obs: torch.Tensor) -> list[StepRecord]:
-        return [self.record(r) for r in obs.cpu().numpy().astype(np.uint8)]
+        return self.record_many(obs.cpu().numpy().astype(np.uint8))
 
     def evaluate_actions_and_plans(self, obs: torch.Tensor, actions: torch.Tensor, action_masks: Any = None):
         """``(values [B, 1], log_prob [B], entropy [B], (mu_t, log_std_t, mu_{t-1}, log_std_{t-1}))``."""
-        values, logps, ents, plans = [], [], [], []
-        for rec, a in zip(self._records(obs), actions.long().flatten().tolist(), strict=True):
-            logp, value, p = self.learner_scores(rec)
-            a = min(a, len(rec.cands) - 1)
-            logps.append(logp[a])
-            ents.append(-(logp.exp() * logp).sum())
-            values.append(value)
-            plans.append(p)
-        if self.plan is not None:
-            plan_t = tuple(torch.cat([p[i] for p in plans]) for i in range(4))
-        else:
-            z = torch.zeros(len(values), 1, device=self.lm.device)
-            plan_t = (z, z, z, z)
-        return torch.stack(values), torch.stack(logps), torch.stack(ents), plan_t
+        recs = self._records(obs)
+        logps, values, plans = self.learner_scores_many(recs)
+        acts = [min(a, len(r.cands) - 1) for r, a in zip(recs, actions.long().flatten().tolist(), strict=True)]
+        logp = torch.stack([lp[a] for lp, a in zip(logps, acts, strict=True)])
+        ent = torch.stack([-(lp.exp() * lp).sum() for lp in logps])
+        if plans is None:
+            z = torch.zeros(len(recs), 1, device=self.lm.device)
+            plans = (z, z, z, z)
+        return values, logp, ent, plans
 
     def evaluate_actions(self, obs: torch.Tensor, actions: torch.Tensor):
         """SB3 ``ActorCriticPolicy.evaluate_actions`` contract, for ``stable_baselines3.PPO``."""
@@ -300,10 +360,14 @@ class LLMPolicy(BasePolicy):
         ``min(pi_learner_old(a|s) / pi_rollout(a|s), C)`` (truncated importance sampling) since the action was
         sampled by the rollout distribution.
         """
+        recs = self._records(obs)
+        todo = [r for r in {id(r): r for r in recs}.values() if r.learner_logp is None]
+        for lo in range(0, len(todo), _REFRESH_CHUNK):
+            chunk = todo[lo : lo + _REFRESH_CHUNK]
+            for rec, lp in zip(chunk, self.learner_scores_many(chunk)[0], strict=True):
+                rec.learner_logp = lp.detach()
         olds, ws = [], []
-        for rec, a in zip(self._records(obs), actions.long().flatten().tolist(), strict=True):
-            if rec.learner_logp is None:
-                rec.learner_logp = self.learner_scores(rec)[0].detach()
+        for rec, a in zip(recs, actions.long().flatten().tolist(), strict=True):
             a = min(a, len(rec.cands) - 1)
             olds.append(rec.learner_logp[a])
             ws.append(torch.exp(rec.learner_logp[a] - rec.rollout_logp[a]).clamp(max=self.cfg.is_truncation))

@@ -2,12 +2,18 @@
 
 Methods (choice envs): ``bc`` (behaviour cloning on the expert), ``ppo`` (LLM-PPO from the pretrained LM),
 ``bc+ppo`` (BC warm start, then PPO), ``echoppo`` (BC warm start, then PPO with the latent plan and its KL term;
-``plan_tokens`` > 0). Free-text envs: ``grpo`` (oracle-answer warm start, then GRPO). Used by ``echorl train-llm``
-and by the bench agents ``llm-bc``, ``llm-ppo``, ``llm-echoppo``, ``llm-grpo``.
+``plan_tokens`` > 0), ``gigpo`` (critic-free group RL from the pretrained LM, :mod:`echorl_agent.llm_rl.gigpo`),
+``bc+gigpo`` (BC warm start, then GiGPO), ``echorl`` (EchoRL on the LM: GiGPO + latent plan tokens with their KL
+term + hot/cold prioritized replay of LLM transitions; ablate with ``plan_tokens=0`` or ``replay=None``). Free-text envs: ``grpo`` (oracle-answer warm start, then GRPO). Used by
+``echorl train-llm`` and by the bench agents ``llm-bc``, ``llm-ppo``, ``llm-echoppo``, ``llm-gigpo``, ``llm-grpo``.
+
+Every choice env trains with its own step limit unless ``max_episode_steps`` caps it: the final observation of a
+truncated episode lists no admissible action and gets a value-only record (SB3 bootstraps its value).
 
 Output folder: ``curve.csv`` (env steps, rolling training success, episode return), ``model.zip`` (SB3 format;
-adapters inside), ``adapter/`` (peft format), ``tb/`` (TensorBoard: SB3's ``train/*`` and ``rollout/*`` keys),
-``config.json``.
+adapters inside; PPO methods), ``adapter/`` (peft format), ``tb/`` (TensorBoard: SB3's ``train/*`` and ``rollout/*``
+keys; GiGPO's ``train/*``, ``rollout/*`` and ``time/*``), ``gigpo.csv`` (GiGPO: one row per iteration),
+``bc.json`` (BC warm start), ``config.json``.
 """
 
 from __future__ import annotations
@@ -16,19 +22,19 @@ import csv
 import dataclasses
 import json
 import logging
+import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
 __all__ = ["LLMTrainConfig", "METHODS", "train_llm", "make_llm_env"]
 
 log = logging.getLogger(__name__)
 
-METHODS = ("bc", "ppo", "bc+ppo", "echoppo", "grpo")
+METHODS = ("bc", "ppo", "bc+ppo", "echoppo", "gigpo", "bc+gigpo", "echorl", "grpo")
 
 
 @dataclass
@@ -52,12 +58,29 @@ class LLMTrainConfig:
     """History window k of the prompts."""
     max_episode_steps: int | None = None
     """Per-episode step cap for training (None: the env's)."""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra ``gym.make`` arguments of the env."""
     n_envs: int = 1
+    """Envs stepping together (their candidates are scored in one engine call per step); for GiGPO,
+    ``n_envs = groups * group_size`` (None-like 1 means one group)."""
     n_steps: int = 64
+    """PPO rollout length per env and update."""
     batch_size: int = 16
+    """PPO minibatch; must divide ``n_steps * n_envs``."""
     n_epochs: int = 2
     learning_rate: float = 1e-4
     ent_coef: float = 0.01
+    gamma: float | None = None
+    """Discount (None: 0.99 for PPO, 0.95 for GiGPO's step returns)."""
+    group_size: int = 4
+    """GiGPO: K episodes per group (one seed)."""
+    step_advantage_weight: float = 1.0
+    """GiGPO: omega, the weight of the anchor-state step advantage."""
+    replay: dict[str, Any] | None = None
+    """``echorl``: :class:`~echorl_agent.replay.llm.LLMReplayBuffer` arguments (None: capacity 4096, 1024 MB of
+    activations); ``{"off": True}`` disables replay (the plan-only ablation)."""
+    replay_ratio: float = 1.0
+    """``echorl``: replayed samples per fresh sample in each update."""
     policy_kwargs: dict[str, Any] = field(default_factory=dict)
     """:class:`~echorl_agent.llm_rl.config.LLMPolicyConfig` / PlanningConfig fields."""
     grpo_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -72,23 +95,36 @@ class LLMTrainConfig:
             hint = difflib.get_close_matches(self.method, METHODS, n=1)
             raise ValueError(f"method must be one of {METHODS}, got method={self.method!r}"
                              + (f"; did you mean {hint[0]!r}?" if hint else ""))
-        for name in ("train_steps", "bc_episodes", "n_envs", "n_steps", "batch_size", "n_epochs"):
+        for name in ("train_steps", "bc_episodes", "n_envs", "n_steps", "batch_size", "n_epochs", "group_size"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "train_steps" else 1):
                 raise ValueError(f"{name} must be a positive int, got {name}={v!r}")
+        if "gigpo" in self.method or self.method == "echorl":
+            if self.group_size < 2:
+                raise ValueError(f"group_size must be >= 2 (GiGPO compares the episodes of a group), "
+                                 f"got group_size={self.group_size}")
+            if self.n_envs > 1 and self.n_envs % self.group_size:
+                raise ValueError(f"n_envs must be a multiple of group_size (groups of K envs), got n_envs={self.n_envs}, "
+                                 f"group_size={self.group_size}")
+        elif self.method in ("ppo", "bc+ppo", "echoppo") and (self.n_steps * self.n_envs) % self.batch_size:
+            raise ValueError(f"batch_size must divide n_steps * n_envs, got batch_size={self.batch_size}, "
+                             f"n_steps={self.n_steps}, n_envs={self.n_envs}")
+        if self.gamma is not None and not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got gamma={self.gamma!r}")
+        import echorl_envs
+
+        kind = echorl_envs.entry(self.env_id).action_type
+        if (self.method == "grpo") != (kind != "choice"):
+            raise ValueError(f"method {self.method!r} does not fit env_id={self.env_id!r} ({kind} actions): use grpo "
+                             "for free-text envs and bc/ppo/bc+ppo/echoppo/gigpo/bc+gigpo for choice envs")
 
 
-def make_llm_env(env_id: str, history: int, max_episode_steps: int | None = None, seed: int | None = None):
-    from echorl_envs.wrappers.llm import LLMObservationWrapper
+def make_llm_env(env_id: str, history: int, max_episode_steps: int | None = None, seed: int | None = None,
+                 env_kwargs: dict[str, Any] | None = None):
+    """The wrapped env an LLM policy acts in (see :func:`echorl_agent.llm_rl.gigpo.make_choice_env`)."""
+    from echorl_agent.llm_rl.gigpo import make_choice_env
 
-    kw = {"max_episode_steps": max_episode_steps} if max_episode_steps else {}
-    return LLMObservationWrapper(gym.make(env_id, **kw), history=history, max_actions=_max_actions(env_id))
-
-
-def _max_actions(env_id: str) -> int:
-    import echorl_envs
-
-    return {"alfworld": 64, "textworld": 64, "webshop": 16}.get(echorl_envs.entry(env_id).family, 16)
+    return make_choice_env(env_id, history, max_episode_steps, env_kwargs)
 
 
 class _Curve:
@@ -133,11 +169,12 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None):
     torch.manual_seed(cfg.seed)
     if cfg.method == "grpo":
         return _train_grpo(cfg, out, lm)
+    if "gigpo" in cfg.method or cfg.method == "echorl":
+        return _train_gigpo(cfg, out, lm)
     from stable_baselines3.common.monitor import Monitor
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     from echorl_agent.algorithms.echo_ppo import EchoPPO
-    from echorl_agent.llm_rl.bc import behaviour_clone, collect_expert_states
 
     pk = dict(cfg.policy_kwargs)
     if cfg.method == "echoppo":
@@ -147,30 +184,27 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None):
         pk["lm"] = lm
 
     def env_fn(i: int):
-        return lambda: Monitor(make_llm_env(cfg.env_id, cfg.history, cfg.max_episode_steps))
+        return lambda: Monitor(make_llm_env(cfg.env_id, cfg.history, cfg.max_episode_steps, env_kwargs=cfg.env_kwargs))
 
     vec = DummyVecEnv([env_fn(i) for i in range(cfg.n_envs)])
     vec.seed(cfg.seed)
     tb = str(out / "tb") if out is not None else None
     model = EchoPPO("LLMPolicy", vec, n_steps=cfg.n_steps, batch_size=cfg.batch_size, n_epochs=cfg.n_epochs,
                     learning_rate=cfg.learning_rate, ent_coef=cfg.ent_coef, seed=cfg.seed, verbose=0,
-                    tensorboard_log=tb, policy_kwargs=pk)
+                    gamma=0.99 if cfg.gamma is None else cfg.gamma, tensorboard_log=tb, policy_kwargs=pk)
     if cfg.method in ("bc", "bc+ppo", "echoppo"):
-        data = collect_expert_states(lambda: make_llm_env(cfg.env_id, cfg.history, cfg.max_episode_steps),
-                                     cfg.bc_episodes, seed=10_000 + cfg.seed)
-        groups = model.policy.optimizer.param_groups
-        for g in groups:
-            g["lr"] = cfg.bc_learning_rate or cfg.learning_rate
-        losses = behaviour_clone(model.policy, data, epochs=cfg.bc_epochs, batch_size=cfg.bc_batch_size or cfg.batch_size,
-                                 seed=cfg.seed, progress=cfg.progress)
-        for g in groups:  # PPO's own schedule sets it again at every update
-            g["lr"] = cfg.learning_rate
-        if out is not None:
-            (out / "bc.json").write_text(json.dumps({"losses": losses, "transitions": len(data.actions),
-                                                     "episodes": data.episodes, "expert_wins": data.successes}))
+        _bc_warm_start(cfg, model.policy, out)  # PPO's own schedule sets the learning rate again at every update
     curve = _Curve(out / "curve.csv" if out is not None else None)
     if cfg.method != "bc" and cfg.train_steps > 0:
+        rollout = cfg.n_steps * cfg.n_envs
+        if cfg.train_steps % rollout:
+            warnings.warn(f"train_steps={cfg.train_steps} is not a multiple of n_steps * n_envs = {rollout}: PPO "
+                          f"collects whole rollouts, so {-(-cfg.train_steps // rollout) * rollout} env steps run",
+                          stacklevel=2)
         model.learn(cfg.train_steps, callback=curve.callback, progress_bar=cfg.progress, tb_log_name="llm")
+        if not curve.rows:
+            warnings.warn("no training episode finished: curve.csv has only its header (raise train_steps or "
+                          "lower max_episode_steps)", stacklevel=2)
     curve.write()
     if out is not None:
         model.save(out / "model.zip")
@@ -203,4 +237,93 @@ def _train_grpo(cfg: LLMTrainConfig, out: Path | None, lm: Any):
         (out / "warm_start.json").write_text(json.dumps({"losses": warm}))
         if trainer.lm.cfg.lora_rank > 0:
             trainer.lm.save_adapter(out / "adapter")
+    return trainer
+
+
+def _bc_warm_start(cfg: LLMTrainConfig, policy: Any, out: Path | None) -> None:
+    from echorl_agent.llm_rl.bc import behaviour_clone, collect_expert_states
+
+    data = collect_expert_states(lambda: make_llm_env(cfg.env_id, cfg.history, cfg.max_episode_steps,
+                                                      env_kwargs=cfg.env_kwargs),
+                                 cfg.bc_episodes, seed=10_000 + cfg.seed)
+    for g in policy.optimizer.param_groups:
+        g["lr"] = cfg.bc_learning_rate or cfg.learning_rate
+    losses = behaviour_clone(policy, data, epochs=cfg.bc_epochs, batch_size=cfg.bc_batch_size or cfg.batch_size,
+                             seed=cfg.seed, progress=cfg.progress)
+    for g in policy.optimizer.param_groups:
+        g["lr"] = cfg.learning_rate
+    if out is not None:
+        (out / "bc.json").write_text(json.dumps({"losses": losses, "transitions": len(data.actions),
+                                                 "episodes": data.episodes, "expert_wins": data.successes}))
+
+
+def _train_gigpo(cfg: LLMTrainConfig, out: Path | None, lm: Any):
+    from echorl_agent.llm_rl.gigpo import GiGPOConfig, GiGPOTrainer
+
+    pk = dict(cfg.policy_kwargs)
+    replay, kl_coef = None, 0.0
+    if cfg.method == "echorl":
+        pk.setdefault("plan_tokens", 2)
+        kl_coef = float(pk.pop("kl_coef", 0.01))
+        replay = {"capacity": 4096, "replay_memory_mb": 1024.0} if cfg.replay is None else dict(cfg.replay)
+        if replay.pop("off", False):
+            replay = None
+    gcfg = GiGPOConfig(env_id=cfg.env_id, env_kwargs=cfg.env_kwargs, group_size=cfg.group_size,
+                       groups=max(1, cfg.n_envs // cfg.group_size), step_advantage_weight=cfg.step_advantage_weight,
+                       gamma=0.95 if cfg.gamma is None else cfg.gamma, history=cfg.history,
+                       max_episode_steps=cfg.max_episode_steps, learning_rate=cfg.learning_rate,
+                       epochs=1, ent_coef=0.0, seed=cfg.seed, kl_coef=kl_coef, replay=replay,
+                       replay_ratio=cfg.replay_ratio, lm=pk)
+    policy = None
+    if lm is not None:
+        from stable_baselines3.common.utils import ConstantSchedule
+
+        from echorl_agent.llm_rl.policy import LLMPolicy
+
+        env = make_llm_env(cfg.env_id, cfg.history, cfg.max_episode_steps, env_kwargs=cfg.env_kwargs)
+        policy = LLMPolicy(env.observation_space, env.action_space, ConstantSchedule(cfg.learning_rate), lm=lm, **pk)
+    trainer = GiGPOTrainer(gcfg, policy)
+    if cfg.method == "bc+gigpo":
+        _bc_warm_start(cfg, trainer.policy, out)
+    writer = None
+    if out is not None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            writer = SummaryWriter(str(out / "tb"))
+        except ImportError:  # pragma: no cover - tensorboard is an SB3 extra
+            writer = None
+
+    def log_iteration(s: dict[str, float]) -> None:
+        if writer is None:
+            return
+        step = int(s["timesteps"])
+        for key, tag in (("success_rate", "rollout/success_rate"), ("return_mean", "rollout/ep_rew_mean"),
+                         ("episode_length", "rollout/ep_len_mean"), ("loss", "train/loss"),
+                         ("frac_zero_std", "train/frac_zero_std"), ("anchor_steps_grouped", "train/anchor_steps_grouped"),
+                         ("is_weight_mean", "train/is_weight_mean"), ("clip_fraction", "train/clip_fraction"),
+                         ("entropy", "train/entropy"), ("cache_hit_rate", "rollout/cache_hit_rate"),
+                         ("env_steps_per_s", "time/env_steps_per_s"), ("rollout_s", "time/rollout_s"),
+                         ("learner_s", "time/learner_s")):
+            writer.add_scalar(tag, s[key], step)
+
+    if cfg.train_steps > 0:
+        trainer.train(cfg.train_steps, progress=cfg.progress, callback=log_iteration)
+    if writer is not None:
+        writer.close()
+    if out is not None:
+        recent: deque[float] = deque(maxlen=20)
+        with open(out / "curve.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["timesteps", "success_rate", "return"])
+            for steps, won, ret in trainer.episodes_done:
+                recent.append(float(won))
+                w.writerow([steps, float(np.mean(recent)), ret])
+        if trainer.history:
+            with open(out / "gigpo.csv", "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=list(trainer.history[0]))
+                w.writeheader()
+                w.writerows(trainer.history)
+        if trainer.policy.cfg.lora_rank > 0:
+            trainer.policy.lm.save_adapter(out / "adapter")
     return trainer

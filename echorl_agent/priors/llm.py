@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from echorl_agent.eval.agents import Agent
+from echorl_agent.agent import Agent
 from echorl_agent.priors.cache import LLMPriorCache, PriorCacheConfig
 
 __all__ = ["LLMActionPrior", "PriorCacheAgent", "PRIOR_SYSTEM", "state_text"]

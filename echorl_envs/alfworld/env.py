@@ -14,7 +14,7 @@ from echorl_envs.alfworld.engine import AlfredEngine
 from echorl_envs.alfworld.games import GeneratedPool, find_games, normalize_split
 from echorl_envs.alfworld.generator import DIFFICULTIES, GeneratorConfig
 from echorl_envs.alfworld.scenes import TASK_TYPES
-from echorl_envs.core import EngineError, EngineHost, ReplayPickledEnv, Transition, timeout_transition
+from echorl_envs.core import EngineHostedEnv, Transition
 
 __all__ = ["ALFWorldEnv", "resolve_task_types"]
 
@@ -43,7 +43,7 @@ def resolve_task_types(task_types: str | Sequence[str]) -> list[str]:
     return out
 
 
-class ALFWorldEnv(ReplayPickledEnv):
+class ALFWorldEnv(EngineHostedEnv):
     """ALFWorld (Shridhar et al., 2021) household tasks, played by alfworld's own TextWorld/PDDL engine.
 
     Description:
@@ -124,9 +124,8 @@ class ALFWorldEnv(ReplayPickledEnv):
             generator_config=generator_config, data_path=data_path, cache_dir=cache_dir, expert=expert,
             render_mode=render_mode, step_timeout=step_timeout, reset_timeout=reset_timeout,
         )
-        self._host = EngineHost(functools.partial(AlfredEngine, expert=expert), step_timeout,
-                                   name="echorl-alfworld-engine")
-        self._reset_timeout = reset_timeout
+        self._start_host(functools.partial(AlfredEngine, expert=expert), step_timeout, reset_timeout,
+                         "echorl-alfworld-engine")
         self.task_types = resolve_task_types(task_types)
         self.split = normalize_split(split)
         if generator_config is None:
@@ -154,10 +153,8 @@ class ALFWorldEnv(ReplayPickledEnv):
         else:
             self._pool = GeneratedPool(self.task_types, self.split, num_games, cfg, cache_dir)
         self.expert = expert
-        self._loaded: Path | None = None
-        self._state: dict[str, Any] = {}
+        self._state = {}
         self._task_text = ""
-        self._game: Path | None = None
         self._index: int | None = None
         self._history: list[Any] = []
 
@@ -171,33 +168,14 @@ class ALFWorldEnv(ReplayPickledEnv):
         return self._pool.path(index) if self._pool is not None else self._files[index]
 
     # ------------------------------------------------------------------ hooks
-    def _reset_episode(self, options: dict[str, Any]) -> Transition:
-        index = self._select_index(options)
-        game = self.game_path(index)
-        try:
-            self._state = self._load_and_reset(game)
-        except EngineError:  # one retry on a fresh engine process, then the error reaches the caller
-            self._loaded = None
-            self._state = self._load_and_reset(game)
-        self._index, self._game, self._history = index, game, []
-        m = _TASK_RE.search(self._state["feedback"])
+    def _first_transition(self, state: dict[str, Any]) -> Transition:
+        m = _TASK_RE.search(state["feedback"])
         self._task_text = m.group(1).strip() if m else ""
-        return Transition(self._state["feedback"], won=self._state["won"])
+        return Transition(state["feedback"], won=state["won"])
 
-    def _load_and_reset(self, game: Path) -> dict[str, Any]:
-        if self._loaded != game:
-            self._host.call("load", game, timeout=self._reset_timeout)
-            self._loaded = game
-        return self._host.call("reset", timeout=self._reset_timeout)
-
-    def _apply(self, action: str) -> Transition:
-        try:
-            self._state = self._host.call("step", action)
-        except EngineError as e:  # the engine process was killed or died: a fresh one starts at reset
-            self._loaded = None
-            return timeout_transition(e)
-        won = self._state["won"]
-        return Transition(self._state["feedback"], reward=1.0 if won else 0.0, terminated=won, won=won)
+    def _step_transition(self, state: dict[str, Any]) -> Transition:
+        won = state["won"]
+        return Transition(state["feedback"], reward=1.0 if won else 0.0, terminated=won, won=won)
 
     def _admissible(self) -> list[str]:
         return list(self._state.get("admissible_commands", ()))
@@ -232,8 +210,3 @@ class ALFWorldEnv(ReplayPickledEnv):
             "gamefile": str(game) if game else "",
         }})
 
-    # ------------------------------------------------------------------ lifecycle
-    def close(self) -> None:
-        self._host.close()
-        self._loaded = None
-        super().close()

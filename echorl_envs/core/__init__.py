@@ -1,4 +1,4 @@
-"""The text-environment protocol: base classes, spaces, action matching and info keys."""
+"""The text-environment protocol: base classes, spaces, action matching, info keys and the engine host."""
 
 from echorl_envs.core.actions import ActionMatch, match_action, normalize_action, to_printable
 from echorl_envs.core.base import (
@@ -17,6 +17,7 @@ from echorl_envs.core.engine_calls import (
     EngineTimeout,
     timeout_transition,
 )
+from echorl_envs.core.engine_env import EngineHostedEnv
 from echorl_envs.core.replay_pickle import ReplayPickledEnv
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "DatasetTextEnv",
     "EngineError",
     "EngineHost",
+    "EngineHostedEnv",
     "EngineProcess",
     "EngineTimeout",
     "InvalidAction",

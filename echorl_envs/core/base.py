@@ -74,6 +74,9 @@ class TextEnv(gym.Env[str, str], abc.ABC):
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
     #: Options accepted by ``reset(options=...)`` (unknown ones raise ``ValueError`` with a suggestion).
     reset_options: ClassVar[frozenset[str]] = frozenset()
+    #: Family keys that report what one step did (a judge's verdict, a reward breakdown): present in every
+    #: ``info``, None on the reset and on steps that produced none, so every ``info`` of an id has the same keys.
+    step_info_keys: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, render_mode: str | None = None, max_text_length: int = MAX_TEXT) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -110,7 +113,9 @@ class TextEnv(gym.Env[str, str], abc.ABC):
         return None
 
     def _extra_info(self) -> dict[str, Any]:
-        """Family keys present in every ``info`` of the episode, invalid steps included (e.g. ``task_id``)."""
+        """Family keys present in every ``info`` of the episode, invalid steps included (e.g. ``task_id``); with
+        :attr:`step_info_keys` and :data:`INFO_KEYS`, every ``info`` of an id carries the same keys, except
+        ``expert_action``, which is there only while the episode runs and the env has an expert move."""
         return {}
 
     def _match_parametric(self, action: str) -> str | None:
@@ -229,7 +234,7 @@ class TextEnv(gym.Env[str, str], abc.ABC):
 
     def _info(self, invalid: bool, extra: dict[str, Any]) -> dict[str, Any]:
         info: dict[str, Any] = self._extra_info() if self._started else {}
-        info.update(extra)
+        info.update(dict.fromkeys(self.step_info_keys), **extra)
         info["task"] = self._task()
         info["admissible_actions"] = [] if self._done else list(self._admissible())
         info["won"] = self._won

@@ -41,6 +41,7 @@ class ReasoningGymMathEnv(MathAnswerEnv):
     """
 
     dataset_name: ClassVar[str] = ""
+    step_info_keys: ClassVar[tuple[str, ...]] = ("rg_score",)
 
     def __init__(
         self,

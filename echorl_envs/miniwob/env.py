@@ -68,6 +68,7 @@ class MiniWoBEnv(TextEnv):
     """
 
     reset_options: ClassVar[frozenset[str]] = frozenset()
+    step_info_keys: ClassVar[tuple[str, ...]] = ("miniwob_env_reward",)
 
     def __init__(self, task: str = "click-button", episode_seconds: float = 10.0, render_mode: str | None = None) -> None:
         super().__init__(render_mode=render_mode)

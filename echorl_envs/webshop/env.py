@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any, ClassVar
 
@@ -21,7 +22,7 @@ from echorl_envs.webshop.pages import (
     option_value_names,
     render,
 )
-from echorl_envs.webshop.reward import fuzzy_match, get_reward, normalize_color
+from echorl_envs.webshop.reward import RewardInfo, fuzzy_match, get_reward, normalize_color
 from echorl_envs.webshop.search import PRODUCT_WINDOW, search_for
 
 __all__ = ["WebShopEnv", "load_catalogue"]
@@ -75,6 +76,9 @@ class WebShopEnv(DatasetTextEnv):
     """
 
     reset_options: ClassVar[frozenset[str]] = frozenset({"index"})
+    #: the purchase's reward breakdown (None before the purchase)
+    step_info_keys: ClassVar[tuple[str, ...]] = (*(f.name for f in dataclasses.fields(RewardInfo)),
+                                                 "purchased_asin", "goal_asin", "purchased_options")
 
     def __init__(
         self,
@@ -102,6 +106,10 @@ class WebShopEnv(DatasetTextEnv):
         self.catalogue = load_catalogue(**self._kwargs)
         self._indices = self.catalogue.split_range(self.split)
         self._search = search_for(self.catalogue)
+
+    def search(self, query: str) -> list[str]:
+        """The ASINs ``search[query]`` lists, best first (the same BM25 engine the env's search page uses)."""
+        return list(self._search.search(query))
 
     # pickling: the catalogue and index are rebuilt (from the per-process cache) rather than serialised
     def __getstate__(self) -> dict[str, Any]:

@@ -40,11 +40,12 @@ try:
     from openenv.core.env_server.types import EnvironmentMetadata
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError(f"echorl serve-env needs the openenv extra: pip install 'echorl[openenv]' ({e})") from e
-from pydantic import Field
+from pydantic import Field, PrivateAttr, ValidationError, model_validator
+from starlette.exceptions import HTTPException
 
 import echorl_envs
 
-__all__ = ["EchoRLAction", "EchoRLObservation", "EchoRLState", "EchoRLEnvironment", "build_app", "serve",
+__all__ = ["EchoRLAction", "EchoRLObservation", "EchoRLState", "EchoRLEnvironment", "build_app", "serve", "public_url",
            "to_wire", "open_envs", "uvicorn_config", "RESERVED_METADATA"]
 
 log = logging.getLogger(__name__)
@@ -58,9 +59,53 @@ _RESET_FIELDS = ("options", "task", "max_episode_steps")
 
 
 class EchoRLAction(Action):
-    """One text action."""
+    """One text action.
+
+    A message that does not validate still becomes an ``EchoRLAction``, holding why (OpenEnv would answer only
+    "Invalid message (code: VALIDATION_ERROR)", and its clients drop the details); ``step`` then raises a
+    ValueError naming the field, which every OpenEnv client shows.
+    """
 
     action: str = Field(description="The text action: an admissible command (choice envs) or an answer.")
+    _invalid: str | None = PrivateAttr(default=None)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _explain_invalid(cls, data: Any, handler: Any) -> EchoRLAction:
+        try:
+            return handler(data)
+        except ValidationError as e:
+            bad = cls.model_construct(action="")
+            bad._invalid = explain_validation_error(e, ["action", "metadata"])
+            return bad
+
+
+class InvalidActionMessage(ValueError, HTTPException):
+    """A step message that is not ``{"action": "<text>"}``: a ValueError whose text names the field (what the
+    WebSocket client shows), answered with HTTP 422 on OpenEnv's HTTP ``/step`` route."""
+
+    def __init__(self, message: str) -> None:
+        ValueError.__init__(self, message)
+        HTTPException.__init__(self, status_code=422, detail=message)
+
+    def __str__(self) -> str:
+        return self.detail
+
+
+def explain_validation_error(error: ValidationError, fields: Sequence[str]) -> str:
+    """pydantic's errors as one sentence that names each bad field and its value (and a close match)."""
+    parts = []
+    for err in error.errors():
+        name = ".".join(map(str, err["loc"])) or "message"
+        if err["type"] == "missing":
+            parts.append(f"{name} is required")
+        elif err["type"] == "extra_forbidden":
+            hint = difflib.get_close_matches(name, fields, n=1)
+            parts.append(f"unknown field {name!r}" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+        else:
+            parts.append(f"{name} {err['msg'][0].lower()}{err['msg'][1:]}, got {name}={err['input']!r:.80}")
+    return ("invalid action message: " + "; ".join(parts)
+            + ' (send {"action": "<text>"}: an admissible command or an answer)')
 
 
 class EchoRLObservation(Observation):
@@ -78,6 +123,10 @@ class EchoRLState(State):
 
     env_id: str | None = Field(default=None, description="The served id this session is playing.")
     seed: int | None = Field(default=None, description="The seed of the last reset.")
+    served: list[str] = Field(default_factory=list, description="The ids this server hosts; the first is the "
+                              "default of reset().")
+    max_episode_steps: int | None = Field(default=None, description="The step limit of the session's episode "
+                                          "(before the first reset: the default id's registered limit).")
 
 
 def to_wire(value: Any) -> Any:
@@ -122,7 +171,8 @@ class EchoRLEnvironment(Environment[EchoRLAction, EchoRLObservation, EchoRLState
         self.make_kwargs = {k: dict(v) for k, v in (make_kwargs or {}).items()}
         self._env: Any = None
         self._key: tuple[str, int | None] | None = None
-        self._state = EchoRLState()
+        default_limit = echorl_envs.entry(self.tasks[0]).max_episode_steps
+        self._state = EchoRLState(served=self.tasks, max_episode_steps=default_limit)
         self._lock = threading.Lock()
         self._closed = False
         _OPEN.add(self)
@@ -157,10 +207,13 @@ class EchoRLEnvironment(Environment[EchoRLAction, EchoRLObservation, EchoRLState
                 self._env = echorl_envs.make(task, **self.make_kwargs.get(task, {}), **extra)
                 self._key = (task, limit)
             obs, info = self._env.reset(seed=seed, options=options)
-        self._state = EchoRLState(episode_id=episode_id, step_count=0, env_id=task, seed=seed)
+        self._state = EchoRLState(episode_id=episode_id, step_count=0, env_id=task, seed=seed, served=self.tasks,
+                                  max_episode_steps=limit or echorl_envs.entry(task).max_episode_steps)
         return self._observation(obs, None, False, False, info)
 
     def step(self, action: EchoRLAction, timeout_s: float | None = None, **kwargs: Any) -> EchoRLObservation:
+        if action._invalid is not None:
+            raise InvalidActionMessage(action._invalid)
         with self._lock:
             self._check_open()
             if self._env is None:
@@ -232,8 +285,50 @@ class EchoRLEnvironment(Environment[EchoRLAction, EchoRLObservation, EchoRLState
         )
 
 
+def public_url(host: str, port: int) -> str:
+    """The address clients use for a server bound to ``host:port`` (a wildcard host: this machine's name)."""
+    import socket
+
+    shown = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
+    return f"http://[{shown}]:{port}" if ":" in shown else f"http://{shown}:{port}"
+
+
+def _web_page(tasks: Sequence[str], url: str | None) -> Any:
+    """A ``gradio_builder`` for ``create_app``: OpenEnv's own playground, headed by the served ids and the
+    server's real address, with a "Same call in Python" box for this server (OpenEnv's default names no id and
+    always says ``http://localhost:8000``)."""
+    from openenv.core.env_server.gradio_ui import build_gradio_app
+
+    where = f" at {url}" if url else ""
+    others = f"; clients pick among {', '.join(tasks)} with reset(task=ID)" if len(tasks) > 1 else ""
+    description = f"echorl serve-env{where}. Reset plays {tasks[0]}{others}. Type an action or click one."
+    base = url or "http://HOST:PORT"
+    quick_start = "\n".join([
+        f"The server is at `{base}` and serves " + ", ".join(f"`{t}`" for t in tasks) + ".", "",
+        "```python",
+        "import gymnasium as gym",
+        "import echorl_envs  # registers EchoRL/Remote-v0", "",
+        f'env = gym.make("EchoRL/Remote-v0", base_url="{base}", task="{tasks[0]}")',
+        "obs, info = env.reset(seed=0)",
+        "obs, reward, terminated, truncated, info = env.step("
+        + ('info["admissible_actions"][0])' if echorl_envs.entry(tasks[0]).action_type == "choice"
+           else '"your answer")'),
+        "```", "",
+        f'OpenEnv\'s client works too: `GenericEnvClient(base_url="{base}").sync()`, then '
+        f'`reset(task="{tasks[0]}")` and `step({{"action": "..."}})`.',
+    ])
+
+    def builder(web_manager: Any, action_fields: list, metadata: Any, is_chat_env: bool, title: str,
+                quick_start_md: str) -> Any:
+        ours = EnvironmentMetadata(name="echorl", version=echorl_envs.__version__, description=description)
+        return build_gradio_app(web_manager, action_fields, ours, is_chat_env, title, quick_start)
+
+    return builder
+
+
 def build_app(tasks: Sequence[str], max_sessions: int = 8, session_timeout: float | None = 300.0,
-              web: bool = True, make_kwargs: Mapping[str, Mapping[str, Any]] | None = None) -> Any:
+              web: bool = True, make_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+              url: str | None = None) -> Any:
     """The FastAPI app of ``create_app`` serving ``tasks`` (see the module docstring).
 
     Args:
@@ -242,6 +337,7 @@ def build_app(tasks: Sequence[str], max_sessions: int = 8, session_timeout: floa
         session_timeout: seconds after which an idle session is closed (None: never).
         web: serve OpenEnv's browser page at ``/web``.
         make_kwargs: extra ``gym.make`` keyword arguments per id.
+        url: the address clients reach the server at, shown on the ``/web`` page (:func:`serve` passes it).
     """
     if not tasks:
         raise ValueError("tasks must name at least one env id, got tasks=[]")
@@ -256,9 +352,11 @@ def build_app(tasks: Sequence[str], max_sessions: int = 8, session_timeout: floa
     saved = os.environ.get("ENABLE_WEB_INTERFACE")
     os.environ["ENABLE_WEB_INTERFACE"] = "true" if web else "false"
     try:
+        page = dict(gradio_builder=_web_page(tasks, url), show_default_tab=False,
+                    title_override=f"echorl serve-env: {', '.join(tasks)}") if web else {}
         app = create_app(factory, EchoRLAction, EchoRLObservation, env_name="echorl", state_cls=EchoRLState,
                          concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_sessions,
-                                                              session_timeout=session_timeout))
+                                                              session_timeout=session_timeout), **page)
     finally:
         if saved is None:
             os.environ.pop("ENABLE_WEB_INTERFACE", None)
@@ -277,7 +375,7 @@ def build_app(tasks: Sequence[str], max_sessions: int = 8, session_timeout: floa
     return app
 
 
-def uvicorn_config(app: Any, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> Any:
+def uvicorn_config(app: Any, host: str = "127.0.0.1", port: int = 8001, log_level: str = "info") -> Any:
     """uvicorn's config for ``app``: no server-side WebSocket pings, 5 s graceful shutdown.
 
     ``EchoRL/Remote-v0`` runs its client loop only inside ``reset``/``step`` (the fast path), so it cannot answer
@@ -291,12 +389,12 @@ def uvicorn_config(app: Any, host: str = "127.0.0.1", port: int = 8000, log_leve
                           timeout_graceful_shutdown=5)
 
 
-def serve(tasks: Sequence[str], host: str = "127.0.0.1", port: int = 8000, max_sessions: int = 8,
+def serve(tasks: Sequence[str], host: str = "127.0.0.1", port: int = 8001, max_sessions: int = 8,
           session_timeout: float | None = 300.0, web: bool = True,
           make_kwargs: Mapping[str, Mapping[str, Any]] | None = None, log_level: str = "info") -> None:
     """Run the server until SIGINT/SIGTERM (uvicorn closes the sockets, then every session env is closed)."""
     import uvicorn
 
     app = build_app(tasks, max_sessions=max_sessions, session_timeout=session_timeout, web=web,
-                    make_kwargs=make_kwargs)
+                    make_kwargs=make_kwargs, url=public_url(host, port))
     uvicorn.Server(uvicorn_config(app, host=host, port=port, log_level=log_level)).run()

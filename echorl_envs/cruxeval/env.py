@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from echorl_envs.core import DatasetTextEnv, InvalidAction, Transition
-from echorl_envs.cruxeval_generator import generate_items
+from echorl_envs.cruxeval.generator import generate_items
+from echorl_envs.cruxeval.judge import JUDGE_CONFIG, Wording, check_max_attempts, resolve_data_path, verdict
 from echorl_envs.sandbox import SandboxConfig, SandboxPool, SandboxResult, shared_pool
 
 __all__ = [
     "CRUXEvalEnv", "load_cruxeval", "download_cruxeval", "judge", "judge_many", "check_program",
-    "parse_answer", "gold_answer", "CRUXEVAL_URL", "MAX_ANSWER_CHARS",
+    "parse_answer", "gold_answer", "strip_fences", "generated_items", "file_items", "CRUXEVAL_URL", "MAX_ANSWER_CHARS",
 ]
 
 #: Where CRUXEval's authors publish the 800 items (used only by :func:`download_cruxeval`).
@@ -43,7 +44,9 @@ _FORBIDDEN_ATTRIBUTES = frozenset(
      "f_trace", "throw", "send", "close", "mro", "func_globals"}
 )
 _OUTPUT_CALLS = frozenset({"set", "frozenset", "float", "complex", "bytes", "bytearray", "range"})
-_JUDGE = SandboxConfig(wall_seconds=5.0, cpu_seconds=3)
+#: How a wrong answer is worded (CRUXEval-O and -I: the assertion is the item's own).
+_WORDING = Wording("Incorrect: the assertion fails.", "Incorrect: running the assertion timed out ({message}).",
+                   "Incorrect: running the assertion raised {message}.")
 
 
 def load_cruxeval(path: str | os.PathLike) -> list[dict[str, str]]:
@@ -84,7 +87,8 @@ def download_cruxeval(dest: str | os.PathLike | None = None, url: str = CRUXEVAL
     return target
 
 
-def _strip_fences(text: str) -> str:
+def strip_fences(text: str) -> str:
+    """``text`` without a surrounding Markdown code fence (and its language tag's line) or backticks."""
     t = text.strip()
     if t.startswith("```"):
         t = t.split("\n", 1)[1] if "\n" in t else t.strip("`")
@@ -158,7 +162,7 @@ def _parse_answer(answer: str, mode: str) -> str:
     ``assert f(...) == ...`` line. Output answers must be literals (CRUXEval's prompt: "a literal (no
     unsimplified expressions, no function calls)"); neither mode may call ``f`` or reach interpreter internals.
     """
-    text = _strip_fences(answer)
+    text = strip_fences(answer)
     if text.startswith("assert "):
         try:
             stmt = ast.parse(text).body
@@ -229,7 +233,7 @@ def judge_many(
     """Judge many answers in one batch on ``pool`` (default: the process's shared sandbox pool)."""
     if len(items) != len(answers):
         raise ValueError(f"items and answers must have the same length, got {len(items)} and {len(answers)}")
-    pool = pool or shared_pool(_JUDGE)
+    pool = pool or shared_pool(JUDGE_CONFIG)
     programs: list[str | None] = []
     results: list[SandboxResult | None] = []
     for item, answer in zip(items, answers, strict=True):
@@ -244,12 +248,14 @@ def judge_many(
 
 
 @functools.lru_cache(maxsize=8)
-def _generated(num_items: int, seed: int) -> tuple[dict[str, str], ...]:
+def generated_items(num_items: int, seed: int) -> tuple[dict[str, str], ...]:
+    """The offline generated items (cached per process: every env of a worker shares one copy)."""
     return tuple(generate_items(num_items, seed))
 
 
 @functools.lru_cache(maxsize=8)
-def _from_file(path: str, mtime: float) -> tuple[dict[str, str], ...]:
+def file_items(path: str, mtime: float) -> tuple[dict[str, str], ...]:
+    """The items of a ``cruxeval.jsonl`` (cached per path and modification time)."""
     return tuple(load_cruxeval(path))
 
 
@@ -262,7 +268,7 @@ class CRUXEvalEnv(DatasetTextEnv):
 
     **Data.** ``data_path`` (a ``cruxeval.jsonl`` file or folder) → the real 800 items; else
     ``$ECHORL_DATA_DIR/cruxeval/cruxeval.jsonl`` when it exists; else ``num_generated`` items built offline
-    by :mod:`echorl_envs.cruxeval_generator` (deterministic for ``generator_seed``).
+    by :mod:`echorl_envs.cruxeval.generator` (deterministic for ``generator_seed``).
 
     **Observation.** The instruction, the code and the assertion with ``??`` in place of the answer, then
     feedback after each attempt ("Incorrect", the error an answer raised, or attempts left).
@@ -282,6 +288,7 @@ class CRUXEvalEnv(DatasetTextEnv):
     """
 
     reset_options: ClassVar[frozenset[str]] = frozenset({"index"})
+    step_info_keys: ClassVar[tuple[str, ...]] = ("judge_status",)
 
     def __init__(
         self,
@@ -296,23 +303,15 @@ class CRUXEvalEnv(DatasetTextEnv):
         super().__init__(render_mode=render_mode)
         if mode not in _MODES:
             raise ValueError(f"mode must be 'output' or 'input', got mode={mode!r}")
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-            raise ValueError(f"max_attempts must be an int >= 1, got max_attempts={max_attempts!r}")
         self.mode = mode
-        self.max_attempts = max_attempts
-        self.sandbox_config = sandbox_config or _JUDGE
-        if data_path is None and os.environ.get("ECHORL_DATA_DIR"):
-            default = Path(os.environ["ECHORL_DATA_DIR"]) / "cruxeval" / "cruxeval.jsonl"
-            data_path = default if default.is_file() else None
-        if data_path is not None:
-            p = Path(data_path)
-            p = p / "cruxeval.jsonl" if p.is_dir() else p
-            if not p.is_file():
-                raise ValueError(f"data_path must be a cruxeval.jsonl file or a folder holding one, got data_path={str(data_path)!r}")
-            self.items = _from_file(str(p.resolve()), p.stat().st_mtime)
+        self.max_attempts = check_max_attempts(max_attempts)
+        self.sandbox_config = sandbox_config or JUDGE_CONFIG
+        path = resolve_data_path(data_path)
+        if path is not None:
+            self.items = file_items(str(path), path.stat().st_mtime)
             self.data_source = "file"
         else:
-            self.items = _generated(num_generated, generator_seed)
+            self.items = generated_items(num_generated, generator_seed)
             self.data_source = "generated"
         self._item: dict[str, str] = self.items[0]
         self._attempts = 0
@@ -340,13 +339,10 @@ class CRUXEvalEnv(DatasetTextEnv):
     def _reset_episode(self, options: dict[str, Any]) -> Transition:
         self._item = self.items[self._select_index(options)]
         self._attempts = 0
-        return Transition(self._prompt(), info=self._extra(None))
+        return Transition(self._prompt())
 
-    def _extra(self, status: str | None) -> dict[str, Any]:
-        info: dict[str, Any] = {"task_id": self._item["id"], "attempts_left": self.max_attempts - self._attempts}
-        if status is not None:
-            info["judge_status"] = status
-        return info
+    def _extra_info(self) -> dict[str, Any]:
+        return {"task_id": self._item["id"], "attempts_left": self.max_attempts - self._attempts}
 
     def _apply(self, action: str) -> Transition:
         try:
@@ -356,20 +352,8 @@ class CRUXEvalEnv(DatasetTextEnv):
                                 f"{self.max_attempts - self._attempts} attempt(s).") from None
         result = shared_pool(self.sandbox_config).run(check_program(self._item, answer_src, self.mode))
         self._attempts += 1
-        left = self.max_attempts - self._attempts
-        if result.passed:
-            return Transition("Correct! The assertion passes.", 1.0, True, won=True, info=self._extra(result.status))
-        if result.status == "failed":
-            why = "Incorrect: the assertion fails."
-        elif result.status == "timeout":
-            why = f"Incorrect: running the assertion timed out ({result.message})."
-        else:
-            why = f"Incorrect: running the assertion raised {result.message}."
-        if left <= 0:
-            gold = gold_answer(self._item, self.mode)
-            return Transition(f"{why} No attempts left. A correct answer was: {gold}", 0.0, True,
-                              info=self._extra(result.status))
-        return Transition(f"{why} {left} attempt(s) left.", 0.0, False, info=self._extra(result.status))
+        return verdict(result, self.max_attempts - self._attempts, _WORDING, {"judge_status": result.status},
+                       reveal=f" A correct answer was: {gold_answer(self._item, self.mode)}")
 
     def _task(self) -> str:
         return self._prompt()

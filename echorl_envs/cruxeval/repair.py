@@ -1,7 +1,7 @@
 """CRUXEval code repair: a CRUXEval function with one injected bug; answer with the corrected function.
 
 Built from CRUXEval rows (the real ``cruxeval.jsonl`` when given, else the offline generated set of
-:mod:`echorl_envs.cruxeval`): for each item a deterministic AST mutation (:mod:`echorl_envs.cruxeval_mutations`)
+:mod:`echorl_envs.cruxeval`): for each item a deterministic AST mutation (:mod:`echorl_envs.cruxeval.mutations`)
 is chosen so that ``f`` fails the item's own assertion ``assert f(<input>) == <output>``. Every item is checked
 at build time in the sandbox -- the original passes, the mutant fails (an ``AssertionError`` or an exception,
 not a timeout) -- and items with no such mutant are dropped. The build is cached on disk
@@ -22,8 +22,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from echorl_envs.core import DatasetTextEnv, InvalidAction, Transition
-from echorl_envs.cruxeval import _from_file, _generated, _strip_fences
-from echorl_envs.cruxeval_mutations import mutants
+from echorl_envs.cruxeval.env import file_items, generated_items, strip_fences
+from echorl_envs.cruxeval.judge import JUDGE_CONFIG, Wording, check_max_attempts, resolve_data_path, verdict
+from echorl_envs.cruxeval.mutations import mutants
 from echorl_envs.sandbox import SandboxConfig, SandboxPool, shared_pool
 
 __all__ = ["CRUXEvalRepairEnv", "build_repair_items", "parse_repair", "repair_program", "MUTATOR_VERSION"]
@@ -33,7 +34,9 @@ MUTATOR_VERSION = 1
 #: Mutants tried per item (in an order seeded by the item id) before the item is dropped.
 MAX_TRIES = 8
 _BUILD = SandboxConfig(wall_seconds=3.0, cpu_seconds=2)
-_JUDGE = SandboxConfig(wall_seconds=5.0, cpu_seconds=3)
+#: How a wrong repair is worded.
+_WORDING = Wording("Still wrong: the assertion fails (AssertionError).", "Still wrong: running it timed out ({message}).",
+                   "Still wrong: running it raised {message}.")
 _TOP_LEVEL = (ast.FunctionDef, ast.Import, ast.ImportFrom)
 
 
@@ -46,7 +49,7 @@ def parse_repair(answer: str) -> str:
     """The answer's source if it is a whole function ``f`` (plus helper functions/imports), else ``InvalidAction``."""
     if not isinstance(answer, str):
         raise InvalidAction(f"the answer must be a string, got {type(answer).__name__}")
-    src = _strip_fences(answer)
+    src = strip_fences(answer)
     if src.startswith("python\n"):
         src = src[len("python\n"):]
     if not src.strip():
@@ -125,7 +128,7 @@ def build_repair_items(
 
 @functools.lru_cache(maxsize=8)
 def _built(source: tuple, seed: int, cache_dir: str | None) -> tuple[dict[str, str], ...]:
-    rows = _from_file(*source[1:]) if source[0] == "file" else _generated(*source[1:])
+    rows = file_items(*source[1:]) if source[0] == "file" else generated_items(*source[1:])
     return tuple(build_repair_items(rows, seed, cache_dir=cache_dir))
 
 
@@ -156,6 +159,7 @@ class CRUXEvalRepairEnv(DatasetTextEnv):
     """
 
     reset_options: ClassVar[frozenset[str]] = frozenset({"index"})
+    step_info_keys: ClassVar[tuple[str, ...]] = ("judge_status",)
 
     def __init__(
         self,
@@ -169,19 +173,11 @@ class CRUXEvalRepairEnv(DatasetTextEnv):
         render_mode: str | None = None,
     ) -> None:
         super().__init__(render_mode=render_mode)
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-            raise ValueError(f"max_attempts must be an int >= 1, got max_attempts={max_attempts!r}")
-        self.max_attempts = max_attempts
-        self.sandbox_config = sandbox_config or _JUDGE
-        if data_path is None and os.environ.get("ECHORL_DATA_DIR"):
-            default = Path(os.environ["ECHORL_DATA_DIR"]) / "cruxeval" / "cruxeval.jsonl"
-            data_path = default if default.is_file() else None
-        if data_path is not None:
-            p = Path(data_path)
-            p = p / "cruxeval.jsonl" if p.is_dir() else p
-            if not p.is_file():
-                raise ValueError(f"data_path must be a cruxeval.jsonl file or a folder holding one, got data_path={str(data_path)!r}")
-            source: tuple = ("file", str(p.resolve()), p.stat().st_mtime)
+        self.max_attempts = check_max_attempts(max_attempts)
+        self.sandbox_config = sandbox_config or JUDGE_CONFIG
+        path = resolve_data_path(data_path)
+        if path is not None:
+            source: tuple = ("file", str(path), path.stat().st_mtime)
             self.data_source = "file"
         else:
             source = ("generated", num_generated, generator_seed)
@@ -208,14 +204,11 @@ class CRUXEvalRepairEnv(DatasetTextEnv):
     def _reset_episode(self, options: dict[str, Any]) -> Transition:
         self._item = self.items[self._select_index(options)]
         self._attempts = 0
-        return Transition(self._prompt(), info=self._extra(None))
+        return Transition(self._prompt())
 
-    def _extra(self, status: str | None) -> dict[str, Any]:
-        info: dict[str, Any] = {"task_id": self._item["id"], "mutation": self._item["mutation"],
-                                "attempts_left": self.max_attempts - self._attempts}
-        if status is not None:
-            info["judge_status"] = status
-        return info
+    def _extra_info(self) -> dict[str, Any]:
+        return {"task_id": self._item["id"], "mutation": self._item["mutation"],
+                "attempts_left": self.max_attempts - self._attempts}
 
     def _apply(self, action: str) -> Transition:
         try:
@@ -225,18 +218,7 @@ class CRUXEvalRepairEnv(DatasetTextEnv):
                                 f"{self.max_attempts - self._attempts} attempt(s).") from None
         result = shared_pool(self.sandbox_config).run(repair_program(src, self._item))
         self._attempts += 1
-        left = self.max_attempts - self._attempts
-        if result.passed:
-            return Transition("Correct! The assertion passes.", 1.0, True, won=True, info=self._extra(result.status))
-        if result.status == "failed":
-            why = "Still wrong: the assertion fails (AssertionError)."
-        elif result.status == "timeout":
-            why = f"Still wrong: running it timed out ({result.message})."
-        else:
-            why = f"Still wrong: running it raised {result.message}."
-        if left <= 0:
-            return Transition(f"{why} No attempts left.", 0.0, True, info=self._extra(result.status))
-        return Transition(f"{why} {left} attempt(s) left.", 0.0, False, info=self._extra(result.status))
+        return verdict(result, self.max_attempts - self._attempts, _WORDING, {"judge_status": result.status})
 
     def _task(self) -> str:
         return self._prompt()

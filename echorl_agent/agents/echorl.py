@@ -23,9 +23,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from echorl_agent.eval.llm_agents import FREE_TEXT_SYSTEM, LLMAgent, _ChatEvalAgent, _is_free_text
+from echorl_agent.agents.chat import FREE_TEXT_SYSTEM, MeteredAgent, ReActAgent, ScoringAgent, is_free_text
+from echorl_agent.experience.agents import guidance_text
+from echorl_agent.experience.bank import ExperienceBank
 from echorl_agent.kernels.plan import plan_surprise
-from echorl_agent.llm.agents import ReActAgent, ScoringAgent
 from echorl_agent.llm.engine import LLMEngine, SamplingParams
 from echorl_agent.replay import EMAPlanTracker
 
@@ -84,10 +85,12 @@ def _encoder(name: str):
     return _ENCODERS[name]
 
 
-class EchoRLLLMAgent(_ChatEvalAgent):
-    """``echorl``: see the module docstring.
+class EchoRLLLMAgent(MeteredAgent):
+    """``echorl``: see the module docstring. Each episode it drives a chat agent (scoring on choice envs, ReAct on
+    free text) that shares its token meter, and shows it the observation with the plan and the retrieved step.
 
     Attributes:
+        inner: this episode's chat agent.
         plans: the plans written this episode, oldest first.
         surprises: the plan surprise of every step this episode.
     """
@@ -95,7 +98,9 @@ class EchoRLLLMAgent(_ChatEvalAgent):
     name = "echorl"
 
     def __init__(self, engine: LLMEngine, config: EchoRLConfig | None = None, bandwidth_scale: float = 1e-6) -> None:
-        super().__init__(engine, bandwidth_scale)
+        super().__init__(bandwidth_scale=bandwidth_scale)
+        self.engine = engine
+        self.inner: ReActAgent | ScoringAgent | None = None
         self.config = config or EchoRLConfig()
         self.encoder = _encoder(self.config.plan_encoder)
         self.tracker = EMAPlanTracker(self.encoder.dim, self.config.plan_decay)
@@ -104,11 +109,7 @@ class EchoRLLLMAgent(_ChatEvalAgent):
         self.num_plans = 0
         self._new_plan: str | None = None
         self._seed = 0
-        self.bank = None
-        if self.config.experience:
-            from echorl_agent.experience import ExperienceBank
-
-            self.bank = ExperienceBank(self.config.experience_encoder)
+        self.bank = ExperienceBank(self.config.experience_encoder) if self.config.experience else None
         self.num_guided_turns = 0
         self._instruction = ""
         self._prev_obs = ""
@@ -144,18 +145,16 @@ class EchoRLLLMAgent(_ChatEvalAgent):
 
     # --------------------------------------------------------------------------------------- protocol
     def _build(self, info: dict[str, Any], seed: int) -> ReActAgent | ScoringAgent:
-        if _is_free_text(info):
+        if is_free_text(info):
             return ReActAgent(self.engine, max_tokens=self.config.max_tokens, temperature=self.config.temperature,
-                              seed=seed, system_prompt=FREE_TEXT_SYSTEM)
-        return ScoringAgent(self.engine, temperature=self.config.temperature, seed=seed)
+                              seed=seed, system_prompt=FREE_TEXT_SYSTEM, meter=self.meter)
+        return ScoringAgent(self.engine, temperature=self.config.temperature, seed=seed, meter=self.meter)
 
     def _context(self, obs: str, info: dict[str, Any]) -> str:
         text = obs.rstrip()
         if self.bank is not None:
             r = self.bank.sample(self._instruction, obs, self._rng)
             if r is not None:
-                from echorl_agent.experience.agents import guidance_text
-
                 text += "\n" + guidance_text(r)
                 self.num_guided_turns += 1
         if self._new_plan is not None:
@@ -171,10 +170,16 @@ class EchoRLLLMAgent(_ChatEvalAgent):
             self.bank.begin_episode(self._instruction, {"env_id": env_id, "seed": seed})
         self.plans, self.surprises = [], []
         self.tracker = EMAPlanTracker(self.encoder.dim, self.config.plan_decay)
-        LLMAgent.reset(self, env_id, obs, info, seed)  # new episode on the meter before the first plan is charged
+        super().reset(env_id, obs, info, seed)  # new episode on the meter before the first plan is charged
         self.surprises.append(self._surprise(obs, 0.0))
         self._new_plan = self._write_plan(obs, info)
-        self._start_dialogue(obs, info, seed)
+        self.inner = self._build(info, seed)
+        self.inner.reset(env_id, self._context(obs, info), info, seed)
+
+    def act(self, obs: str, info: dict[str, Any]) -> str:
+        assert self.inner is not None, "reset() builds the inner agent"
+        self.turns += 1
+        return self.inner.act(obs, info)
 
     def observe(self, action: str, obs: str, reward: float, done: bool, info: dict[str, Any]) -> None:
         if self.bank is not None:
@@ -188,6 +193,8 @@ class EchoRLLLMAgent(_ChatEvalAgent):
             if s > self.config.replan_threshold or info.get("invalid_action", False):
                 self._new_plan = self._write_plan(obs, info)
         super().observe(action, obs, reward, done, info)
+        if not done and self.inner is not None:
+            self.inner.observe(action, self._context(obs, info), reward, done, info)
 
     def stats(self) -> dict[str, float]:
         out = super().stats()

@@ -1,7 +1,7 @@
 """``EchoRL/Remote-v0``: an env served by ``echorl serve-env`` (or any OpenEnv server speaking the same wire
-format, see :mod:`echorl_envs.serve`) as a local Gymnasium text env.
+format, see :mod:`echorl_envs.service.server`) as a local Gymnasium text env.
 
-    env = gym.make("EchoRL/Remote-v0", base_url="http://host:8000", task="EchoRL/ALFWorld-v0")
+    env = gym.make("EchoRL/Remote-v0", base_url="http://host:8001", task="EchoRL/ALFWorld-v0")
 
 It keeps echorl's text protocol: ``str`` observations and actions in the same ``Text`` spaces, and the same
 ``info`` keys as ``gym.make(task)`` (``task``, ``admissible_actions``, ``won``, ``invalid_action``, ``step`` and
@@ -23,10 +23,13 @@ a running event loop. The loop runs only inside ``reset``/``step``, so the sessi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import difflib
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
 import gymnasium as gym
+from gymnasium.envs.registration import EnvSpec
 
 from echorl_envs.core.base import MAX_TEXT, text_space
 
@@ -39,19 +42,26 @@ class RemoteTextEnv(gym.Env[str, str]):
     """A served echorl env behind the local text-env protocol.
 
     Args:
-        base_url: the server, e.g. ``"http://127.0.0.1:8000"`` (``ws://`` also works).
+        base_url: the server, e.g. ``"http://127.0.0.1:8001"`` (``echorl serve-env``'s default port; ``ws://`` also
+            works).
         task: which served id to play (default: the server's first id).
         time_limit: episode step limit applied by the server (default: the id's registered limit).
         connect_timeout_s: WebSocket connection timeout.
         message_timeout_s: time to wait for one reset/step reply (engines like ALFWorld load games on reset).
         render_mode: None or ``"ansi"`` (returns the last observation).
+        sync_client: an OpenEnv client whose calls block (``GenericEnvClient(base_url).sync()``), used instead of
+            the env's own client and event loop -- the path ``benchmarks/remote_env_throughput.py --clients``
+            compares with the default one; it is connected here and closed by :meth:`close`.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
 
-    def __init__(self, base_url: str, task: str | None = None, time_limit: int | None = None,
+    def __init__(self, base_url: str | None = None, task: str | None = None, time_limit: int | None = None,
                  connect_timeout_s: float = 10.0, message_timeout_s: float = 300.0,
-                 render_mode: str | None = None) -> None:
+                 render_mode: str | None = None, sync_client: Any = None) -> None:
+        if base_url is None:
+            raise ValueError("base_url is required: the address of an `echorl serve-env` server, e.g. "
+                             'gym.make("EchoRL/Remote-v0", base_url="http://127.0.0.1:8001"); got base_url=None')
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://", "ws://", "wss://")):
             raise ValueError(f"base_url must start with http://, https://, ws:// or wss://, got base_url={base_url!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -68,13 +78,45 @@ class RemoteTextEnv(gym.Env[str, str]):
         self.render_mode = render_mode
         self.observation_space = text_space(MAX_TEXT)
         self.action_space = text_space(MAX_TEXT)
-        self._loop = asyncio.new_event_loop()
-        # no keepalive pings: the loop runs only inside reset/step, so it could not answer them between calls
-        self._client: Any = GenericEnvClient(base_url=base_url, connect_timeout_s=connect_timeout_s,
-                                             message_timeout_s=message_timeout_s, websocket_ping_interval_s=None,
-                                             websocket_ping_timeout_s=None)
+        self._loop: asyncio.AbstractEventLoop | None = None  # None: the client's calls block by themselves
+        self._client: Any = sync_client
+        if sync_client is None:
+            self._loop = asyncio.new_event_loop()
+            # no keepalive pings: the loop runs only inside reset/step, so it could not answer them between calls
+            self._client = GenericEnvClient(base_url=base_url, connect_timeout_s=connect_timeout_s,
+                                            message_timeout_s=message_timeout_s, websocket_ping_interval_s=None,
+                                            websocket_ping_timeout_s=None)
         self._last_obs = ""
         self._run(self._client.connect)  # claim the session now: a full server fails here, not mid-rollout
+        #: the served episode's step limit (the server truncates there): ``time_limit``, else the served id's
+        self.max_episode_steps = time_limit or self._served_limit()
+
+    def _served_limit(self) -> int | None:
+        """The step limit of ``task`` (or the server's default id) as the server reports it."""
+        state = self._run(self._client.state)
+        served = list(state.get("served") or [])
+        if self.task is not None and served and self.task not in served:
+            hint = difflib.get_close_matches(self.task, served, n=1, cutoff=0.4)
+            self.close()
+            raise ValueError(f"task {self.task!r} is not served at {self.base_url}"
+                             + (f"; did you mean {hint[0]!r}?" if hint else "") + f" (served: {', '.join(served)})")
+        if self.task is None or (served and self.task == served[0]):
+            return state.get("max_episode_steps")
+        # the server's ids are registered ids: their limits are the registered ones (gym's registry, which the
+        # package filled on import; importing the package root here would close an import cycle with the table)
+        return gym.spec(self.task).max_episode_steps
+
+    @property
+    def spec(self) -> EnvSpec | None:
+        """``gym.make``'s spec, with ``max_episode_steps`` = the served env's limit (applied by the server)."""
+        spec = getattr(self, "_spec", None)
+        if spec is not None and spec.max_episode_steps is None and self.max_episode_steps is not None:
+            return dataclasses.replace(spec, max_episode_steps=self.max_episode_steps)
+        return spec
+
+    @spec.setter
+    def spec(self, value: EnvSpec | None) -> None:
+        self._spec = value
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)
@@ -97,7 +139,9 @@ class RemoteTextEnv(gym.Env[str, str]):
     def close(self) -> None:
         client, self._client = getattr(self, "_client", None), None
         loop = getattr(self, "_loop", None)
-        if client is not None and loop is not None and not loop.is_closed():
+        if client is not None and loop is None:
+            client.close()
+        elif client is not None and not loop.is_closed():
             try:
                 self._run(client.close, loop=loop)
             finally:
@@ -115,6 +159,8 @@ class RemoteTextEnv(gym.Env[str, str]):
                                "loop (or use openenv's GenericEnvClient directly in async code)")
         if self._client is None and loop is None:
             raise RuntimeError("this EchoRL/Remote-v0 env is closed")
+        if (loop or self._loop) is None:  # a blocking client (``sync_client``)
+            return call()
 
         async def go() -> Any:
             return await call()

@@ -1,18 +1,18 @@
 """The confined side of :mod:`echorl_envs.sandbox` (standard library only; runs as ``python -I -S``).
 
 This file is executed as a script by the host, never imported by the library, so it must not import
-``echorl_envs`` (the child runs without ``site``: no site-packages); its two helpers, ``_sandbox_guard.py``
-(audit hook, report check) and ``_sandbox_confine.py`` (namespaces, private root, rlimits, uid drop,
+``echorl_envs`` (the child runs without ``site``: no site-packages); its two helpers, ``sandbox/guard.py``
+(audit hook, report check) and ``sandbox/confine.py`` (namespaces, private root, rlimits, uid drop,
 seccomp), are loaded by path and kept out of ``sys.modules``. Two modes, one code path:
 
-* ``python -I -S _sandbox_child.py --worker SETTINGS`` -- a reusable worker: sets up isolation once
-  (:func:`_sandbox_confine.isolate`: it then runs as init of a fresh PID namespace inside a private root),
+* ``python -I -S sandbox/child.py --worker SETTINGS`` -- a reusable worker: sets up isolation once
+  (:func:`confine.isolate`: it then runs as init of a fresh PID namespace inside a private root),
   answers a ``{"ready": ..., "layers": [...]}`` line, then for each JSON request line on stdin makes a fresh
   work directory, ``fork()``s a child that confines itself and runs the code, enforces the wall-clock limit by
-  killing the child's process group, checks the child's report (:func:`_sandbox_guard.verify_report`),
+  killing the child's process group, checks the child's report (:func:`guard.verify_report`),
   removes the directory and answers one JSON line. Forking a warm interpreter costs ~1 ms instead of a full
   start-up, which is what makes judging 800 CRUXEval items in one go cheap;
-* ``python -I -S _sandbox_child.py`` -- the same for one request read from stdin (``run_code``); the answer
+* ``python -I -S sandbox/child.py`` -- the same for one request read from stdin (``run_code``); the answer
   carries the host's nonce.
 
 The forked child holds exactly one fd besides ``/dev/null``: the write end of its report pipe. See
@@ -39,7 +39,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _load_sibling(name: str):  # noqa: ANN202 - a module object
-    """Load ``echorl_envs/<name>.py`` by path without registering it in ``sys.modules`` (so the judged code
+    """Load ``echorl_envs/sandbox/<name>.py`` by path without registering it in ``sys.modules`` (so the judged code
     cannot reach it by name) and without importing the ``echorl_envs`` package."""
     import importlib.util
 
@@ -49,8 +49,8 @@ def _load_sibling(name: str):  # noqa: ANN202 - a module object
     return module
 
 
-_guard = _load_sibling("_sandbox_guard")
-_confinement = _load_sibling("_sandbox_confine")
+_guard = _load_sibling("guard")
+_confinement = _load_sibling("confine")
 SandboxViolation = _guard.SandboxViolation
 _BLOCKED_MODULES = _guard.BLOCKED_MODULES
 
@@ -139,7 +139,7 @@ def _judge_and_report(request: dict, nonce: str, report_fd: int) -> None:
     references captured before the code ran, and the host accepts it only if it carries ``nonce``, is the
     only thing written on the pipe and the process then exits with status 0. The nonce lives only in this
     frame: the audit hook refuses every way Python code reaches frames or walks objects (see
-    ``_sandbox_guard``), the uid drop makes ``/proc/self/mem`` unreadable, and all other fds are closed.
+    ``guard``), the uid drop makes ``/proc/self/mem`` unreadable, and all other fds are closed.
     ``SystemExit``, ``os._exit``, signals and crashes therefore end without a valid report: an ``error``.
     """
     write, exit_, encode, perf = os.write, os._exit, _encode_str, time.perf_counter

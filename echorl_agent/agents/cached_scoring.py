@@ -1,6 +1,6 @@
 """The prior cache in front of the LLM scoring agent's call.
 
-:class:`CachedScoringAgent` is :class:`echorl_agent.llm.agents.ScoringAgent` whose ``policy`` goes through an
+:class:`CachedScoringAgent` is :class:`echorl_agent.agents.chat.ScoringAgent` whose ``policy`` goes through an
 :class:`~echorl_agent.priors.cache.LLMPriorCache`: the current state (instruction + latest observation) is embedded,
 and on a hit the cached distribution over the admissible actions is used without scoring; on a miss (or a refresh)
 the agent scores the candidates with the LLM as usual (shared-prefix KV) and the result is stored. The dialogue
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from echorl_agent.llm.agents import ScoringAgent
+from echorl_agent.agents.chat import ScoringAgent
 from echorl_agent.llm.engine import ScoreResult
 from echorl_agent.priors.cache import LLMPriorCache, PriorCacheConfig
 from echorl_agent.priors.llm import state_text
@@ -42,13 +42,15 @@ class CachedScoringAgent(ScoringAgent):
         self.cache = cache if cache is not None else LLMPriorCache(encoder.dim, cache_config)
         self._state = ""
 
-    def reset(self, obs: str, info: dict[str, Any]) -> None:
-        self._state = state_text(obs, info)
-        super().reset(obs, info)
+    name = "llm-score-cached"
 
-    def observe(self, obs: str, info: dict[str, Any]) -> None:
+    def reset(self, env_id: str, obs: str, info: dict[str, Any], seed: int) -> None:
         self._state = state_text(obs, info)
-        super().observe(obs, info)
+        super().reset(env_id, obs, info, seed)
+
+    def observe(self, action: str, obs: str, reward: float, done: bool, info: dict[str, Any]) -> None:
+        self._state = state_text(obs, info)
+        super().observe(action, obs, reward, done, info)
 
     def policy(self, admissible: list[str]) -> tuple[np.ndarray, Any]:
         """pi over ``admissible`` from the cache on a hit, else from the LLM (then stored)."""

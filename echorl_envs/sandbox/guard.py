@@ -1,11 +1,11 @@
 """Python-level guard of the sandbox child: the PEP 578 audit hook (standard library only).
 
-Loaded by ``_sandbox_child.py`` by path before any untrusted code runs (the child runs as ``python -I -S``
+Loaded by ``sandbox/child.py`` by path before any untrusted code runs (the child runs as ``python -I -S``
 and never imports ``echorl_envs``). The hook gives clear ``SandboxViolation`` messages for refused
 operations and, more importantly for judging, keeps the judged code away from the interpreter's own state:
 frames (``sys._getframe``, ``gi_frame``/``tb_frame``/..., trace and profile functions), ``gc`` object walks,
 hand-made code objects and ``marshal`` (which can read arbitrary memory), ``ctypes`` and the CPython test
-modules. That is what keeps the per-run result nonce (see ``_sandbox_child.py``) out of reach, so the judged
+modules. That is what keeps the per-run result nonce (see ``sandbox/child.py``) out of reach, so the judged
 code cannot forge a ``passed`` report. The kernel layers (uid drop, namespaces, seccomp, rlimits) are what
 keeps the host safe; the hook only adds messages and the in-process secrecy the nonce needs.
 """

@@ -1,4 +1,4 @@
-"""Kernel-level confinement of the sandbox child (standard library only; loaded by ``_sandbox_child.py``).
+"""Kernel-level confinement of the sandbox child (standard library only; loaded by ``sandbox/child.py``).
 
 Two stages:
 

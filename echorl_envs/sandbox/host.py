@@ -21,7 +21,7 @@ then wrote one report carrying a per-run random nonce on a pipe that is the chil
 * seccomp-BPF (via ``pyseccomp`` + libseccomp): no fork/exec/sockets/signals to other processes
   (``kill``, ``pidfd_*``), no ptrace/``process_vm_*``, no namespace/mount/uid changes, no signal handlers, no
   writes through foreign directory fds (``openat``/``mkdirat``/... with a dirfd other than the cwd);
-* a PEP 578 audit hook (``_sandbox_guard.py``): clear messages for refused operations, writes confined to the
+* a PEP 578 audit hook (``sandbox/guard.py``): clear messages for refused operations, writes confined to the
   work dir, and no way to the interpreter's own state (frames, ``gc`` walks, tracing, ``marshal``, code
   construction, ``ctypes``), which is what keeps the nonce secret inside the child;
 * the host's wall-clock limit kills the run's whole process group; a minimal environment (``python -I -S``,
@@ -51,107 +51,17 @@ import time
 import warnings
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from echorl_envs._sandbox_guard import verify_report
+from echorl_envs.sandbox.config import STATUSES, SandboxConfig, SandboxResult
+from echorl_envs.sandbox.guard import verify_report
 
 __all__ = ["SandboxConfig", "SandboxResult", "SandboxPool", "run_code", "shared_pool", "STATUSES"]
 
-#: The possible ``SandboxResult.status`` values.
-STATUSES = ("passed", "failed", "timeout", "error")
-
-_CHILD = str(Path(__file__).with_name("_sandbox_child.py"))
+_CHILD = str(Path(__file__).with_name("child.py"))
 _MAX_REPORT = 1 << 20
 _PATH = "/usr/local/bin:/usr/bin:/bin"
-
-
-@dataclass(frozen=True)
-class SandboxConfig:
-    """Limits of one sandboxed run."""
-
-    wall_seconds: float = 5.0
-    """Wall-clock limit; the host kills the run's process group when it passes."""
-    cpu_seconds: int = 3
-    """CPU-time limit (``RLIMIT_CPU``); exceeding it kills the child with SIGXCPU (status ``timeout``)."""
-    memory_mb: int = 512
-    """Address-space limit (``RLIMIT_AS``) in MiB; allocations beyond it raise ``MemoryError``."""
-    file_size_mb: int = 16
-    """Largest file the code may write (``RLIMIT_FSIZE``) in MiB; beyond it writes fail with EFBIG."""
-    output_chars: int = 10_000
-    """Characters of stdout/stderr kept; the rest is dropped and ``output_truncated`` set."""
-    seccomp: bool = True
-    """Install the seccomp-BPF filter when ``pyseccomp`` and libseccomp are available."""
-    unshare_network: bool = False
-    """Kept for compatibility: an empty network namespace is now part of ``isolate``."""
-    isolate: bool = True
-    """Fresh PID/network/IPC/UTS/mount namespaces, a private read-only root with only ``/usr`` and the Python
-    standard library, a size-limited ``/tmp`` (``disk_mb``) and the switch to ``nobody`` (see
-    ``_sandbox_confine.py``). Set up once per worker; a layer the platform refuses is skipped with a
-    one-time warning."""
-    disk_mb: int = 64
-    """Total disk the code may write in its work directory, in MiB (a tmpfs of that size; with ``isolate``)."""
-    audit_hook: bool = True
-    """Install the audit hook (clear messages, write confinement); turn off only to test the kernel layers."""
-    python: str | None = None
-    """Interpreter to run (default: ``sys.executable``)."""
-
-    def __post_init__(self) -> None:
-        for name in ("wall_seconds", "cpu_seconds", "memory_mb", "file_size_mb", "output_chars", "disk_mb"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"SandboxConfig.{name} must be a positive number, got {name}={value!r}")
-        if self.memory_mb < 64:
-            raise ValueError(
-                f"SandboxConfig.memory_mb must be >= 64 (the interpreter itself needs it), got memory_mb={self.memory_mb}"
-            )
-
-    def limits(self) -> dict[str, Any]:
-        return {
-            "wall_seconds": float(self.wall_seconds),
-            "cpu_seconds": max(1, int(self.cpu_seconds)),
-            "memory_bytes": int(self.memory_mb) << 20,
-            "file_bytes": int(self.file_size_mb) << 20,
-            "output_chars": int(self.output_chars),
-        }
-
-
-@dataclass(frozen=True)
-class SandboxResult:
-    """How a sandboxed run ended.
-
-    ``status`` is ``passed`` (ran to the end), ``failed`` (an ``AssertionError``: a wrong answer, as in
-    CRUXEval's harness), ``timeout`` (wall-clock or CPU limit) or ``error`` (any other exception, a refused
-    operation, a crash); ``message`` says which.
-    """
-
-    status: str
-    message: str = ""
-    duration: float = 0.0
-    stdout: str = ""
-    output_truncated: bool = False
-    seccomp: bool = False
-    layers: tuple[str, ...] = ()
-    """The confinement layers that were active (``namespaces``, ``mount_view``, ``uid_drop``, ``seccomp``,
-    ``audit_hook``)."""
-
-    @property
-    def passed(self) -> bool:
-        return self.status == "passed"
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> SandboxResult:
-        status = d.get("status", "error")
-        return cls(
-            status=status if status in STATUSES else "error",
-            message=str(d.get("message", "")),
-            duration=float(d.get("duration", 0.0)),
-            stdout=str(d.get("stdout", "")),
-            output_truncated=bool(d.get("output_truncated", False)),
-            seccomp=bool(d.get("seccomp", False)),
-            layers=tuple(str(x) for x in d.get("layers", ()) if isinstance(x, str)),
-        )
 
 
 def _seccomp_path() -> str | None:
@@ -261,7 +171,7 @@ def run_code(code: str, config: SandboxConfig | None = None) -> SandboxResult:
 
 
 class _Worker:
-    """One ``_sandbox_child.py --worker`` process and its line protocol."""
+    """One ``sandbox/child.py --worker`` process and its line protocol."""
 
     def __init__(self, config: SandboxConfig) -> None:
         self.config = config

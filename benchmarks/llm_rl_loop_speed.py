@@ -1,0 +1,209 @@
+"""Whole-loop speed of LLM RL on BabyAI-GoToLocal (history 2, 24-step episodes): env steps/s of rollouts + updates.
+
+Loops measured (each a fresh process, alternating A/B/... over ``--rounds``, same seeds):
+
+* ``ppo-1env``   -- ``echorl train-llm --method ppo --n-steps 64 --history 2 --max-steps 24`` as the issue measured
+  it (0.45 env steps/s): one env, 2 epochs, batch 16;
+* ``ppo-8env``   -- the same PPO with 8 envs (one batched engine call per step, packed learner);
+* ``gigpo-2x4``  -- GiGPO, 2 groups x 4 episodes per iteration (one batched engine call per step); an iteration
+  runs whole episodes, so it times at least one iteration (up to 8 x 64 steps);
+* with ``--baseline-tree DIR`` (a checkout of an older commit, e.g. ``git worktree add /tmp/old 16db19f``), the
+  ``ppo-1env`` loop of that tree too (``old-ppo-1env``), so the ratio new / old is measured in one run.
+
+Each loop runs ``--steps`` env steps (after a warm-up that loads the model) and reports env steps/s, prompt tokens
+prefilled per env step, the prefix-cache hit rate and the rollout / learner split. The prefill-bound limit of a loop
+is ``prefill tok/s / tokens prefilled per env step`` (prefill tok/s measured on a 512-token prompt in the same
+process): a loop can never step faster than its prefill allows.
+
+``--glam`` adds the learner side by side with a GLAM/lamorel-style learner on the same transitions: the HF forward of
+every (prompt + candidate) sequence through the whole model, then the backward (no prefix sharing, no activation
+reuse), vs ours (packed candidates, captured activations, trained layers only).
+
+Run: ``python benchmarks/llm_rl_loop_speed.py --rounds 2 --threads 1 [--baseline-tree /tmp/old] [--glam]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = "EchoRL/BabyAI-GoToLocal-v0"
+LOOPS = {
+    "ppo-1env": dict(method="ppo", n_envs=1, n_steps=64, batch_size=16, n_epochs=2),
+    "ppo-8env": dict(method="ppo", n_envs=8, n_steps=8, batch_size=16, n_epochs=2),
+    "gigpo-2x4": dict(method="gigpo", n_envs=8, group_size=4),
+}
+
+
+def _prefill_tok_s(engine, n: int = 512) -> float:
+    ids = list(range(1000, 1000 + n))
+    engine.cache.invalidate()
+    engine.score(ids[:-1], [[ids[-1]]])  # warm-up
+    engine.cache.invalidate()
+    t = time.perf_counter()
+    engine.score(ids[:-1], [[ids[-1]]])
+    return n / (time.perf_counter() - t)
+
+
+def worker(loop: str, steps: int, seed: int) -> dict:
+    """One measurement in this process (the tree on sys.path decides old or new code)."""
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("TORCH_NUM_THREADS", "1")))
+    import echorl_envs  # noqa: F401
+    from echorl_agent.llm_rl.train import LLMTrainConfig, train_llm
+
+    kw = dict(LOOPS[loop.removeprefix("old-")])
+    method = kw.pop("method")
+    extra = {"group_size": kw.pop("group_size")} if "group_size" in kw else {}
+    common = dict(env_id=ENV, method=method, history=2, max_episode_steps=24, seed=seed, learning_rate=1e-4, bc_episodes=1,
+                  policy_kwargs={"lora_rank": 8, "train_layers": 2}, **kw, **extra)
+    # warm-up: load the model and run one short loop (not timed)
+    t0 = time.perf_counter()
+    model = train_llm(LLMTrainConfig(train_steps=0 if method == "gigpo" else kw["n_steps"] * kw["n_envs"],
+                                     **common))
+    lm = model.policy.lm
+    setup = time.perf_counter() - t0
+    prefill = _prefill_tok_s(lm.engine)
+    s0 = lm.engine.stats
+    c0, k0 = s0.num_computed_tokens, s0.num_cached_tokens
+    t = time.perf_counter()
+    model = train_llm(LLMTrainConfig(train_steps=steps, **common), lm=lm)
+    wall = time.perf_counter() - t
+    n = model.num_timesteps
+    s = lm.engine.stats
+    computed, cached = s.num_computed_tokens - c0, s.num_cached_tokens - k0
+    out = {"loop": loop, "seed": seed, "env_steps": n, "wall_s": wall, "env_steps_per_s": n / wall,
+           "prefill_tok_s": prefill, "prefilled_tokens_per_step": computed / n,
+           "cache_hit_rate": cached / max(cached + computed, 1), "setup_s": setup,
+           "threads": torch.get_num_threads()}
+    out["prefill_bound_steps_per_s"] = prefill / out["prefilled_tokens_per_step"]
+    hist = getattr(model, "history", None)
+    if hist:
+        out["rollout_s"] = sum(h["rollout_s"] for h in hist)
+        out["learner_s"] = sum(h["learner_s"] for h in hist)
+    return out
+
+
+def glam_compare(transitions: int, seed: int) -> dict:
+    """Learner time per transition: ours vs a GLAM/lamorel-style HF forward of every candidate + backward."""
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("TORCH_NUM_THREADS", "1")))
+    from stable_baselines3.common.utils import ConstantSchedule
+
+    from echorl_agent.llm_rl.gigpo import make_choice_env
+    from echorl_agent.llm_rl.policy import LLMPolicy
+
+    env = make_choice_env(ENV, history=2)
+    policy = LLMPolicy(env.observation_space, env.action_space, ConstantSchedule(1e-4), lora_rank=8, train_layers=2)
+    rows, gen = [], torch.Generator().manual_seed(seed)
+    obs, _ = env.reset(seed=seed)
+    while len(rows) < transitions:
+        rows.append(obs)
+        a = int(torch.multinomial(policy.record(obs).rollout_logp.exp(), 1, generator=gen))
+        obs, _, term, trunc, _ = env.step(a)
+        if term or trunc:
+            obs, _ = env.reset(seed=seed + len(rows))
+    recs = policy.record_many(rows)
+    model = policy.lm.model
+    pad = policy.lm.tokenizer.pad_token_id or 0
+
+    def ours() -> None:
+        policy.optimizer.zero_grad()
+        for lo in range(0, len(recs), 16):
+            logps = policy.learner_scores_many(recs[lo : lo + 16])[0]
+            torch.stack([lp[0] for lp in logps]).sum().backward()
+
+    def glam() -> None:
+        policy.optimizer.zero_grad()
+        for rec in recs:  # one padded batch of [prompt + candidate] per state, through the whole model
+            seqs = [rec.context + c for c in rec.cands]
+            width = max(map(len, seqs))
+            ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs])
+            att = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
+            logits = model(input_ids=ids, attention_mask=att).logits.float()
+            lp = torch.log_softmax(logits, -1)
+            scores = torch.stack([sum(lp[i, len(rec.context) - 1 + j, t] for j, t in enumerate(c))
+                                  for i, c in enumerate(rec.cands)])
+            torch.log_softmax(scores, -1)[0].backward()
+
+    times = {"ours": [], "glam": []}
+    for _ in range(2):
+        for name, fn in (("ours", ours), ("glam", glam)):
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+    best = {k: min(v) for k, v in times.items()}
+    return {"transitions": transitions, "ours_s_per_transition": best["ours"] / transitions,
+            "glam_s_per_transition": best["glam"] / transitions, "speedup": best["glam"] / best["ours"],
+            "context_tokens_mean": sum(len(r.context) for r in recs) / len(recs)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--loops", nargs="+", default=list(LOOPS), choices=list(LOOPS))
+    ap.add_argument("--steps", type=int, default=128, help="timed env steps per loop")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", nargs="+", type=int, default=[1])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--baseline-tree", help="checkout of an older commit: its ppo-1env loop is measured too")
+    ap.add_argument("--glam", action="store_true", help="also the learner vs a GLAM-style learner")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--glam-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", default="benchmarks/results/llm_rl_loop_speed.jsonl")
+    args = ap.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.steps, args.seed)), flush=True)
+        return
+    if args.glam_worker:
+        print(json.dumps(glam_compare(32, args.seed)), flush=True)
+        return
+    plan = [(loop, str(ROOT)) for loop in args.loops]
+    if args.baseline_tree:
+        plan.append(("old-ppo-1env", str(Path(args.baseline_tree).resolve())))
+    results = []
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    for threads in args.threads:
+        env = {**os.environ, "TORCH_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads),
+               "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
+        for r in range(args.rounds):
+            for loop, tree in plan:
+                cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", loop, "--steps", str(args.steps),
+                       "--seed", str(args.seed + r)]
+                res = subprocess.run(cmd, env={**env, "PYTHONPATH": tree}, capture_output=True, text=True,
+                                     cwd=tree, check=False)
+                if res.returncode:
+                    print(f"{loop} failed:\n{res.stderr[-2000:]}", file=sys.stderr)
+                    continue
+                row = json.loads(res.stdout.strip().splitlines()[-1])
+                row.update(round=r, date=time.strftime("%Y-%m-%d %H:%M"), load=os.getloadavg()[0])
+                results.append(row)
+                with open(args.out, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+                print(f"[{threads} thr, round {r}] {loop}: {row['env_steps_per_s']:.3f} env steps/s "
+                      f"({row['env_steps']} steps, {row['prefilled_tokens_per_step']:.0f} prefilled tok/step, "
+                      f"cache hit {row['cache_hit_rate']:.2f}, prefill-bound {row['prefill_bound_steps_per_s']:.2f} "
+                      f"steps/s)", flush=True)
+            if args.glam:
+                res = subprocess.run([sys.executable, __file__, "--glam-worker", "--seed", str(args.seed + r)],
+                                     env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, check=False)
+                if res.returncode == 0:
+                    g = json.loads(res.stdout.strip().splitlines()[-1])
+                    g.update(loop="glam-learner", round=r, threads=threads)
+                    with open(args.out, "a") as f:
+                        f.write(json.dumps(g) + "\n")
+                    print(f"[{threads} thr, round {r}] learner: ours {g['ours_s_per_transition']:.3f} s/transition, "
+                          f"GLAM-style {g['glam_s_per_transition']:.3f} ({g['speedup']:.1f}x)", flush=True)
+                else:
+                    print(f"glam failed:\n{res.stderr[-2000:]}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""Every agent the bench runs, on the one protocol of :class:`echorl_agent.agent.Agent`.
+
+* :mod:`~echorl_agent.agents.basic` -- ``random`` and ``expert`` (the env's oracle: an upper bound).
+* :mod:`~echorl_agent.agents.chat` -- frozen LLM agents on the engine: :class:`ReActAgent` (thought + action),
+  :class:`ScoringAgent` (pi(a|s) from the log-likelihood of each admissible action), :class:`ChatReActAgent` (any
+  OpenAI-compatible endpoint).
+* :mod:`~echorl_agent.agents.tot` -- tree-of-thought search (Game24 BFS, propose-and-vote) and
+  :mod:`~echorl_agent.agents.llm` -- the runner's ``react`` / ``llm-score`` / ``tot`` factories and the shared engine.
+* :mod:`~echorl_agent.agents.echorl` -- the ``echorl`` agent: LLM + latent plan (EchoRL Eq. 6-7) + experience.
+* :mod:`~echorl_agent.agents.cached_scoring` -- :class:`ScoringAgent` with the LLM prior cache in front of it.
+* :mod:`~echorl_agent.agents.sb3` -- SB3-trained agents (PPO, MaskablePPO, DQN, EchoPPO) acting in the runner's env.
+
+The agent registry (short names, availability, factories) is :mod:`echorl_agent.eval.agents`. Names load lazily,
+so importing this package does not load torch or the model.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from echorl_agent.agent import Agent
+
+_EXPORTS = {
+    "RandomAgent": "basic",
+    "ExpertAgent": "basic",
+    "ReActAgent": "chat",
+    "ScoringAgent": "chat",
+    "ChatReActAgent": "chat",
+    "AgentStep": "chat",
+    "parse_react": "chat",
+    "FREE_TEXT_SYSTEM": "chat",
+    "CachedScoringAgent": "cached_scoring",
+    "EchoRLConfig": "echorl",
+    "EchoRLLLMAgent": "echorl",
+    "ToTAgent": "llm",
+    "shared_engine": "llm",
+    "ToTConfig": "tot",
+    "SB3Agent": "sb3",
+}
+
+__all__ = ["Agent", *sorted(_EXPORTS)]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"echorl_agent.agents.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'echorl_agent.agents' has no attribute {name!r}")

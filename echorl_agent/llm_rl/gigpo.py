@@ -1,0 +1,275 @@
+"""GiGPO on a choice env: groups of K episodes from one seed, episode- and anchor-state advantages, no critic.
+
+One iteration (:meth:`GiGPOTrainer.iteration`):
+
+1. rollout -- ``groups`` seeds, K envs each, all stepping together (:func:`~echorl_agent.llm_rl.rollout.collect_groups`:
+   one batched engine call per step, identical states scored once, prompts extended from the prefix cache);
+2. advantages -- :func:`~echorl_agent.llm_rl.advantage.gigpo_advantages` (``A = A_E + omega * A_S``);
+3. learner -- :func:`~echorl_agent.llm_rl.learner.update_policy` on the steps with a non-zero advantage (a step whose
+   advantage is 0 contributes no policy gradient), from the rollout's captured activations;
+4. weight sync -- the adapters are merged into the rollout engine (:meth:`LLMPolicy.sync_engine`).
+
+Reported per iteration: success and return of the sampled episodes, the fraction of groups whose returns are all
+equal (no episode-level signal), anchor step groups with more than one step, the prefix-cache hit rate of the
+rollout (prompt tokens served from the cache, the K episodes of a group share their common prefixes), env steps/s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+import echorl_envs
+from echorl_agent.llm_rl.advantage import anchor_groups, gigpo_advantages
+from echorl_agent.llm_rl.config import LLMPolicyConfig
+from echorl_agent.llm_rl.learner import Sample, update_policy
+from echorl_agent.llm_rl.policy import LLMPolicy, StepRecord
+from echorl_agent.llm_rl.rollout import Episode, collect_groups
+from echorl_envs.wrappers.llm import LLMObservationWrapper
+
+__all__ = ["GiGPOConfig", "GiGPOTrainer", "make_choice_env"]
+
+log = logging.getLogger(__name__)
+
+
+def make_choice_env(env_id: str, history: int, max_episode_steps: int | None = None,
+                    env_kwargs: dict[str, Any] | None = None) -> LLMObservationWrapper:
+    """The wrapped env an LLM policy acts in (its own step limit unless ``max_episode_steps`` is given)."""
+    kw = dict(env_kwargs or {})
+    if max_episode_steps:
+        kw["max_episode_steps"] = max_episode_steps
+    family = echorl_envs.entry(env_id).family
+    max_actions = {"alfworld": 64, "textworld": 64, "webshop": 16}.get(family, 16)
+    return LLMObservationWrapper(gym.make(env_id, **kw), history=history, max_actions=max_actions)
+
+
+@dataclass
+class GiGPOConfig:
+    """Hyperparameters of :class:`GiGPOTrainer` (the LM part is an :class:`LLMPolicyConfig`)."""
+
+    env_id: str = "EchoRL/BabyAI-GoToLocal-v0"
+    """A choice env (``info["admissible_actions"]`` non-empty)."""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    group_size: int = 4
+    """K: episodes per group, all from one seed."""
+    groups: int = 2
+    """Groups (distinct seeds) per iteration; ``groups * group_size`` envs step together."""
+    step_advantage_weight: float = 1.0
+    """omega: weight of the anchor-state step advantage (0 = GRPO over episodes)."""
+    gamma: float = 0.95
+    """Discount of the step-level returns."""
+    normalize: str = "std"
+    """"std" (divide by the group's std, GRPO) or "mean" (centre only)."""
+    history: int = 2
+    """History window k of the prompts."""
+    max_episode_steps: int | None = None
+    """Per-episode step cap (None: the env's own limit)."""
+    learning_rate: float = 1e-4
+    clip_range: float = 0.2
+    epochs: int = 1
+    minibatch_size: int | None = None
+    """Samples per optimizer step (None: one step per iteration over all samples)."""
+    micro_batch: int = 16
+    ent_coef: float = 0.0
+    max_grad_norm: float = 1.0
+    seed: int = 0
+    kl_coef: float = 0.0
+    """lambda_KL of the KL between consecutive plans (with ``lm.plan_tokens > 0``; EchoRL's plan term)."""
+    replay: dict[str, Any] | None = None
+    """Hot/cold prioritized replay of LLM transitions (:class:`~echorl_agent.replay.llm.LLMReplayBuffer` keyword
+    arguments, e.g. ``{"capacity": 4096, "replay_memory_mb": 1024}``); None: no replay."""
+    replay_ratio: float = 1.0
+    """Replayed samples mixed into each update per fresh sample."""
+    lm: LLMPolicyConfig = field(default_factory=LLMPolicyConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("group_size", "groups", "epochs", "micro_batch", "history"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "history" else 1):
+                raise ValueError(f"{name} must be a positive int, got {name}={v!r}")
+        if self.group_size < 2:
+            raise ValueError(f"group_size must be >= 2 (advantages compare the episodes of a group), "
+                             f"got group_size={self.group_size}")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got gamma={self.gamma!r}")
+        if self.step_advantage_weight < 0:
+            raise ValueError(f"step_advantage_weight must be >= 0, got step_advantage_weight={self.step_advantage_weight!r}")
+        if self.normalize not in ("std", "mean"):
+            raise ValueError(f"normalize must be 'std' or 'mean', got normalize={self.normalize!r}")
+        if not self.learning_rate > 0:
+            raise ValueError(f"learning_rate must be > 0, got learning_rate={self.learning_rate!r}")
+        if isinstance(self.lm, dict):
+            self.lm = LLMPolicyConfig.from_kwargs(**self.lm)
+        if self.kl_coef < 0:
+            raise ValueError(f"kl_coef must be >= 0, got kl_coef={self.kl_coef!r}")
+        if not self.replay_ratio >= 0:
+            raise ValueError(f"replay_ratio must be >= 0, got replay_ratio={self.replay_ratio!r}")
+        if self.replay is not None and not isinstance(self.replay, dict):
+            raise ValueError(f"replay must be None or a dict of LLMReplayBuffer arguments, got replay={self.replay!r}")
+        entry = echorl_envs.entry(self.env_id)
+        if entry.action_type != "choice":
+            raise ValueError(f"method gigpo ranks admissible actions; env_id={self.env_id!r} takes free text "
+                             "(use method 'grpo')")
+
+
+class GiGPOTrainer:
+    """GiGPO on an LLM policy (see the module docstring).
+
+    Args:
+        config: hyperparameters.
+        policy: an existing :class:`LLMPolicy` (e.g. after behaviour cloning); default: a fresh one from ``config.lm``.
+    """
+
+    def __init__(self, config: GiGPOConfig | None = None, policy: LLMPolicy | None = None) -> None:
+        from stable_baselines3.common.utils import ConstantSchedule
+
+        self.cfg = config or GiGPOConfig()
+        cfg = self.cfg
+        n = cfg.groups * cfg.group_size
+        self.envs = [make_choice_env(cfg.env_id, cfg.history, cfg.max_episode_steps, cfg.env_kwargs) for _ in range(n)]
+        if policy is None:
+            kw = dataclasses.asdict(cfg.lm)
+            kw["planning"] = cfg.lm.planning
+            policy = LLMPolicy(self.envs[0].observation_space, self.envs[0].action_space,
+                               ConstantSchedule(cfg.learning_rate), **kw)
+        self.policy = policy
+        for g in self.policy.optimizer.param_groups:
+            g["lr"] = cfg.learning_rate
+        self.rng = np.random.default_rng(cfg.seed)
+        self.generator = torch.Generator().manual_seed(cfg.seed)
+        self.num_timesteps = 0
+        self.num_iterations = 0
+        self.history: list[dict[str, float]] = []
+        self.episodes_done: list[tuple[int, bool, float]] = []
+        """(env steps so far, won, return) per finished training episode."""
+        self.replay = None
+        if cfg.replay is not None:
+            from echorl_agent.replay.llm import LLMReplayBuffer
+
+            kw = {"capacity": 4096, **cfg.replay}
+            self.replay = LLMReplayBuffer(**kw)
+            self.replay.set_version(self.policy.lm.engine.weight_version)
+
+    def next_seeds(self) -> list[int]:
+        """Training seeds of the next iteration (drawn from the trainer's rng; evaluation uses other seeds)."""
+        return [int(s) for s in self.rng.integers(1_000_000, 2**31 - 1, size=self.cfg.groups)]
+
+    def iteration(self) -> dict[str, float]:
+        """Collect ``groups`` groups, compute GiGPO advantages, update, sync the engine; returns statistics."""
+        cfg = self.cfg
+        stats0 = self.policy.lm.engine.stats
+        cached0, computed0 = stats0.num_cached_tokens, stats0.num_computed_tokens
+        rollout_version = self.policy.lm.engine.weight_version
+        t0 = time.perf_counter()
+        episodes = collect_groups(self.policy, self.envs, self.next_seeds(), cfg.group_size, self.generator)
+        t1 = time.perf_counter()
+        adv = gigpo_advantages(episodes, cfg.gamma, cfg.step_advantage_weight, cfg.normalize)
+        fresh = [(e.group, Sample(s.record, s.action, float(a))) for e, ea in zip(episodes, adv, strict=True)
+                 for s, a in zip(e.steps, ea, strict=True) if cfg.ent_coef > 0 or abs(a) > 1e-12]
+        samples = [smp for _, smp in fresh]
+        replayed = self._replayed(len(samples))
+        upd = update_policy(self.policy, samples + replayed, clip_range=cfg.clip_range,
+                            epochs=cfg.epochs, minibatch_size=cfg.minibatch_size, micro_batch=cfg.micro_batch,
+                            ent_coef=cfg.ent_coef, max_grad_norm=cfg.max_grad_norm, kl_coef=cfg.kl_coef, rng=self.rng)
+        if samples or replayed:
+            self.policy.sync_engine()
+        if self.replay is not None:
+            self._remember(fresh, rollout_version)
+        t2 = time.perf_counter()
+        steps = sum(len(e.steps) for e in episodes)
+        for e in episodes:
+            self.num_timesteps += len(e.steps)
+            self.episodes_done.append((self.num_timesteps, e.won, e.ret))
+        self.num_iterations += 1
+        st = self.policy.lm.engine.stats
+        cached, computed = st.num_cached_tokens - cached0, st.num_computed_tokens - computed0
+        returns = np.array([e.ret for e in episodes]).reshape(cfg.groups, cfg.group_size)
+        anchors = anchor_groups(episodes)
+        out = {
+            "iteration": float(self.num_iterations), "timesteps": float(self.num_timesteps),
+            "success_rate": float(np.mean([e.won for e in episodes])), "return_mean": float(returns.mean()),
+            "episode_length": steps / len(episodes),
+            "frac_zero_std": float(np.mean([np.allclose(r, r[0]) for r in returns])),
+            "anchor_groups_multi": float(sum(len(v) > 1 for v in anchors.values())),
+            "anchor_steps_grouped": float(sum(len(v) for v in anchors.values() if len(v) > 1)) / max(steps, 1),
+            "cache_hit_rate": cached / max(cached + computed, 1),
+            "rollout_s": t1 - t0, "learner_s": t2 - t1, "env_steps_per_s": steps / max(t2 - t0, 1e-9),
+            **upd,
+        }
+        if self.replay is not None:
+            rs = self.replay.stats()
+            out.update(replayed=float(len(replayed)), replay_items=float(rs["items"]),
+                       replay_hit_rate=float(rs["hit_rate"]), replay_mb_per_1000=float(rs["mb_per_1000"]))
+        self.history.append(out)
+        return out
+
+    # ------------------------------------------------------------------ replay (EchoRL Algorithm 1's buffer)
+    def _replayed(self, n_fresh: int) -> list[Sample]:
+        """Prioritized samples from the buffer for this update (their PER weights multiply their loss terms; the
+        truncated IS weight min(pi_old / pi_behaviour, C) of the learner corrects for the older policy)."""
+        n = int(round(self.cfg.replay_ratio * max(n_fresh, 1)))
+        if self.replay is None or len(self.replay) == 0 or n == 0:
+            return []
+        batch = self.replay.sample(n, self.rng)
+        out = []
+        for it, w in zip(batch.items, batch.weights.tolist(), strict=True):
+            rec = StepRecord(list(it.context), it.num_prompt, [list(c) for c in it.cands], it.rollout_logp, 0.0,
+                             context_states=it.context_states, cand_states=it.cand_states, window=it.window)
+            out.append(Sample(rec, it.action, it.advantage, weight=float(w)))
+        return out
+
+    def _remember(self, fresh: list[tuple[int, Sample]], rollout_version: int) -> None:
+        from echorl_agent.replay.llm import LLMTransition
+
+        base = 1000 * self.num_iterations
+        # critic-free items: no value, so the buffer's |delta| term is |advantage| (hot = high-|A| and recent)
+        items = [LLMTransition(list(s.record.context), s.record.num_prompt, [list(c) for c in s.record.cands],
+                               s.action, s.record.rollout_logp, s.advantage, s.advantage, None, rollout_version, base + g,
+                               window=s.record.window, context_states=s.record.context_states,
+                               cand_states=None if s.record.cand_states is None else list(s.record.cand_states))
+                 for g, s in fresh]
+        if items:
+            self.replay.add(items)
+        self.replay.set_version(self.policy.lm.engine.weight_version)
+
+    def train(self, total_timesteps: int, progress: bool = False, callback: Any = None) -> list[dict[str, float]]:
+        """Iterate until ``total_timesteps`` env steps were collected (at least one iteration)."""
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=total_timesteps, desc="GiGPO env steps", unit="step")
+        while True:
+            s = self.iteration()
+            if bar is not None:
+                bar.update(int(s["timesteps"]) - bar.n)
+                bar.set_postfix(success=f"{s['success_rate']:.2f}", steps_s=f"{s['env_steps_per_s']:.2f}")
+            if callback is not None:
+                callback(s)
+            log.info("GiGPO it %d: %d steps, success %.2f, zero-std groups %.2f, %.2f env steps/s",
+                     s["iteration"], s["timesteps"], s["success_rate"], s["frac_zero_std"], s["env_steps_per_s"])
+            if self.num_timesteps >= total_timesteps:
+                break
+        if bar is not None:
+            bar.close()
+        return self.history
+
+    def predict(self, observation: Any, state: Any = None, episode_start: Any = None, deterministic: bool = False):
+        """SB3's ``predict`` of the trained policy (for evaluation loops written against SB3 models)."""
+        return self.policy.predict(observation, state, episode_start, deterministic)
+
+    def evaluate(self, seeds: list[int], deterministic: bool = True) -> list[Episode]:
+        """One episode per seed (greedy or sampled), no learning; episodes in seed order."""
+        out = []
+        n = len(self.envs)
+        for lo in range(0, len(seeds), n):
+            chunk = seeds[lo : lo + n]
+            out += collect_groups(self.policy, self.envs[: len(chunk)], chunk, 1, self.generator, deterministic)
+        return out

@@ -1,0 +1,112 @@
+"""The critic-free learner of group RL on an :class:`~echorl_agent.llm_rl.policy.LLMPolicy`: a clipped surrogate over
+packed minibatches, starting from the activations the rollout captured.
+
+For a sample (state record, action slot ``a``, advantage ``A``):
+``ratio = pi_theta(a|s) / pi_old(a|s)``, ``loss = -w * min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A)``, with
+the truncated importance weight ``w = min(pi_old(a|s) / pi_rollout(a|s), C)`` correcting the rollout engine's
+distribution (other kernels, or quantized weights) -- the same correction as :class:`~echorl_agent.llm_rl.ppo.LLMPPO`.
+``pi`` is the policy's softmax over the admissible actions, so the ratio is per action (the action's tokens are
+scored together); ``- ent_coef * entropy`` is added.
+
+With a latent plan (``plan_tokens > 0``) ``kl_coef`` times the KL between consecutive plan Gaussians (EchoRL's plan
+consistency term, as in EchoPPO) is added. A sample's ``weight`` multiplies its term: 1 for fresh samples, the
+prioritized-replay importance weight for replayed ones (whose truncated IS weight ``w`` then also corrects for the
+older policy that acted).
+
+``pi_old``: with one epoch and one optimizer step per batch, the learner's own log-probabilities before the update
+are the detached values of the same forward (no extra pass; the ratio is 1 and the gradient is the IS-weighted policy
+gradient). Otherwise a no-grad pass over the batch computes them first. Each minibatch goes through
+:meth:`LLMPolicy.learner_scores_many` in micro-batches, so states that share a prompt prefix (consecutive steps of an
+episode, the K episodes of a group before they part) run their shared context through the trained layers once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from echorl_agent.llm_rl.plan import gaussian_kl
+from echorl_agent.llm_rl.policy import LLMPolicy, StepRecord
+
+__all__ = ["Sample", "update_policy"]
+
+
+@dataclass
+class Sample:
+    """One decision to learn from."""
+
+    record: StepRecord
+    action: int
+    advantage: float
+    weight: float = 1.0
+    """Multiplies the sample's loss term (prioritized-replay importance weight; 1 for fresh samples)."""
+
+
+def _micro(samples: Sequence[Sample], size: int) -> list[list[Sample]]:
+    """Consecutive micro-batches (samples are kept in rollout order, so prefixes of one episode meet)."""
+    return [list(samples[i : i + size]) for i in range(0, len(samples), size)]
+
+
+def update_policy(policy: LLMPolicy, samples: Sequence[Sample], *, clip_range: float = 0.2, epochs: int = 1,
+                  minibatch_size: int | None = None, micro_batch: int = 16, ent_coef: float = 0.0,
+                  max_grad_norm: float = 1.0, kl_coef: float = 0.0,
+                  rng: np.random.Generator | None = None) -> dict[str, float]:
+    """Clipped-surrogate update of the policy's trainable parameters on ``samples``; returns statistics.
+
+    Args:
+        minibatch_size: samples per optimizer step (None: the whole batch, one step per epoch).
+        micro_batch: samples per learner forward/backward (gradients accumulate over micro-batches).
+    """
+    if not samples:
+        return {"loss": 0.0, "is_weight_mean": 1.0, "clip_fraction": 0.0, "entropy": 0.0, "num_samples": 0.0,
+                "plan_kl": 0.0}
+    n = len(samples)
+    mb = minibatch_size or n
+    single = epochs == 1 and mb >= n
+    params = [p for p in policy.parameters() if p.requires_grad]
+    opt = policy.optimizer
+    if not single:  # pi_old from a pass before any update
+        with torch.no_grad():
+            for chunk in _micro(samples, micro_batch):
+                for s, lp in zip(chunk, policy.learner_scores_many([s.record for s in chunk])[0], strict=True):
+                    s.record.learner_logp = lp.detach()
+    rng = rng or np.random.default_rng(0)
+    losses, weights, clips, ents, kls = [], [], [], [], []
+    for _ in range(epochs):
+        order = np.arange(n) if single else rng.permutation(n)
+        for lo in range(0, n, mb):
+            idx = sorted(order[lo : lo + mb])  # rollout order inside a minibatch: shared prefixes meet
+            batch = [samples[i] for i in idx]
+            opt.zero_grad()
+            total = 0.0
+            for chunk in _micro(batch, micro_batch):
+                logps, _, plans = policy.learner_scores_many([s.record for s in chunk])
+                terms = []
+                for s, lp in zip(chunk, logps, strict=True):
+                    a = min(s.action, len(s.record.cands) - 1)
+                    old = lp[a].detach() if single else s.record.learner_logp[a]
+                    ratio = torch.exp(lp[a] - old)
+                    w = torch.exp(old - s.record.rollout_logp[a]).clamp(max=policy.cfg.is_truncation)
+                    adv = float(s.advantage)
+                    surrogate = torch.min(ratio * adv, ratio.clamp(1 - clip_range, 1 + clip_range) * adv)
+                    entropy = -(lp.exp() * lp).sum()
+                    terms.append(s.weight * (-(w * surrogate) - ent_coef * entropy))
+                    weights.append(float(w.detach()))
+                    clips.append(float(abs(float(ratio.detach()) - 1) > clip_range))
+                    ents.append(float(entropy.detach()))
+                loss = torch.stack(terms).sum() / len(batch)
+                if plans is not None and kl_coef > 0:  # EchoRL's KL between consecutive plans
+                    kl = gaussian_kl(*plans)
+                    kls.append(float(kl.mean().detach()))
+                    loss = loss + kl_coef * kl.sum() / len(batch)
+                loss.backward()
+                total += float(loss.detach())
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+            opt.step()
+            losses.append(total)
+    return {"loss": float(np.mean(losses)), "is_weight_mean": float(np.mean(weights)),
+            "clip_fraction": float(np.mean(clips)), "entropy": float(np.mean(ents)), "num_samples": float(n),
+            "plan_kl": float(np.mean(kls)) if kls else 0.0}

@@ -1,0 +1,168 @@
+"""The ``echorl`` command line tells the truth: help generated from the registries, defaults shown, one docstring
+that names every subcommand, distinct default ports."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import re
+import time
+
+import pytest
+
+from echorl_agent import cli
+
+
+def help_text(capsys, *argv: str) -> str:
+    with pytest.raises(SystemExit) as e:
+        cli.main([*argv, "--help"])
+    assert e.value.code == 0
+    return capsys.readouterr().out
+
+
+def subparsers() -> dict[str, argparse.ArgumentParser]:
+    parser = cli.build_parser()
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+def test_bench_help_lists_every_registered_agent_with_its_description(capsys):
+    from echorl_agent.eval.agents import AGENTS
+
+    text = help_text(capsys, "bench")
+    agents_section = text[text.index("\nagents:\n"):]
+    for name, spec in AGENTS.items():
+        assert re.search(rf"^  {re.escape(name)}\s+{re.escape(spec.description)}$", agents_section, re.M), name
+    flat = " ".join(text.split())
+    assert "agent names: " + ", ".join(AGENTS) in flat.replace("- ", "-")  # argparse may wrap at a hyphen
+    # --seeds/--episodes explain themselves and show their defaults
+    assert re.search(r"--seeds SEEDS\s+training/evaluation seeds.*\(default: 2\)", flat)
+    assert re.search(r"--episodes EPISODES\s+evaluation episodes per seed \(default: 5\)", flat)
+
+
+def test_record_help_lists_the_agents_too(capsys):
+    from echorl_agent.eval.agents import AGENTS
+
+    text = help_text(capsys, "record")
+    assert all(re.search(rf"^  {re.escape(n)}\s", text, re.M) for n in AGENTS)
+
+
+def test_every_option_has_help_and_defaults_are_shown(capsys):
+    for name, sub in subparsers().items():
+        for action in sub._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            assert action.help, f"echorl {name} {action.option_strings or action.dest} has no help"
+        text = " ".join(help_text(capsys, name, *(["x"] if name == "play" else [])).split())
+        for action in sub._actions:
+            if action.option_strings and action.default not in (None, False, [], argparse.SUPPRESS):
+                assert f"(default: {action.default})" in text or "default" in action.help, (name, action.dest)
+
+
+def test_train_llm_methods_and_list_families_come_from_the_registries(capsys):
+    import echorl_envs
+    from echorl_agent.llm_rl.train import METHODS
+
+    subs = subparsers()
+    method = next(a for a in subs["train-llm"]._actions if a.dest == "method")
+    assert tuple(method.choices) == tuple(METHODS)
+    assert all(m in " ".join(help_text(capsys, "train-llm").split()) for m in METHODS)
+    family = next(a for a in subs["list"]._actions if a.dest == "family")
+    assert set(family.choices) == {e.family for e in echorl_envs.ENVS}
+
+
+def test_docstring_names_every_subcommand_and_play_its_commands(capsys):
+    names = list(subparsers())
+    assert names == ["list", "play", "bench", "record", "serve", "train-llm", "serve-env"]
+    first_line = cli.__doc__.splitlines()[0]
+    for name in names:
+        assert re.search(rf"^    echorl {re.escape(name)} ", cli.__doc__, re.M), name
+        assert name in first_line
+    text = help_text(capsys, "play", "x")
+    assert "'history'" in text and "'quit'" in text
+
+
+def test_play_tells_the_player_about_history_and_quit(monkeypatch, capsys):
+    lines = iter(["history", "quit"])
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
+    assert cli.main(["play", "EchoRL/MiniGrid-Empty-5x5-v0"]) == 0
+    out = capsys.readouterr().out
+    assert "'history' lists your moves, 'quit' stops" in out and "(empty)" in out
+
+
+def test_serve_and_serve_env_default_to_different_ports():
+    subs = subparsers()
+    serve_port = subs["serve"].parse_args([]).port
+    env_port = subs["serve-env"].parse_args(["--task", "EchoRL/Game24-v0"]).port
+    assert (serve_port, env_port) == (cli.SERVE_PORT, cli.SERVE_ENV_PORT) and serve_port != env_port
+    serve_mod = pytest.importorskip("echorl_envs.service.server")
+    assert inspect.signature(serve_mod.serve).parameters["port"].default == cli.SERVE_ENV_PORT
+
+
+def test_bench_names_every_file_it_wrote_and_records_the_reference_it_used(tmp_path, capsys):
+    args = ["bench", "--tasks", "EchoRL/Game24-v0", "--seeds", "1", "--episodes", "2", "--workers", "1", "--quiet"]
+    assert cli.main([*args, "--agents", "random", "expert", "--out", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    wrote = out.strip().splitlines()[-1]
+    assert wrote.startswith("wrote ")
+    listed = {p.strip() for p in wrote[len("wrote "):].split(", ")}
+    on_disk = {str(p) for p in (tmp_path / "a").iterdir()}
+    assert listed == on_disk  # everything written, nothing more
+    assert json.loads((tmp_path / "a" / "run.json").read_text())["reference"] == "random"
+    assert "Δ vs random" in out
+    # no random agent and no --reference: no paired columns, and run.json says so
+    assert cli.main([*args, "--agents", "expert", "--out", str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "Δ vs" not in out and "McNemar" not in out
+    assert "Δ vs" not in (tmp_path / "b" / "summary.md").read_text()
+    assert json.loads((tmp_path / "b" / "run.json").read_text())["reference"] is None
+
+
+def test_written_since_lists_new_files_and_folders_with_new_content(tmp_path):
+    old_file, old_dir = tmp_path / "old.txt", tmp_path / "old"
+    old_file.write_text("x")
+    old_dir.mkdir()
+    (old_dir / "a").write_text("x")
+    for p in (old_file, old_dir, old_dir / "a"):
+        os.utime(p, (1_000_000, 1_000_000))
+    since = time.time()
+    (tmp_path / "bc.json").write_text("{}")
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "w.bin").write_bytes(b"0")
+    assert cli.written_since(tmp_path, since) == ["adapter/", "bc.json"]
+    (old_dir / "a").write_text("y")  # rewritten inside an old folder: the folder was written
+    assert cli.written_since(tmp_path, since) == ["adapter/", "bc.json", "old/"]
+
+
+def test_the_peft_deprecation_warning_is_filtered_narrowly(monkeypatch):
+    import subprocess
+    import sys
+    import warnings
+
+    torch = pytest.importorskip("torch")
+    peft = pytest.importorskip("peft")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    def peft_warnings() -> list[str]:
+        torch.manual_seed(0)
+        tiny = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                            num_attention_heads=2, num_key_value_heads=2))
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")  # in front of any filter installed before
+            if quiet:
+                cli.quiet_third_party_warnings()
+            peft.get_peft_model(tiny, peft.LoraConfig(r=2, target_modules=["q_proj"]))
+        return [str(w.message) for w in seen if issubclass(w.category, FutureWarning)]
+
+    monkeypatch.setenv("PYTHONWARNINGS", "")
+    quiet = False
+    assert any("is_gradient_checkpointing" in m for m in peft_warnings())  # peft really triggers it
+    quiet = True
+    assert not any("is_gradient_checkpointing" in m for m in peft_warnings())
+    # spawned workers inherit the filter; other FutureWarnings still show
+    code = ("import warnings; warnings.warn('`is_gradient_checkpointing` is deprecated and will be removed', "
+            "FutureWarning); warnings.warn('something else is deprecated', FutureWarning)")
+    err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stderr
+    assert "is_gradient_checkpointing" not in err and "something else is deprecated" in err
