@@ -39,7 +39,7 @@ from echorl_agent.replay.buffer import HotColdReplayBuffer
 from echorl_agent.replay.llm_items import LLMTransition
 from echorl_agent.replay.llm_persistence import COUNTERS, LLMPersistenceMixin
 
-__all__ = ["LLMReplayBuffer", "LLMReplaySample", "Recompute", "Rescore", "off_policy_ratio", "mix_batch"]
+__all__ = ["LLMReplayBuffer", "LLMReplaySample", "LLMTransition", "Recompute", "Rescore", "off_policy_ratio", "mix_batch"]
 
 Recompute = Callable[[LLMTransition], tuple[torch.Tensor, list[torch.Tensor]]]
 """``item -> (context_states [len(context), hidden], [cand_states [len(cand_i), hidden] ...])`` from the frozen layers."""
