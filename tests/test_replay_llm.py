@@ -175,6 +175,10 @@ def test_budget_drops_oldest_activations_and_recompute_restores_them_bit_identic
     assert (st["hits"], st["misses"], st["recomputed"]) == (hits, 200 - hits, 200 - hits)
     assert st["hit_rate"] == pytest.approx(hits / 200)
     assert buf._items[0].context_states is None  # serving a recomputed item does not grow the memory
+    buf.recompute = lambda item: (torch.zeros(1, HIDDEN), [])  # a wrong recompute is refused by name
+    with pytest.raises(ValueError, match="context_states"):
+        for _ in range(20):
+            buf.sample(8)
 
 
 def test_budget_of_token_ids_alone_evicts_the_oldest_items():

@@ -39,7 +39,7 @@ from echorl_agent.replay.buffer import HotColdReplayBuffer
 from echorl_agent.replay.llm_items import LLMTransition
 from echorl_agent.replay.llm_persistence import COUNTERS, LLMPersistenceMixin
 
-__all__ = ["LLMReplayBuffer", "LLMReplaySample", "Recompute", "Rescore", "off_policy_ratio", "mix_batch"]
+__all__ = ["LLMReplayBuffer", "LLMReplaySample", "LLMTransition", "Recompute", "Rescore", "off_policy_ratio", "mix_batch"]
 
 Recompute = Callable[[LLMTransition], tuple[torch.Tensor, list[torch.Tensor]]]
 """``item -> (context_states [len(context), hidden], [cand_states [len(cand_i), hidden] ...])`` from the frozen layers."""
@@ -289,6 +289,7 @@ class LLMReplayBuffer(LLMPersistenceMixin):
                     if self.recompute is not None:
                         ctx, cands = self.recompute(it)
                         it = dataclasses.replace(it, context_states=ctx, cand_states=list(cands))
+                        it.validate()  # a recompute of the wrong shapes is named here, not deep in the learner
                         self._counts["recomputed"] += 1
                 items.append(it)
             return LLMReplaySample(items, batch.weights.reshape(-1).float(), slots)
