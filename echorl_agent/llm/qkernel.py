@@ -16,15 +16,12 @@ falls back to dequantize-and-``F.linear``, which gives the same values more slow
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
 import warnings
 from pathlib import Path
 
 import torch
+
+from echorl_agent.kernels.cbuild import build_shared_library
 
 __all__ = ["load", "q_linear"]
 
@@ -36,32 +33,13 @@ _lib: ctypes.CDLL | None = None
 _tried = False
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("ECHORL_CACHE", Path.home() / ".cache" / "echorl")) / "kernels"
-
-
 def _flags() -> list[str]:
     simd = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
     return ["-O3", "-shared", "-fPIC", "-std=gnu99", "-pthread"] + (["-mavx2", "-mfma", "-mf16c"] if simd else [])
 
 
 def _build() -> Path:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        raise OSError("no C compiler found (set CC or install gcc)")
-    flags = _flags()
-    key = hashlib.sha256(_SRC.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
-    out = _cache_dir() / f"qlinear-{key}.so"
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:  # build aside, then rename: concurrent builds are safe
-        tmp_so = Path(tmp) / out.name
-        res = subprocess.run([cc, *flags, str(_SRC), "-o", str(tmp_so), "-lm"], capture_output=True, text=True)
-        if res.returncode != 0:
-            raise OSError(f"{cc} failed: {res.stderr.strip()[-500:]}")
-        os.replace(tmp_so, out)
-    return out
+    return build_shared_library(_SRC, _flags(), libs=["-lm"])
 
 
 def load() -> ctypes.CDLL | None:

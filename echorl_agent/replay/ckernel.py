@@ -12,15 +12,13 @@ Set ``ECHORL_REPLAY_KERNEL=0`` to force the numpy path.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
-__all__ = ["build_shared_library", "load"]
+from echorl_agent.kernels.cbuild import build_shared_library
+
+__all__ = ["load"]
 
 logger = logging.getLogger(__name__)
 
@@ -28,29 +26,6 @@ _SRC = Path(__file__).with_name("kernels") / "sumtree.c"
 _FLAGS = ("-O2", "-shared", "-fPIC", "-std=gnu99")
 _lib: ctypes.CDLL | None = None
 _tried = False
-
-
-def build_shared_library(src: Path, flags: tuple[str, ...]) -> Path:
-    """Compile ``src`` with ``flags`` into ``$ECHORL_CACHE/kernels/<stem>-<hash>.so`` once per source and flags.
-
-    The library is built in a temporary folder beside the target and renamed into place, so concurrent builds
-    (several processes importing at once) are safe. Raises ``OSError`` without a C compiler or on a failed build.
-    """
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        raise OSError("no C compiler found (set CC or install gcc)")
-    key = hashlib.sha256(src.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
-    out = Path(os.environ.get("ECHORL_CACHE", Path.home() / ".cache" / "echorl")) / "kernels" / f"{src.stem}-{key}.so"
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        tmp_so = Path(tmp) / out.name
-        res = subprocess.run([cc, *flags, str(src), "-o", str(tmp_so)], capture_output=True, text=True)
-        if res.returncode != 0:
-            raise OSError(f"{cc} failed: {res.stderr.strip()[-500:]}")
-        os.replace(tmp_so, out)
-    return out
 
 
 def load() -> ctypes.CDLL | None:
