@@ -32,7 +32,7 @@ from stable_baselines3.common.utils import ConstantSchedule  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
 import echorl_envs  # noqa: E402,F401
-from echorl_agent.llm.config import SamplingParams  # noqa: E402
+from echorl_agent.llm.engine.config import SamplingParams  # noqa: E402
 from echorl_agent.llm_rl.config import LLMPolicyConfig  # noqa: E402
 from echorl_agent.llm_rl.lm import TrainableLM  # noqa: E402
 from echorl_agent.llm_rl.policy import LLMPolicy  # noqa: E402

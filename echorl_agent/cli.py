@@ -376,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dataset-id", help="Minari dataset id (default echorl/<env>/<agent>-v0)")
     s.set_defaults(func=cmd_record)
 
-    from echorl_agent.llm.serve_args import add_serve_arguments
+    from echorl_agent.llm.serving.args import add_serve_arguments
 
     s = add("serve", "serve the LLM engine with OpenAI-compatible routes",
             description="Serve a model with OpenAI-compatible routes (completions, chat, streaming, LoRA adapters).")

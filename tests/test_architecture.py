@@ -191,7 +191,7 @@ def test_walker_sees_lazy_and_relative_imports():
     # a function-level import (agents.incompatibility imports echorl_envs inside the function)...
     assert ("echorl_agent.eval.agents", "echorl_envs") in EDGES
     # ...a lazy export table, a registry entry point string, and the package facade's eager imports
-    assert ("echorl_agent.llm", "echorl_agent.llm.engine") in EDGES
+    assert ("echorl_agent.llm", "echorl_agent.llm.engine.llm_engine") in EDGES
     assert ("echorl_agent.eval.agents", "echorl_agent.agents.sb3") in EDGES
     assert ("echorl_agent", "echorl_agent.replay") in EDGES
     # a cycle made of lazy imports only is found
@@ -227,3 +227,27 @@ def test_arrows_point_down_the_floors():
 @pytest.mark.parametrize("edge", sorted(ALLOWED), ids="->".join)
 def test_allowed_edges_still_exist(edge):
     assert edge in EDGES, f"{edge} is gone: remove it from ALLOWED"
+
+
+def test_old_flat_engine_module_paths_still_import():
+    # echorl_agent/llm/ was flat; its modules moved into engine/, quant/ and serving/ and the old names still work
+    import importlib
+
+    from echorl_agent.llm import MOVED_MODULES
+
+    for old, new in MOVED_MODULES.items():
+        assert new in MODULES and old not in MODULES, (old, new)
+        assert importlib.import_module(old) is importlib.import_module(new), old
+    # the two old modules whose names are now packages re-export what they had
+    from echorl_agent.llm.engine import LLMEngine, ModelRunner, load_model
+    from echorl_agent.llm.engine.llm_engine import LLMEngine as engine_cls
+    from echorl_agent.llm.engine.runner import ModelRunner as runner_cls
+    from echorl_agent.llm.models import load_model as load_fn
+    from echorl_agent.llm.quant import KERNEL_ROWS, QuantizedLinear
+    from echorl_agent.llm.quant.linear import KERNEL_ROWS as rows
+    from echorl_agent.llm.quant.linear import QuantizedLinear as linear_cls
+
+    assert (LLMEngine, ModelRunner, load_model, QuantizedLinear, KERNEL_ROWS) == (
+        engine_cls, runner_cls, load_fn, linear_cls, rows)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        importlib.import_module("echorl_agent.llm.engine").nope  # noqa: B018

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from echorl_agent.agents.tot import Game24State, ToTConfig, legal_steps, parse_game24
-from echorl_agent.llm.usage import TokenMeter
+from echorl_agent.llm.engine.usage import TokenMeter
 
 torch.set_num_threads(1)
 

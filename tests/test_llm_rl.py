@@ -286,10 +286,10 @@ def test_learner_pushes_its_adapter_to_a_rollout_server(fresh):
 
     import uvicorn
 
-    from echorl_agent.llm.config import EngineConfig
     from echorl_agent.llm.engine import LLMEngine
+    from echorl_agent.llm.engine.config import EngineConfig
     from echorl_agent.llm.models import load_model
-    from echorl_agent.llm.server import create_app
+    from echorl_agent.llm.serving.server import create_app
 
     engine = LLMEngine(load_model("smollm2-135m"), EngineConfig()).start()
     with socket.socket() as s:

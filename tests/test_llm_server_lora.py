@@ -28,8 +28,8 @@ import httpx  # noqa: E402
 import uvicorn  # noqa: E402
 
 from echorl_agent.llm import EngineConfig, LLMEngine, load_model  # noqa: E402
-from echorl_agent.llm.prefix_cache import PrefixCacheConfig  # noqa: E402
-from echorl_agent.llm.server import create_app  # noqa: E402
+from echorl_agent.llm.engine.prefix_cache import PrefixCacheConfig  # noqa: E402
+from echorl_agent.llm.serving.server import create_app  # noqa: E402
 
 SMALL = EngineConfig(prefix_cache=PrefixCacheConfig(max_tokens=2048))
 PROMPT = "The best way to learn to cook is"

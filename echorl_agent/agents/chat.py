@@ -8,7 +8,7 @@
 * :class:`ChatReActAgent` -- the ReAct agent over any OpenAI-compatible chat endpoint.
 
 All follow the :class:`~echorl_agent.agent.Agent` protocol (the bench runner drives them directly) and count every
-LLM request in a :class:`~echorl_agent.llm.usage.TokenMeter` (``stats()``: prompt / cached / generated tokens,
+LLM request in a :class:`~echorl_agent.llm.engine.usage.TokenMeter` (``stats()``: prompt / cached / generated tokens,
 effective bandwidth, eta_bw). The local ones keep the dialogue as an append-only list of token ids (the chat
 template's turn markers are encoded once and appended, never re-rendered), so turn t+1's prompt starts with exactly
 turn t's prompt + answer and the prefix cache serves all of it (EchoRL KV_frozen; generated tokens included).
@@ -28,7 +28,7 @@ import numpy as np
 
 from echorl_agent.agent import Agent
 from echorl_agent.llm.engine import LLMEngine, SamplingParams
-from echorl_agent.llm.usage import TokenMeter
+from echorl_agent.llm.engine.usage import TokenMeter
 from echorl_envs.core import match_action
 
 __all__ = ["ReActAgent", "ScoringAgent", "ChatReActAgent", "MeteredAgent", "AgentStep", "parse_react", "is_free_text",
@@ -348,7 +348,7 @@ class ChatReActAgent(MeteredAgent):
     reply's thought/action are parsed and matched exactly as in :class:`ReActAgent`.
 
     Args:
-        backend: an :class:`~echorl_agent.llm.openai_backend.OpenAICompatibleBackend`.
+        backend: an :class:`~echorl_agent.llm.serving.openai_backend.OpenAICompatibleBackend`.
         max_tokens: generation budget per turn.
         temperature: sampling temperature (0 = greedy where the server supports it).
         system_prompt: the system turn.

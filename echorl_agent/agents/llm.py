@@ -2,7 +2,7 @@
 
 The model is loaded once per process: :func:`shared_engine` keeps one :class:`~echorl_agent.llm.engine.LLMEngine` per
 model name (prefix cache on), so every job a worker runs reuses the weights and the KV of the shared system prompts.
-Every agent counts its LLM usage in a :class:`~echorl_agent.llm.usage.TokenMeter` (prompt / cached / generated
+Every agent counts its LLM usage in a :class:`~echorl_agent.llm.engine.usage.TokenMeter` (prompt / cached / generated
 tokens, effective bandwidth, eta_bw).
 
 * ``react`` -- :class:`~echorl_agent.agents.chat.ReActAgent`; on free-text envs (math, CRUXEval, ARC) the action line
@@ -26,8 +26,8 @@ from echorl_agent.agents.chat import MeteredAgent, ReActAgent, ScoringAgent
 from echorl_agent.agents.echorl import EchoRLConfig, EchoRLLLMAgent
 from echorl_agent.agents.tot import SearchResult, ToTConfig, game24_bfs, parse_game24, propose_and_vote
 from echorl_agent.llm.engine import EngineConfig, LLMEngine
+from echorl_agent.llm.engine.prefix_cache import PrefixCacheConfig
 from echorl_agent.llm.models import DEFAULT_MODEL
-from echorl_agent.llm.prefix_cache import PrefixCacheConfig
 
 __all__ = ["shared_engine", "ToTAgent", "make_react", "make_scoring", "make_tot", "make_echorl"]
 

@@ -23,7 +23,7 @@ chains of thought, read each final answer, and let the LLM vote for the most pro
 scoring call over "The best choice is <i>" instead of sampled votes.
 
 All LLM calls go through :class:`~echorl_agent.llm.engine.LLMEngine` (prefix cache on), and every call is counted
-in the caller's :class:`~echorl_agent.llm.usage.TokenMeter`.
+in the caller's :class:`~echorl_agent.llm.engine.usage.TokenMeter`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from fractions import Fraction
 import numpy as np
 
 from echorl_agent.llm.engine import LLMEngine, SamplingParams
-from echorl_agent.llm.usage import TokenMeter
+from echorl_agent.llm.engine.usage import TokenMeter
 from echorl_envs.math.answers import extract_answer, format_number
 
 __all__ = ["ToTConfig", "Game24State", "LevelRecord", "SearchResult", "game24_bfs", "propose_and_vote",

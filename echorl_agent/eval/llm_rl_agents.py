@@ -82,7 +82,7 @@ class LLMGRPOAgent(Agent):
         self.seed = seed
 
     def act(self, obs: str, info: dict[str, Any]) -> str:
-        from echorl_agent.llm.config import SamplingParams
+        from echorl_agent.llm.engine.config import SamplingParams
 
         tr = self.trainer
         msgs = [{"role": "system", "content": tr.cfg.system_prompt}, {"role": "user", "content": obs}]

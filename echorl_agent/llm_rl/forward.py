@@ -6,7 +6,7 @@ all of ``C`` and to its own earlier tokens (a block mask, as lamorel's ``pre_enc
 token of ``C`` is computed once however many candidates there are.
 
 The forward can start at any layer ``b``: given the activations entering layer ``b`` (the rollout engine captured
-them, see :meth:`echorl_agent.llm.runner.ModelRunner.enable_capture`) only layers ``b..L-1`` run -- with gradients
+them, see :meth:`echorl_agent.llm.engine.runner.ModelRunner.enable_capture`) only layers ``b..L-1`` run -- with gradients
 when they hold the trainable parameters (LoRA adapters or unfrozen top layers) -- so the frozen layers below are
 never recomputed by the learner. The arithmetic is the HF modules' own (RMSNorm, projections incl. peft's LoRA
 wrappers, rotary embedding, MLP); attention is ``scaled_dot_product_attention`` with the block mask.

@@ -21,7 +21,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from echorl_agent.llm.config import GenerationResult, SamplingParams
+from echorl_agent.llm.engine.config import GenerationResult, SamplingParams
 from echorl_agent.llm_rl.config import LLMPolicyConfig
 from echorl_agent.llm_rl.forward import causal, run_layers, token_logprobs
 from echorl_agent.llm_rl.lm import TrainableLM

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from echorl_agent.llm.config import EngineConfig
 from echorl_agent.llm.engine import LLMEngine
+from echorl_agent.llm.engine.config import EngineConfig
+from echorl_agent.llm.engine.prefix_cache import PrefixCacheConfig
 from echorl_agent.llm.models import LoadedModel, load_model
-from echorl_agent.llm.prefix_cache import PrefixCacheConfig
 from echorl_agent.llm_rl.config import LLMPolicyConfig
 from echorl_agent.llm_rl.forward import DecoderParts
 

@@ -27,7 +27,7 @@ from gymnasium import spaces
 from stable_baselines3.common.policies import BasePolicy
 from torch import nn
 
-from echorl_agent.llm.scoring import SoftTokens
+from echorl_agent.llm.engine.scoring import SoftTokens
 from echorl_agent.llm_rl.config import LLMPolicyConfig
 from echorl_agent.llm_rl.forward import candidate_set_logprobs, pack_sets, run_layers
 from echorl_agent.llm_rl.lm import TrainableLM

@@ -34,7 +34,7 @@ class RemoteRollout:
                  tokenizer: Any = None) -> None:
         import httpx
 
-        from echorl_agent.llm.openai_backend import OpenAICompatibleBackend
+        from echorl_agent.llm.serving.openai_backend import OpenAICompatibleBackend
 
         self.base_url = base_url.rstrip("/")
         self.adapter_name = adapter_name

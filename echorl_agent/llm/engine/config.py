@@ -7,13 +7,13 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
-from echorl_agent.llm.prefix_cache import PrefixCacheConfig
-from echorl_agent.llm.scheduler import SchedulerConfig
+from echorl_agent.llm.engine.prefix_cache import PrefixCacheConfig
+from echorl_agent.llm.engine.scheduler import SchedulerConfig
 
 __all__ = ["EngineConfig", "SamplingParams", "GenerationResult", "ScoreResult", "WEIGHT_DTYPES", "check_weight_dtype"]
 
 #: Values of ``EngineConfig.weight_dtype``: "float32" (the model's own weights, exact), "int8" and "int4" (packed
-#: copies for the CPU decode kernel, :mod:`echorl_agent.llm.quant`). The one list: the engine's check, ``echorl
+#: copies for the CPU decode kernel, :mod:`echorl_agent.llm.quant.linear`). The one list: the engine's check, ``echorl
 #: serve --weight-dtype`` and the learner's engine option read it.
 WEIGHT_DTYPES = ("float32", "int8", "int4")
 

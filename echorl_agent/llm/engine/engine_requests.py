@@ -1,6 +1,6 @@
 """Per-request parts of :class:`~echorl_agent.llm.engine.LLMEngine`: sequences, groups, validation, abort, isolation.
 
-Kept apart from the step loop in ``engine.py``: how a request enters (validated in ``submit``, so a bad prompt is a
+Kept apart from the step loop in ``llm_engine.py``: how a request enters (validated in ``submit``, so a bad prompt is a
 ``ValueError`` for its caller alone), how it leaves early (``abort`` or a cancelled future: dropped at the next step,
 KV freed), how a failing sequence is failed alone (a batched forward that raises is retried sequence by sequence),
 and how ``n`` samples of one prompt share its prefill (``submit_group`` + fork, as vLLM's parallel sampling).
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from echorl_agent.llm.config import GenerationResult, SamplingParams
-from echorl_agent.llm.runner import SeqChunk
+from echorl_agent.llm.engine.config import GenerationResult, SamplingParams
+from echorl_agent.llm.engine.runner import SeqChunk
 
 __all__ = ["TokenCallback"]
 

@@ -4,10 +4,10 @@ One engine serves many actors (one per env). Actors call :meth:`LLMEngine.submit
 ``concurrent.futures.Future``; a loop (the background thread from :meth:`LLMEngine.start`, or the caller of
 :meth:`LLMEngine.generate`) runs :meth:`LLMEngine.step`:
 
-1. admit waiting requests in :class:`~echorl_agent.llm.scheduler.Scheduler` order while there is room
+1. admit waiting requests in :class:`~echorl_agent.llm.engine.scheduler.Scheduler` order while there is room
    (``max_num_seqs``) and KV blocks; each admitted prompt gets its longest cached prefix from the
-   :class:`~echorl_agent.llm.prefix_cache.PrefixCache` (EchoRL's KV_frozen) and fresh blocks for the rest;
-2. run one :class:`~echorl_agent.llm.runner.ModelRunner` forward over every running sequence at once: the uncached
+   :class:`~echorl_agent.llm.engine.prefix_cache.PrefixCache` (EchoRL's KV_frozen) and fresh blocks for the rest;
+2. run one :class:`~echorl_agent.llm.engine.runner.ModelRunner` forward over every running sequence at once: the uncached
    suffix of new prompts (chunked to ``max_num_batched_tokens``) and one decode token of the others;
 3. sample, publish every block that became full -- generated tokens included, so turn t+1 of an append-only
    dialogue reuses turn t's answer (the bug fixed in SGLang #16521) -- and retire finished sequences, whose slots
@@ -35,13 +35,13 @@ from concurrent.futures import Future
 
 import torch
 
-from echorl_agent.llm.config import EngineConfig, GenerationResult, SamplingParams, ScoreResult
-from echorl_agent.llm.engine_requests import TokenCallback, _RequestsMixin, _Seq
+from echorl_agent.llm.engine.config import EngineConfig, GenerationResult, SamplingParams, ScoreResult
+from echorl_agent.llm.engine.engine_requests import TokenCallback, _RequestsMixin, _Seq
+from echorl_agent.llm.engine.prefix_cache import CacheStats, PrefixCache
+from echorl_agent.llm.engine.runner import ModelRunner, SeqChunk
+from echorl_agent.llm.engine.scheduler import Scheduler
+from echorl_agent.llm.engine.scoring import SoftTokens
 from echorl_agent.llm.models import LoadedModel, load_model
-from echorl_agent.llm.prefix_cache import CacheStats, PrefixCache
-from echorl_agent.llm.runner import ModelRunner, SeqChunk
-from echorl_agent.llm.scheduler import Scheduler
-from echorl_agent.llm.scoring import SoftTokens
 
 __all__ = ["EngineConfig", "SamplingParams", "GenerationResult", "ScoreResult", "LLMEngine"]
 
@@ -153,7 +153,7 @@ class LLMEngine(_RequestsMixin):
         soft: SoftTokens | None = None,
         capture: bool = False,
     ) -> ScoreResult:
-        """Log-likelihood of each candidate continuation given ``prompt`` (see :mod:`echorl_agent.llm.scoring`).
+        """Log-likelihood of each candidate continuation given ``prompt`` (see :mod:`echorl_agent.llm.engine.scoring`).
 
         Args:
             prompt: prompt text or token ids.
@@ -163,7 +163,7 @@ class LLMEngine(_RequestsMixin):
             soft: soft tokens between the prompt and the candidates (never cached).
             capture: also return the last context hidden state and captured activations (for a learner).
         """
-        from echorl_agent.llm.scoring import score_candidates
+        from echorl_agent.llm.engine.scoring import score_candidates
 
         p = self.llm.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         cands = [self.llm.encode(c) if isinstance(c, str) else [int(t) for t in c] for c in candidates]
@@ -179,9 +179,9 @@ class LLMEngine(_RequestsMixin):
     ) -> list[ScoreResult]:
         """:meth:`score` for several prompts at once (the envs of one rollout step), in two batched forwards.
 
-        Exact duplicate requests (no soft tokens) are computed once; see :func:`echorl_agent.llm.scoring.score_batch`.
+        Exact duplicate requests (no soft tokens) are computed once; see :func:`echorl_agent.llm.engine.scoring.score_batch`.
         """
-        from echorl_agent.llm.scoring import score_batch
+        from echorl_agent.llm.engine.scoring import score_batch
 
         ps = [[int(t) for t in p] for p in prompts]
         cs = [[[int(t) for t in c] for c in cands] for cands in candidates]
@@ -243,9 +243,9 @@ class LLMEngine(_RequestsMixin):
         """Log-probability of every prompt token given the tokens before it (None for the first token).
 
         Returns ``(token ids, logprobs, top_k alternatives per position)`` (see
-        :func:`echorl_agent.llm.scoring.prompt_logprobs`).
+        :func:`echorl_agent.llm.engine.scoring.prompt_logprobs`).
         """
-        from echorl_agent.llm.scoring import prompt_logprobs
+        from echorl_agent.llm.engine.scoring import prompt_logprobs
 
         tokens = self.validate_prompt(prompt)
         with self._lock:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from echorl_agent.llm.scheduler import attention_bandwidth, effective_bandwidth
+from echorl_agent.llm.engine.scheduler import attention_bandwidth, effective_bandwidth
 
 __all__ = ["BandwidthEfficiencyTracker", "BandwidthSnapshot", "attention_bandwidth", "effective_bandwidth",
            "speedup_bound"]

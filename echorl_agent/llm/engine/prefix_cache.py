@@ -1,6 +1,6 @@
 """Prefix cache over real KV blocks: chained block hashes, ref counts, LRU eviction, collision checks.
 
-The KV of every sequence lives in fixed-size blocks of one pool (see :class:`echorl_agent.llm.runner.ModelRunner`).
+The KV of every sequence lives in fixed-size blocks of one pool (see :class:`echorl_agent.llm.engine.runner.ModelRunner`).
 A *full* block is identified by the chained hash ``h_i = H(h_{i-1}, tokens of block i)`` (nano-vllm / vLLM
 automatic prefix caching), so a hash names the whole prefix up to and including that block. A new request walks its
 prompt block by block; every hit is re-checked against the stored token ids (a hash collision is counted and treated

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from echorl_agent.kernels.attention import decode_plan, paged_attention, paged_decode_attention
-from echorl_agent.llm.fused_decode import FusedDecoder
-from echorl_agent.llm.quant import (
+from echorl_agent.llm.quant.fused_decode import FusedDecoder
+from echorl_agent.llm.quant.linear import (
     KERNEL_ROWS,
     QuantizedLinear,
     check_weight_dtype,
@@ -68,7 +68,7 @@ class ModelRunner:
         block_size: tokens per block.
         attention_backend: ``"auto"`` (Triton on CUDA, torch reference otherwise), ``"torch"`` or ``"triton"``.
         weight_dtype: ``"float32"`` (the model's own weights, exact), ``"int8"`` or ``"int4"`` (packed copies of
-            the projections, MLP and LM head, see :mod:`echorl_agent.llm.quant`).
+            the projections, MLP and LM head, see :mod:`echorl_agent.llm.quant.linear`).
     """
 
     def __init__(
@@ -114,7 +114,7 @@ class ModelRunner:
         self.capture_layer: int | None = None
         self.h_pool: torch.Tensor | None = None  # [num_blocks * block_size, hidden], see enable_capture
         self.fused = FusedDecoder.create(self)
-        """Runs whole decode steps in C with quantized weights (:mod:`echorl_agent.llm.fused_decode`); None when
+        """Runs whole decode steps in C with quantized weights (:mod:`echorl_agent.llm.quant.fused_decode`); None when
         it does not apply. ``use_fused_decode = False`` keeps the per-op Python path (for comparisons)."""
         self.use_fused_decode = True
 
@@ -204,7 +204,7 @@ class ModelRunner:
     def _linear(self, x: torch.Tensor, lin: torch.nn.Module) -> torch.Tensor:
         """``lin(x)`` (``x W^T + b``); for a few rows, computed over slices of the output features.
 
-        With ``weight_dtype`` int8/int4 the packed copy of ``lin`` runs instead (:mod:`echorl_agent.llm.quant`).
+        With ``weight_dtype`` int8/int4 the packed copy of ``lin`` runs instead (:mod:`echorl_agent.llm.quant.linear`).
 
         Each output element is the same dot product either way, but with a handful of rows (a decode step) the
         CPU BLAS is markedly faster on narrow weight slices than on one wide weight (measured on SmolLM2-135M:

@@ -27,7 +27,7 @@ def attention_bandwidth(t: int, scale: float = 1.0) -> float:
     """``b(s_{1:t}) = scale * t (t + 1) / 2``: key reads of causal attention over ``t`` tokens (seed README).
 
     The one place the formula is written: the scheduler's ``"bandwidth"`` policy, the agents' token meter
-    (:class:`~echorl_agent.llm.usage.TokenMeter`) and :class:`~echorl_agent.llm.metrics.BandwidthEfficiencyTracker`
+    (:class:`~echorl_agent.llm.engine.usage.TokenMeter`) and :class:`~echorl_agent.llm.engine.metrics.BandwidthEfficiencyTracker`
     all call it. ``t (t + 1)`` is an exact integer product, so the result is the float64 of the formula.
     """
     return scale * (t * (t + 1)) * 0.5

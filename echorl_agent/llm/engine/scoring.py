@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from echorl_agent.llm.prefix_cache import PrefixCache
-from echorl_agent.llm.runner import ModelRunner, SeqChunk
+from echorl_agent.llm.engine.prefix_cache import PrefixCache
+from echorl_agent.llm.engine.runner import ModelRunner, SeqChunk
 
 __all__ = ["score_candidates", "score_batch", "prompt_logprobs", "SoftTokens"]
 
@@ -70,7 +70,7 @@ def score_candidates(
     Returns:
         :class:`echorl_agent.llm.engine.ScoreResult`.
     """
-    from echorl_agent.llm.config import ScoreResult
+    from echorl_agent.llm.engine.config import ScoreResult
 
     if (soft is not None or capture) and not share_prefix:
         raise ValueError("soft tokens and capture need share_prefix=True")
@@ -117,7 +117,7 @@ def score_batch(
         capture: as in :func:`score_candidates`.
 
     Returns:
-        One :class:`echorl_agent.llm.config.ScoreResult` per prompt (duplicates get the same object).
+        One :class:`echorl_agent.llm.engine.config.ScoreResult` per prompt (duplicates get the same object).
     """
     n = len(prompts)
     if len(candidates) != n:
@@ -160,7 +160,7 @@ def score_batch(
 
 def _score_group(runner, cache, prompts, candidates, softs, capture):
     """:func:`score_batch` for prompts that fit the pool together."""
-    from echorl_agent.llm.config import ScoreResult
+    from echorl_agent.llm.engine.config import ScoreResult
 
     bs = cache.block_size
     allocs, tables, hashes = [], [], []

@@ -5,7 +5,7 @@ prefix cache (``t'``, EchoRL's KV_frozen) and how many were prefilled (``t - t'`
 
 * ``prompt_tokens`` / ``cached_tokens`` / ``generated_tokens`` / ``llm_calls`` -- monotone counters;
 * ``bandwidth`` -- the summed effective attention bandwidth ``b_eff = b(s_{1:t}) - b(s_{1:t'})`` with
-  ``b(s_{1:t}) = scale * t (t + 1) / 2`` (seed README; :func:`echorl_agent.llm.scheduler.effective_bandwidth`);
+  ``b(s_{1:t}) = scale * t (t + 1) / 2`` (seed README; :func:`echorl_agent.llm.engine.scheduler.effective_bandwidth`);
 * ``eta_bw`` -- the running *sum* of per-episode ``eta_bw = sum_t r_t / (sum b_eff + E_B[w |l_PG|])`` (seed
   README); the policy-gradient term is 0 for agents that do not learn. It is a sum so that the runner, which
   reports ``stats()`` after an episode minus before it, gets exactly that episode's ``eta_bw``.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from echorl_agent.llm.scheduler import effective_bandwidth
+from echorl_agent.llm.engine.scheduler import effective_bandwidth
 
 __all__ = ["TokenMeter"]
 

@@ -1,10 +1,10 @@
 """Fused decode steps for quantized weights: the whole decoder stack in one C call.
 
-With ``weight_dtype`` int8/int4 the projections run in a C kernel (:mod:`echorl_agent.llm.qkernel`) that is as fast
+With ``weight_dtype`` int8/int4 the projections run in a C kernel (:mod:`echorl_agent.llm.quant.qkernel`) that is as fast
 per token as llama.cpp's matmuls, but a Python decode step still dispatches ~20 torch ops per layer (norms, RoPE,
 KV writes, attention, MLP glue): on SmolLM2-135M (30 layers) that was ~45 % of a step. :class:`FusedDecoder` runs
 every layer of a pure decode step (one new token per sequence, at most ``KERNEL_ROWS`` sequences) in
-``q_decode_layers`` (``kernels/qlinear.c``): RMSNorm, q/k/v with RoPE (cos/sin from the model's own rotary
+``q_decode_layers`` (``qlinear.c``): RMSNorm, q/k/v with RoPE (cos/sin from the model's own rotary
 embedding, so any RoPE scaling is honoured), the paged KV write and attention over each sequence's blocks, o_proj,
 the gated SiLU MLP and both residuals. The embedding, the final norm and the LM head stay in Python.
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from echorl_agent.llm import qkernel
-from echorl_agent.llm.quant import QuantizedLinear
+from echorl_agent.llm.quant import qkernel
+from echorl_agent.llm.quant.linear import QuantizedLinear
 
 __all__ = ["FusedDecoder"]
 

@@ -20,12 +20,12 @@ Kernels, chosen by measurement on the reference machine (AMD EPYC, AVX2 + FMA + 
 * fbgemm ``quantized::linear_dynamic`` (int8 weights *and* 7-bit per-token activations): 2.2x faster than
   float32, but the activation rounding cost 16% of the next-token choices (teacher-forced agreement 0.84) and
   every 32-token greedy text of 50 diverged; it was this module's first int8 mode and was dropped.
-* our C kernel (:mod:`echorl_agent.llm.qkernel`, ``kernels/qlinear.c``): int8 dequantizes each group in AVX2
+* our C kernel (:mod:`echorl_agent.llm.quant.qkernel`, ``qlinear.c``): int8 dequantizes each group in AVX2
   registers once for up to 8 rows and multiplies float32 activations; int4 rounds the activations to int16 per
   group of 32 (~1e-5 of the group's largest input; int8 activations, llama.cpp's choice, cost 7-12% of the
   teacher-forced next tokens here) and multiplies with integer dot products, 1.4-1.6x faster than unpacking
   nibbles to float for one row. Decode steps run the whole layer stack in C
-  (:mod:`echorl_agent.llm.fused_decode`), which removed the per-op Python overhead that had held int8 decode
+  (:mod:`echorl_agent.llm.quant.fused_decode`), which removed the per-op Python overhead that had held int8 decode
   at 0.53x llama.cpp's speed (RESULTS "second design"; now 0.92x int8, 1.17x int4: "third design").
 
 Up to ``KERNEL_ROWS`` rows (decode steps, short prefill chunks) run the kernel; long prefill chunks are
@@ -43,8 +43,8 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 
-from echorl_agent.llm import qkernel
-from echorl_agent.llm.config import WEIGHT_DTYPES, check_weight_dtype
+from echorl_agent.llm.engine.config import WEIGHT_DTYPES, check_weight_dtype
+from echorl_agent.llm.quant import qkernel
 
 __all__ = [
     "WEIGHT_DTYPES", "QuantizedLinear", "quantize_model_linears", "linear_names", "check_weight_dtype", "lm_head_dtype"
@@ -101,7 +101,7 @@ class QuantizedLinear(torch.nn.Module):
       with a Q8_0 embedding) loses nothing by going back to int8 or int4.
 
     Activations stay float32 (int4 rounds them to int16 per group inside the product). Up to ``KERNEL_ROWS``
-    rows (decode steps, short prefills) run the C kernel of :mod:`echorl_agent.llm.qkernel`, which reads each
+    rows (decode steps, short prefills) run the C kernel of :mod:`echorl_agent.llm.quant.qkernel`, which reads each
     packed weight once; more rows (prefill) dequantize ``_CHUNK`` outputs at a time and use ``F.linear``. Both
     compute the same arithmetic, so a row's result differs between the two paths only by float summation order.
 
@@ -213,7 +213,7 @@ def quantize_model_linears(
     """Quantized copies of the model's linears, keyed by qualified name; the model itself is not modified.
 
     Args:
-        model: a Llama-family causal LM (the layout :class:`~echorl_agent.llm.runner.ModelRunner` supports).
+        model: a Llama-family causal LM (the layout :class:`~echorl_agent.llm.engine.runner.ModelRunner` supports).
         dtype: ``"int8"`` or ``"int4"`` (``"float32"`` returns ``{}``: nothing to quantize).
         names: subset of :func:`linear_names` (default: all).
     """

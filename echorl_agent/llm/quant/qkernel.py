@@ -1,10 +1,10 @@
-"""The C kernel behind quantized decode (``kernels/qlinear.c``): compiled on first use, loaded with ctypes.
+"""The C kernel behind quantized decode (``qlinear.c``): compiled on first use, loaded with ctypes.
 
 torch 2.13's CPU int8/int4 weight-only kernels have no AVX2 fast path (``benchmarks/RESULTS.md``, "Quantized
 decode") and torchao ships no CPU kernels, so the engine carries one small C file: a quantized linear for a few
 rows (int8: each 32-weight group dequantized in registers and multiplied into float32 activations; int4: integer
-dot products with the activations rounded to int16 per group, see :mod:`echorl_agent.llm.quant`) and the fused
-decode step of :mod:`echorl_agent.llm.fused_decode`. It is built
+dot products with the activations rounded to int16 per group, see :mod:`echorl_agent.llm.quant.linear`) and the fused
+decode step of :mod:`echorl_agent.llm.quant.fused_decode`. It is built
 once per machine with the system C compiler (``cc``/``gcc``, AVX2 + FMA when the CPU has them, portable C
 otherwise) into ``$ECHORL_CACHE`` (default ``~/.cache/echorl``)/kernels and reused from there. ctypes releases
 the GIL during the call; large matrices are split over ``torch.get_num_threads()`` threads.
@@ -28,7 +28,7 @@ __all__ = ["load", "q_linear"]
 MT_MIN_WEIGHTS = 1 << 20
 """Calls with at least this many weights x rows use ``torch.get_num_threads()`` threads (each thread its own output
 features, so a row's result does not depend on the thread count); smaller ones are not worth a thread start."""
-_SRC = Path(__file__).with_name("kernels") / "qlinear.c"
+_SRC = Path(__file__).with_name("qlinear.c")
 _lib: ctypes.CDLL | None = None
 _tried = False
 
@@ -79,7 +79,7 @@ def q_linear(bits: int, x: torch.Tensor, codes: torch.Tensor, d: torch.Tensor, m
     """
     lib = load()
     if lib is None:
-        raise RuntimeError("quantized decode kernel unavailable; check echorl_agent.llm.qkernel.load() first")
+        raise RuntimeError("quantized decode kernel unavailable; check echorl_agent.llm.quant.qkernel.load() first")
     M, K = x.shape
     N = d.shape[0]
     y = torch.empty(M, N, dtype=torch.float32)

@@ -10,7 +10,7 @@
  * compute-bound (slower than int8), the int16 dots are 1.4-1.6x faster for one row; for int8 (and for int4 at 8
  * rows) the float path is 1.1-1.2x faster. A decode step reads each packed weight once (0.625 / 1.125 bytes per
  * weight with the scales, against 4 for float32).
- * Loaded by echorl_agent/llm/qkernel.py (compiled on first use with the machine's C compiler).
+ * Loaded by echorl_agent/llm/quant/qkernel.py (compiled on first use with the machine's C compiler).
  */
 #include <math.h>
 #include <stddef.h>

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from echorl_agent.llm.config import WEIGHT_DTYPES
+from echorl_agent.llm.engine.config import WEIGHT_DTYPES
 
 __all__ = ["add_serve_arguments"]
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the server's options to ``p`` (used by ``echorl serve`` and ``python -m echorl_agent.llm.server``)."""
+    """Add the server's options to ``p`` (used by ``echorl serve`` and ``python -m echorl_agent.llm.serving.server``)."""
     p.add_argument("--model", default="smollm2-135m",
                    help="embedded name (smollm2-135m), Hugging Face id or local folder (default: %(default)s)")
     p.add_argument("--served-model-name", default=None, help="name reported by /v1/models (default: --model)")

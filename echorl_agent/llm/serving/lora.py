@@ -17,9 +17,9 @@ import threading
 import time
 from pathlib import Path
 
-from echorl_agent.llm.engine import LLMEngine
+from echorl_agent.llm.engine.llm_engine import LLMEngine
 from echorl_agent.llm.models import LoadedModel
-from echorl_agent.llm.server_protocol import OpenAIError
+from echorl_agent.llm.serving.protocol import OpenAIError
 
 __all__ = ["ServedModels"]
 

@@ -165,9 +165,9 @@ class OpenAICompatibleBackend:
         :meth:`LLMEngine.score`; the server decides how it reuses the prompt.
 
         Returns:
-            :class:`~echorl_agent.llm.config.ScoreResult` (``num_cached_tokens`` from the server's usage).
+            :class:`~echorl_agent.llm.engine.config.ScoreResult` (``num_cached_tokens`` from the server's usage).
         """
-        from echorl_agent.llm.config import ScoreResult
+        from echorl_agent.llm.engine.config import ScoreResult
 
         if not candidates:
             raise ValueError("candidates must be a non-empty list")

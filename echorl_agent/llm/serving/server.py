@@ -3,12 +3,12 @@
 Routes (what vLLM/SGLang also serve): ``GET /v1/models``, ``POST /v1/completions`` (string, token-id or batched
 prompts; ``echo`` with prompt log-probabilities, lm-eval-harness style), ``POST /v1/chat/completions``, both with
 SSE streaming (``stream``), ``n`` samples sharing one prefill, ``logprobs``/``top_logprobs``, ``stop``, ``seed``;
-vLLM's ``POST /v1/load_lora_adapter`` / ``/v1/unload_lora_adapter`` (:mod:`echorl_agent.llm.server_lora`); and
+vLLM's ``POST /v1/load_lora_adapter`` / ``/v1/unload_lora_adapter`` (:mod:`echorl_agent.llm.serving.lora`); and
 ``GET /v1/echorl/stats`` with the prefix-cache counters (reuse rate rho).
 
 Every request goes through a shared engine, so concurrent clients are batched and share cached prefixes;
 ``usage.prompt_tokens_details.cached_tokens`` reports the reuse per request, as OpenAI does. Bodies are validated
-strictly (:mod:`echorl_agent.llm.server_protocol`), errors use OpenAI's shape, a failing request fails alone, and a
+strictly (:mod:`echorl_agent.llm.serving.protocol`), errors use OpenAI's shape, a failing request fails alone, and a
 client that disconnects (or a SIGTERM) aborts its requests in the engine.
 """
 
@@ -25,11 +25,11 @@ from typing import Any
 
 from fastapi import Request
 
-from echorl_agent.llm.engine import EngineConfig, GenerationResult, LLMEngine, SamplingParams
+from echorl_agent.llm.engine.llm_engine import EngineConfig, GenerationResult, LLMEngine, SamplingParams
+from echorl_agent.llm.engine.prefix_cache import PrefixCacheConfig
 from echorl_agent.llm.models import load_model
-from echorl_agent.llm.prefix_cache import PrefixCacheConfig
-from echorl_agent.llm.server_lora import ServedModels
-from echorl_agent.llm.server_protocol import (
+from echorl_agent.llm.serving.lora import ServedModels
+from echorl_agent.llm.serving.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     LoadLoraRequest,
@@ -38,7 +38,7 @@ from echorl_agent.llm.server_protocol import (
     error_body,
     validation_error_body,
 )
-from echorl_agent.llm.server_render import Detokenizer, chat_logprobs, completion_logprobs, usage
+from echorl_agent.llm.serving.render import Detokenizer, chat_logprobs, completion_logprobs, usage
 
 __all__ = ["create_app", "main", "build_parser"]
 
@@ -154,7 +154,7 @@ def _sse(obj: Any) -> str:
 def create_app(engine: LLMEngine, model_name: str | None = None, max_loras: int = 2):
     """A FastAPI app serving ``engine`` (started by the caller) and up to ``max_loras`` LoRA adapters.
 
-    The app's ``state.models`` is the :class:`~echorl_agent.llm.server_lora.ServedModels` registry.
+    The app's ``state.models`` is the :class:`~echorl_agent.llm.serving.lora.ServedModels` registry.
     """
     from fastapi import FastAPI
     from fastapi.exceptions import RequestValidationError
@@ -342,7 +342,7 @@ class _One:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from echorl_agent.llm.serve_args import add_serve_arguments
+    from echorl_agent.llm.serving.args import add_serve_arguments
 
     return add_serve_arguments(argparse.ArgumentParser(
         prog="echorl serve", description="Serve a model with OpenAI-compatible routes."))
@@ -352,7 +352,7 @@ def serve(args: argparse.Namespace) -> int:
     """Load the model, start the engine loop, run uvicorn until SIGINT/SIGTERM (``echorl serve``)."""
     import uvicorn
 
-    from echorl_agent.llm.scheduler import SchedulerConfig
+    from echorl_agent.llm.engine.scheduler import SchedulerConfig
 
     cfg = EngineConfig(
         prefix_cache=PrefixCacheConfig(
@@ -376,7 +376,7 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m echorl_agent.llm.server [options]`` (the same options as ``echorl serve``)."""
+    """``python -m echorl_agent.llm.serving.server [options]`` (the same options as ``echorl serve``)."""
     return serve(build_parser().parse_args(argv))
 
 
