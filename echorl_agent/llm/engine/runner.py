@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -57,6 +58,27 @@ class SeqChunk:
     (soft tokens such as EchoRL's plan embeddings; the layers below see only ``token_ids``)."""
     embeds_layer: int = 0
     """Layer whose input ``embeds`` is added to (0 = the token embeddings)."""
+
+
+class FlatBatch(NamedTuple):
+    """The new tokens of one step's chunks, laid out as one flat batch of ``N`` tokens over ``B`` chunks."""
+
+    ids: torch.Tensor
+    """``[N]`` token ids."""
+    pos: torch.Tensor
+    """``[N]`` absolute positions."""
+    slots: torch.Tensor
+    """``[N]`` KV pool slot of each token (``block * block_size + offset``)."""
+    cu: list[int]
+    """``B + 1`` chunk boundaries in the flat batch (chunk ``i`` is ``cu[i]:cu[i + 1]``)."""
+    cu_t: torch.Tensor
+    """``[B + 1]`` the same boundaries on the device."""
+    tables: torch.Tensor
+    """``[B, max_blocks]`` block tables, zero-padded."""
+    ctx: torch.Tensor
+    """``[B]`` context length of each sequence after this step."""
+    n: int
+    """``N``, the number of new tokens."""
 
 
 class ModelRunner:
@@ -243,6 +265,13 @@ class ModelRunner:
             Per chunk, float32 logits ``[vocab]`` of its last token, or ``[T, vocab]`` when ``all_logits``; with
             ``return_hidden``, a pair ``(logits, hidden)`` of such lists.
         """
+        batch = self._flat_batch(chunks)
+        x = self._run_layers(chunks, batch)  # [N, hidden]
+        out, hid = self._gather_logits(chunks, batch, x)
+        return (out, hid) if return_hidden else out
+
+    def _flat_batch(self, chunks: list[SeqChunk]) -> FlatBatch:
+        """Lay the chunks' new tokens out as one flat batch (validating each chunk against its block table)."""
         bs = self.block_size
         ids: list[int] = []
         pos: list[int] = []
@@ -268,12 +297,26 @@ class ModelRunner:
         for i, c in enumerate(chunks):
             tables[i, : len(c.block_table)] = torch.tensor(c.block_table, dtype=torch.long)
         tables = tables.to(dev)
-        ids_t = torch.tensor(ids, dtype=torch.long, device=dev)
-        pos_t = torch.tensor(pos, dtype=torch.long, device=dev)
-        slots_t = torch.tensor(slots, dtype=torch.long, device=dev)
-        cu_t = torch.tensor(cu, dtype=torch.long, device=dev)
-        ctx_t = torch.tensor(ctx_lens, dtype=torch.long, device=dev)
-        n = len(ids)
+        return FlatBatch(
+            ids=torch.tensor(ids, dtype=torch.long, device=dev),
+            pos=torch.tensor(pos, dtype=torch.long, device=dev),
+            slots=torch.tensor(slots, dtype=torch.long, device=dev),
+            cu=cu,
+            cu_t=torch.tensor(cu, dtype=torch.long, device=dev),
+            tables=tables,
+            ctx=torch.tensor(ctx_lens, dtype=torch.long, device=dev),
+            n=len(ids),
+        )
+
+    def _run_layers(self, chunks: list[SeqChunk], batch: FlatBatch) -> torch.Tensor:
+        """Embed the flat batch, add soft tokens, run every decoder layer (writing its KV); the residual ``[N, hidden]``.
+
+        A pure decode step runs the fused C path when it applies, else the torch/Triton layers below.
+        """
+        bs = self.block_size
+        dev = self.device
+        ids_t, pos_t, slots_t, cu, cu_t = batch.ids, batch.pos, batch.slots, batch.cu, batch.cu_t
+        tables, ctx_t, n = batch.tables, batch.ctx, batch.n
         use_triton = self._use_triton()
 
         # a pure decode step (one new token per sequence) on the torch path: the gather rows and padding mask
@@ -319,7 +362,13 @@ class ModelRunner:
                 )
             x = x + self._linear(o.reshape(n, self.num_heads * self.head_dim), attn.o_proj)
             x = x + self._mlp(layer.mlp, layer.post_attention_layernorm(x))
-        # logits only where needed: last token of each chunk, or all tokens for scoring chunks
+        return x
+
+    def _gather_logits(
+        self, chunks: list[SeqChunk], batch: FlatBatch, x: torch.Tensor
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Final norm and LM head only where needed: the last token of each chunk, or all tokens of scoring chunks."""
+        cu = batch.cu
         rows: list[int] = []
         spans: list[tuple[int, int]] = []
         for i, c in enumerate(chunks):
@@ -329,10 +378,10 @@ class ModelRunner:
             else:
                 rows.append(cu[i + 1] - 1)
             spans.append((lo, len(rows)))
-        hidden = self.inner.norm(x[torch.tensor(rows, device=dev)])
+        hidden = self.inner.norm(x[torch.tensor(rows, device=self.device)])
         logits = self._linear(hidden, self.model.lm_head).float()
         out, hid = [], []
         for c, (lo, hi) in zip(chunks, spans, strict=True):
             out.append(logits[lo:hi] if c.all_logits else logits[lo])
             hid.append(hidden[lo:hi] if c.all_logits else hidden[lo])
-        return (out, hid) if return_hidden else out
+        return out, hid
