@@ -114,7 +114,7 @@ class MiniWoBEnv(TextEnv):
             selects = [int(e.ref) for e in root.subtree_elements if e.tag.lower() == "select"]
             if selects:
                 got = self.browser.env.instance.driver.execute_script(_OPTIONS_JS, selects)
-                options = {r: tuple((str(t), bool(s)) for t, s in opts) for r, opts in zip(selects, got)}
+                options = {r: tuple((str(t), bool(s)) for t, s in opts) for r, opts in zip(selects, got, strict=False)}
         self._elements = flatten(root, options) if root is not None else []
         self._admissible_cache = admissible(self._elements, self._fields)
 
