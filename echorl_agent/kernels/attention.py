@@ -85,6 +85,16 @@ def positions_of_new_tokens(ctx_lens: torch.Tensor, cu_q_lens: torch.Tensor) -> 
 
 
 # ----------------------------------------------------------------------------------------------- reference
+def _sequence_kv(k_pool: torch.Tensor, v_pool: torch.Tensor, table: torch.Tensor,
+                 ctx: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values ``[ctx, H_kv, D]`` of one sequence, gathered from its blocks (``table`` = its block ids)."""
+    block_size, h_kv, d = k_pool.shape[1:]
+    ids = table[: (ctx + block_size - 1) // block_size]
+    k = k_pool[ids].reshape(-1, h_kv, d)[:ctx]
+    v = v_pool[ids].reshape(-1, h_kv, d)[:ctx]
+    return k, v
+
+
 def paged_attention_reference(
     q: torch.Tensor,
     k_pool: torch.Tensor,
@@ -104,7 +114,7 @@ def paged_attention_reference(
     """
     _check(q, k_pool, v_pool, block_tables, ctx_lens, cu_q_lens)
     n, h, d = q.shape
-    block_size, h_kv = k_pool.shape[1], k_pool.shape[2]
+    h_kv = k_pool.shape[2]
     group = h // h_kv
     if n == ctx_lens.shape[0] and n > 0:  # pure decode step: one new token per sequence
         return _decode_reference(q, k_pool, v_pool, block_tables, ctx_lens, scale)
@@ -115,10 +125,7 @@ def paged_attention_reference(
         lo, hi = cu[b], cu[b + 1]
         if hi == lo:
             continue
-        n_blocks = (ctx + block_size - 1) // block_size
-        ids = block_tables[b, :n_blocks]
-        k = k_pool[ids].reshape(n_blocks * block_size, h_kv, d)[:ctx]  # [S, H_kv, D]
-        v = v_pool[ids].reshape(n_blocks * block_size, h_kv, d)[:ctx]
+        k, v = _sequence_kv(k_pool, v_pool, block_tables[b], ctx)  # [S, H_kv, D]
         qb = q[lo:hi].transpose(0, 1).float()  # [H, T, D]
         kb = k.transpose(0, 1).float().repeat_interleave(group, dim=0)  # [H, S, D]
         vb = v.transpose(0, 1).float().repeat_interleave(group, dim=0)
@@ -185,10 +192,8 @@ def paged_attention_grouped(
         if t <= short:
             continue
         lo, hi = cu[b], cu[b + 1]
-        n_blocks = (ctx + block_size - 1) // block_size
-        ids = block_tables[b, :n_blocks]
-        k = k_pool[ids].reshape(n_blocks * block_size, h_kv, d)[:ctx].permute(1, 2, 0).float()  # [H_kv, D, S]
-        v = v_pool[ids].reshape(n_blocks * block_size, h_kv, d)[:ctx].transpose(0, 1).float()  # [H_kv, S, D]
+        k, v = _sequence_kv(k_pool, v_pool, block_tables[b], ctx)
+        k, v = k.permute(1, 2, 0).float(), v.transpose(0, 1).float()  # [H_kv, D, S], [H_kv, S, D]
         qb = q[lo:hi].float().view(t, h_kv, g, d).permute(1, 2, 0, 3).reshape(h_kv, g * t, d)
         scores = torch.matmul(qb, k) * scale
         causal = torch.ones(t, ctx, dtype=torch.bool, device=q.device).tril(ctx - t)
