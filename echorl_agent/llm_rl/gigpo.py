@@ -22,7 +22,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 
@@ -31,23 +30,11 @@ from echorl_agent.llm_rl.advantage import anchor_groups, gigpo_advantages
 from echorl_agent.llm_rl.config import LLMPolicyConfig
 from echorl_agent.llm_rl.learner import Sample, update_policy
 from echorl_agent.llm_rl.policy import LLMPolicy, StepRecord
-from echorl_agent.llm_rl.rollout import Episode, collect_groups
-from echorl_envs.wrappers.llm import LLMObservationWrapper
+from echorl_agent.llm_rl.rollout import Episode, collect_groups, make_choice_env
 
 __all__ = ["GiGPOConfig", "GiGPOTrainer", "make_choice_env"]
 
 log = logging.getLogger(__name__)
-
-
-def make_choice_env(env_id: str, history: int, max_episode_steps: int | None = None,
-                    env_kwargs: dict[str, Any] | None = None) -> LLMObservationWrapper:
-    """The wrapped env an LLM policy acts in (its own step limit unless ``max_episode_steps`` is given)."""
-    kw = dict(env_kwargs or {})
-    if max_episode_steps:
-        kw["max_episode_steps"] = max_episode_steps
-    family = echorl_envs.entry(env_id).family
-    max_actions = {"alfworld": 64, "textworld": 64, "webshop": 16}.get(family, 16)
-    return LLMObservationWrapper(gym.make(env_id, **kw), history=history, max_actions=max_actions)
 
 
 @dataclass

@@ -299,14 +299,17 @@ class LLMPolicy(BasePolicy):
         logps: list[torch.Tensor | None] = [None] * len(recs)
         values: list[torch.Tensor | None] = [None] * len(recs)
         for head, members in segments:
-            sets: dict[tuple, int] = {}  # (prefix, candidates) -> the record that stands for the set
+            sets: dict[tuple, int] = {}  # (prefix, candidates) -> candidate-set index in the packed sequence
+            reps: list[StepRecord] = []  # the record that stands for each set
+            member_set = []
             for i in members:
-                sets.setdefault((len(recs[i].context), tuple(map(tuple, recs[i].cands))), i)
-            reps = list(sets.values())
-            set_lp, set_v = self._segment_forward(recs[head], [recs[i] for i in reps],
+                k = sets.setdefault((len(recs[i].context), tuple(map(tuple, recs[i].cands))), len(reps))
+                if k == len(reps):
+                    reps.append(recs[i])
+                member_set.append(k)
+            set_lp, set_v = self._segment_forward(recs[head], reps,
                                                   None if plans is None else self.plan.soft(plans[0][head : head + 1])[0])
-            for i in members:
-                k = reps.index(sets[(len(recs[i].context), tuple(map(tuple, recs[i].cands)))])
+            for i, k in zip(members, member_set, strict=True):
                 logps[i] = self._logits(set_lp[k].double(), recs[i].cands).log_softmax(-1).float()
                 values[i] = set_v[k]
         return logps, torch.stack(values), plans  # type: ignore[arg-type]

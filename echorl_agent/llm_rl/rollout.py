@@ -14,14 +14,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-import numpy as np
+import gymnasium as gym
 import torch
 
+import echorl_envs
 from echorl_agent.llm_rl.policy import LLMPolicy, StepRecord
 from echorl_envs.wrappers.llm import LLMObservationWrapper, decode_llm_obs
 
-__all__ = ["Step", "Episode", "collect_groups", "anchor_key"]
+__all__ = ["Step", "Episode", "collect_groups", "anchor_key", "make_choice_env"]
 
 
 @dataclass
@@ -49,6 +51,17 @@ class Episode:
     def ret(self) -> float:
         """Undiscounted episode return."""
         return float(sum(s.reward for s in self.steps))
+
+
+def make_choice_env(env_id: str, history: int, max_episode_steps: int | None = None,
+                    env_kwargs: dict[str, Any] | None = None) -> LLMObservationWrapper:
+    """The wrapped env an LLM policy acts in (its own step limit unless ``max_episode_steps`` is given)."""
+    kw = dict(env_kwargs or {})
+    if max_episode_steps:
+        kw["max_episode_steps"] = max_episode_steps
+    family = echorl_envs.entry(env_id).family
+    max_actions = {"alfworld": 64, "textworld": 64, "webshop": 16}.get(family, 16)
+    return LLMObservationWrapper(gym.make(env_id, **kw), history=history, max_actions=max_actions)
 
 
 def anchor_key(state: dict) -> str:
@@ -104,8 +117,3 @@ def collect_groups(policy: LLMPolicy, envs: Sequence[LLMObservationWrapper], see
         active = still
     return episodes
 
-
-def group_returns(episodes: Sequence[Episode]) -> np.ndarray:
-    """``[groups, K]`` episode returns (episodes in collection order)."""
-    k = sum(1 for e in episodes if e.group == episodes[0].group)
-    return np.array([e.ret for e in episodes], dtype=np.float64).reshape(-1, k)

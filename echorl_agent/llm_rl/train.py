@@ -121,8 +121,8 @@ class LLMTrainConfig:
 
 def make_llm_env(env_id: str, history: int, max_episode_steps: int | None = None, seed: int | None = None,
                  env_kwargs: dict[str, Any] | None = None):
-    """The wrapped env an LLM policy acts in (see :func:`echorl_agent.llm_rl.gigpo.make_choice_env`)."""
-    from echorl_agent.llm_rl.gigpo import make_choice_env
+    """The wrapped env an LLM policy acts in (see :func:`echorl_agent.llm_rl.rollout.make_choice_env`)."""
+    from echorl_agent.llm_rl.rollout import make_choice_env
 
     return make_choice_env(env_id, history, max_episode_steps, env_kwargs)
 
