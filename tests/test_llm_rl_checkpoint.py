@@ -235,9 +235,14 @@ def test_ppo_resume_continues_from_the_last_update(lm_and_state, tmp_path):
     np.testing.assert_equal(len(more.policy.state_dict()), len(saved))
 
 
-def test_cli_resume_without_a_checkpoint_is_a_clear_error(tmp_path):
+def test_cli_resume_without_a_checkpoint_is_a_clear_error(tmp_path, capsys):
     from echorl_agent import cli
 
+    with pytest.raises(SystemExit):
+        cli.main(["train-llm", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--resume continue the run in OUT from OUT/checkpoint/" in text
+    assert "--checkpoint-every N write OUT/checkpoint/ every N iterations" in text and "(default: 10)" in text
     with pytest.raises(SystemExit, match=f"no checkpoint to resume from: {tmp_path / 'checkpoint'} does not exist"):
         cli.main(["train-llm", "--task", ENV, "--method", "gigpo", "--group-size", "2", "--resume",
                   "--out", str(tmp_path)])
