@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+from tests.conftest import small_llm_policy
+
 ENV = "EchoRL/MiniGrid-Empty-Random-5x5-v0"
 SEED = 21
 """With this seed (groups of 2, 4-step episodes) iteration 2 has a group with unequal returns (8 samples to learn
@@ -23,19 +25,7 @@ TIMING = ("rollout_s", "learner_s", "env_steps_per_s")
 
 @pytest.fixture(scope="module")
 def lm_and_state():
-    pytest.importorskip("peft")
-    torch.set_num_threads(1)
-    from stable_baselines3.common.utils import ConstantSchedule
-
-    from echorl_agent.llm_rl.policy import LLMPolicy
-    from echorl_agent.llm_rl.rollout import make_choice_env
-
-    env = make_choice_env(ENV, history=1, max_episode_steps=4)
-    try:
-        policy = LLMPolicy(env.observation_space, env.action_space, ConstantSchedule(1e-3), lora_rank=4,
-                           max_kv_tokens=8192)
-    except ValueError as e:  # the embedded model's wheel is missing
-        pytest.skip(str(e))
+    policy = small_llm_policy(ENV, history=1, max_episode_steps=4)
     state = policy.lm.trainable_state()
     yield policy.lm, state  # every fresh run below starts from this adapter
     policy.lm.load_trainable_state(state)
