@@ -260,9 +260,10 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None, resume: bool = False):
     return model
 
 
-def _finished(cfg: LLMTrainConfig, timesteps: int) -> None:
+def _finished(cfg: LLMTrainConfig, timesteps: int, stacklevel: int = 3) -> None:
+    """Warn (at ``train_llm``'s caller) that a resumed run has nothing left to do."""
     warnings.warn(f"nothing to resume: the checkpoint in {cfg.out} is at {timesteps} env steps, train_steps="
-                  f"{cfg.train_steps} (raise train_steps to train on)", stacklevel=3)
+                  f"{cfg.train_steps} (raise train_steps to train on)", stacklevel=stacklevel)
 
 
 def _train_grpo(cfg: LLMTrainConfig, out: Path | None, lm: Any):
@@ -338,7 +339,7 @@ def _train_gigpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = N
     if opened is not None:
         ckpt.load_gigpo(trainer, opened)  # the weights after the BC warm start are in it
         if trainer.num_timesteps >= cfg.train_steps:
-            _finished(cfg, trainer.num_timesteps)
+            _finished(cfg, trainer.num_timesteps, stacklevel=4)
             return trainer
     elif cfg.method == "bc+gigpo":
         _bc_warm_start(cfg, trainer.policy, out)
