@@ -224,6 +224,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             row = rounds[-1]
             row["trl_s"] = time.perf_counter() - self.t0
             row["trl_generate_s"] = prof.get("generate")
+            row["trl_rest_s"] = None if row["trl_generate_s"] is None else row["trl_s"] - row["trl_generate_s"]
+            row["trl_over_ours"] = row["trl_s"] / row["ours_s"]
             if seen.get("prompts") != [ids_ours] * args.group:
                 raise AssertionError("TRL's prompt ids differ from ours")
             if seen["completion_tokens"] != [args.max_tokens] * args.group:
@@ -256,11 +258,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"prompt_tokens": len(ids_ours), "rounds": rounds}
 
 
-def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Medians over the timed rounds and the ratio TRL ÷ ours."""
-    med = {k: statistics.median(r[k] for r in rows) for k in ("ours_s", "ours_sample_s", "ours_update_s", "trl_s")}
-    gen = [r["trl_generate_s"] for r in rows if r.get("trl_generate_s") is not None]
-    med["trl_generate_s"] = statistics.median(gen) if gen else None
+COLUMNS = {"ours_s": "ours s", "ours_sample_s": "ours sample s", "ours_update_s": "ours update s", "trl_s": "TRL s",
+           "trl_generate_s": "TRL generate s", "trl_rest_s": "TRL rest s", "trl_over_ours": "TRL ÷ ours"}
+"""Per-round figures shown in the table (TRL rest = its step minus its ``model.generate``)."""
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Medians over the timed rounds of every column; ``trl_over_ours`` is the ratio of the two medians."""
+    med: dict[str, float | None] = {}
+    for k in COLUMNS:
+        vals = [r[k] for r in rows if r.get(k) is not None]
+        med[k] = statistics.median(vals) if vals else None
     med["trl_over_ours"] = med["trl_s"] / med["ours_s"]
     return med
 
@@ -278,16 +286,13 @@ def main(argv: list[str] | None = None) -> None:
     timed = res["rounds"][1:]
     med = summarize(timed)
     load_after = os.getloadavg()
-    table = [[f"{i + 1}", f"{r['ours_s']:.2f}", f"{r['ours_sample_s']:.2f}", f"{r['ours_update_s']:.2f}",
-              f"{r['trl_s']:.2f}", "-" if r.get("trl_generate_s") is None else f"{r['trl_generate_s']:.2f}",
-              f"{r['trl_s'] / r['ours_s']:.2f}"] for i, r in enumerate(timed)]
-    table.append(["median", f"{med['ours_s']:.2f}", f"{med['ours_sample_s']:.2f}", f"{med['ours_update_s']:.2f}",
-                  f"{med['trl_s']:.2f}", "-" if med["trl_generate_s"] is None else f"{med['trl_generate_s']:.2f}",
-                  f"{med['trl_over_ours']:.2f}"])
+    def cells(r: dict[str, Any]) -> list[str]:
+        return ["-" if r.get(k) is None else f"{r[k]:.2f}" for k in COLUMNS]
+
+    table = [[str(i + 1), *cells(r)] for i, r in enumerate(timed)] + [["median", *cells(med)]]
     print(f"GRPO step, 1 prompt ({res['prompt_tokens']} tokens) x {args.group} completions x {args.max_tokens} tokens, "
           f"{args.threads} thread(s), load average {load_before[0]:.2f} -> {load_after[0]:.2f}")
-    print(tabulate(table, headers=["round", "ours s", "ours sample s", "ours update s", "TRL s", "TRL generate s",
-                                   "TRL ÷ ours"], tablefmt="github"))
+    print(tabulate(table, headers=["round", *COLUMNS.values()], tablefmt="github"))
     line = {"date": time.strftime("%Y-%m-%d %H:%M"), "threads": args.threads, "rounds": args.rounds,
             "group": args.group, "max_tokens": args.max_tokens, "task_seed": args.task_seed, "seed": args.seed,
             "trl_gradient_checkpointing": args.trl_gradient_checkpointing, "prompt_tokens": res["prompt_tokens"],

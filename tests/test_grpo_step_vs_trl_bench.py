@@ -66,3 +66,16 @@ def test_prompt_ids_equal_on_both_sides_and_reward_has_variance():
     right = bench.reward(env, 3, str(info["expert_action"]))
     assert bench.reward(env, 3, "no idea") != bench.reward(env, 3, "no idea at all")
     assert right > bench.reward(env, 3, "no idea")
+
+
+def test_summary_is_the_median_of_each_column_and_the_ratio_of_medians():
+    rows = [{"ours_s": 2.0, "ours_sample_s": 1.5, "ours_update_s": 0.5, "trl_s": 9.0, "trl_generate_s": 5.0,
+             "trl_rest_s": 4.0, "trl_over_ours": 4.5},
+            {"ours_s": 4.0, "ours_sample_s": 3.0, "ours_update_s": 1.0, "trl_s": 8.0, "trl_generate_s": None,
+             "trl_rest_s": None, "trl_over_ours": 2.0},
+            {"ours_s": 3.0, "ours_sample_s": 2.0, "ours_update_s": 1.0, "trl_s": 10.0, "trl_generate_s": 7.0,
+             "trl_rest_s": 3.0, "trl_over_ours": 10 / 3}]
+    med = bench.summarize(rows)
+    assert (med["ours_s"], med["ours_sample_s"], med["trl_s"]) == (3.0, 2.0, 9.0)
+    assert med["trl_generate_s"] == 6.0 and med["trl_rest_s"] == 3.5  # rounds without a reading are left out
+    assert med["trl_over_ours"] == 3.0  # median TRL ÷ median ours, not the median of the per-round ratios
