@@ -21,6 +21,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+import echorl_envs  # noqa: F401 - registers the EchoRL/* ids the trainer makes
 from echorl_agent.llm.engine.config import GenerationResult, SamplingParams
 from echorl_agent.llm_rl.config import LLMPolicyConfig
 from echorl_agent.llm_rl.forward import candidate_token_logprobs, causal, pack, run_layers, token_logprobs
@@ -261,14 +262,17 @@ class GRPOTrainer:
             log.info("GRPO step %d: reward %.3f, zero-std groups %.2f", s["step"], s["reward_mean"], s["frac_zero_std"])
         return self.history
 
-    def evaluate(self, seeds: list[int], temperature: float = 0.0) -> np.ndarray:
-        """Success (reward > 0) of one completion per task ``seed`` (greedy with ``temperature=0``)."""
+    def evaluate(self, seeds: list[int], temperature: float = 0.0, batch: int = 32) -> np.ndarray:
+        """Success (reward > 0) of one completion per task ``seed`` (greedy with ``temperature=0``); sampling is
+        seeded by the task seed. Tasks are generated ``batch`` at a time (one batched decode)."""
         wins = []
-        for s in seeds:
-            prompt = self.prompt_ids(s)
-            out = self.lm.engine.generate([prompt], SamplingParams(max_tokens=self.cfg.max_tokens,
-                                                                   temperature=temperature, seed=s))[0]
-            wins.append(self.judge(s, out.text) > 0)
+        eng = self.lm.engine
+        for lo in range(0, len(seeds), batch):
+            chunk = seeds[lo : lo + batch]
+            futs = [eng.submit(self.prompt_ids(s), SamplingParams(max_tokens=self.cfg.max_tokens,
+                                                                 temperature=temperature, seed=s)) for s in chunk]
+            outs = [eng.wait(f) for f in futs]
+            wins.extend(self.judge(s, o.text) > 0 for s, o in zip(chunk, outs, strict=True))
         return np.asarray(wins, dtype=bool)
 
     def config_dict(self) -> dict[str, Any]:
