@@ -24,6 +24,7 @@ from pathlib import Path
 
 from echorl_envs.alfworld.generator import GeneratorConfig, make_game_spec, mark_solvable, write_game
 from echorl_envs.alfworld.scenes import TASK_TYPES
+from echorl_envs.core import cache_root
 
 __all__ = [
     "GENERATOR_VERSION",
@@ -44,18 +45,6 @@ SPLITS = ("train", "valid_seen", "valid_unseen")
 SPLIT_SEED_BASE = {"train": 0, "valid_seen": 10_000_000, "valid_unseen": 20_000_000}
 #: Candidate seeds tried for one index before giving up.
 MAX_ATTEMPTS = 8
-
-
-def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    """``cache_dir`` if given, else ``$ECHORL_CACHE_DIR``, else the user cache dir (platformdirs)."""
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    env = os.environ.get("ECHORL_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("echorl"))
 
 
 def normalize_split(split: str) -> str:
