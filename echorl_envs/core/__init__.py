@@ -11,7 +11,7 @@ from echorl_envs.core.base import (
     Transition,
     text_space,
 )
-from echorl_envs.core.cache import cache_root
+from echorl_envs.core.cache import build_once, cache_root
 from echorl_envs.core.engine_calls import (
     EngineError,
     EngineHost,
@@ -36,6 +36,7 @@ __all__ = [
     "ReplayPickledEnv",
     "TextEnv",
     "Transition",
+    "build_once",
     "cache_root",
     "match_action",
     "normalize_action",

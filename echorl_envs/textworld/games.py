@@ -8,13 +8,12 @@ library (absolute imports).
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import tempfile
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from echorl_envs.core import build_once
 
 __all__ = ["CHALLENGE_SETTINGS", "GENERATOR_VERSION", "SPLIT_SEED_BASE", "generate_textworld_game",
            "parse_challenge_args"]
@@ -66,27 +65,16 @@ def generate_textworld_game(challenge: str, args: Sequence[str], split: str, see
     import textworld.challenges
     from textworld.generator import compile_game
 
-    game_file = out_dir / "game.z8"
-    if game_file.exists():
-        return game_file
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=out_dir.parent))
-    try:
+    def build(tmp: Path) -> None:
         options = textworld.GameOptions()
         options.seeds = seed
         options.path = str(tmp / "game.z8")
         options.file_ext = ".z8"
         options.force_recompile = True
         game = textworld.challenges.CHALLENGES[challenge][1](parse_challenge_args(challenge, args, split), options)
-        with warnings.catch_warnings():  # compile_game replays the walkthrough in Jericho (see _reset_episode)
+        with warnings.catch_warnings():  # compile_game replays the walkthrough in Jericho
             warnings.filterwarnings("ignore", message=".*not fully supported.*")
             compile_game(game, options)
         (tmp / "game.ni").unlink(missing_ok=True)
-        try:
-            os.rename(tmp, out_dir)
-        except OSError:
-            if not game_file.exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return game_file
+
+    return build_once(out_dir, build, "game.z8")
