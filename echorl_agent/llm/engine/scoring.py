@@ -177,6 +177,20 @@ def _pool_sized_groups(
         yield take
 
 
+@dataclass
+class _Contexts:
+    """Per prompt of a group, the context the candidates continue: the prompt, then its soft tokens if any."""
+
+    tables: list[list[int]]
+    """Block table of each context (the prompt's allocation, extended by the soft tokens' blocks)."""
+    lens: list[int]
+    """Context lengths in tokens (prompt + soft tokens)."""
+    firsts: list[torch.Tensor]
+    """Logits after each context's last token (they predict every candidate's first token)."""
+    lasts: list[torch.Tensor]
+    """Final hidden state of each context's last token."""
+
+
 def _score_group(
     runner: ModelRunner,
     cache: PrefixCache,
@@ -186,112 +200,77 @@ def _score_group(
     capture: bool,
 ) -> list[ScoreResult]:
     """:func:`score_batch` for prompts that fit the pool together: prefill, soft tokens, candidates, results."""
-    allocs, tables = [], []
+    allocs = []
     try:
         for p in prompts:
             allocs.append(cache.allocate(p))
-            tables.append(allocs[-1].block_table)
-        firsts, lasts = _prefill_prompts(runner, cache, prompts, allocs)
-        lens = _append_soft_tokens(runner, cache, tables, [len(p) for p in prompts], softs, firsts, lasts)
-        extras = [{} for _ in prompts]
-        if capture:
-            extras = _captured_context(runner, tables, lens, lasts, candidates)
-        scores = _score_candidate_tokens(runner, cache, tables, lens, candidates, firsts, extras)
+        ctx = _prefill_prompts(runner, cache, prompts, allocs)
+        _append_soft_tokens(runner, cache, ctx, softs)
+        extras = _captured_context(runner, ctx, candidates) if capture else [{} for _ in prompts]
+        scores = _score_candidate_tokens(runner, cache, ctx, candidates, extras)
     finally:
-        for t in tables:
-            cache.release(t)
-    return _assemble_results(cache, allocs, lens, candidates, scores, extras)
+        for a in allocs:
+            cache.release(a.block_table)  # the soft tokens' blocks were appended to it
+    return _assemble_results(cache, allocs, ctx.lens, candidates, scores, extras)
 
 
-def _prefill_prompts(
-    runner: ModelRunner, cache: PrefixCache, prompts: list[list[int]], allocs: list
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Step 1: every prompt's uncached tokens in one forward; its full blocks are published to the prefix cache.
-
-    Returns:
-        Per prompt, the logits after its last token (they predict each candidate's first token) and the final
-        hidden state of that token.
-    """
+def _prefill_prompts(runner: ModelRunner, cache: PrefixCache, prompts: list[list[int]], allocs: list) -> _Contexts:
+    """Step 1: every prompt's uncached tokens in one forward; its full blocks are published to the prefix cache."""
     chunks = [SeqChunk(p[a.num_cached_tokens :], a.num_cached_tokens, a.block_table)
               for p, a in zip(prompts, allocs, strict=True)]
     firsts, lasts = runner.forward(chunks, return_hidden=True)
     for p, a in zip(prompts, allocs, strict=True):
         _register_full(cache, a.block_table, p, list(a.block_hashes))
-    return firsts, lasts
+    return _Contexts([a.block_table for a in allocs], [len(p) for p in prompts], firsts, lasts)
 
 
-def _append_soft_tokens(
-    runner: ModelRunner,
-    cache: PrefixCache,
-    tables: list[list[int]],
-    lens: list[int],
-    softs: list,
-    firsts: list[torch.Tensor],
-    lasts: list[torch.Tensor],
-) -> list[int]:
+def _append_soft_tokens(runner: ModelRunner, cache: PrefixCache, ctx: _Contexts, softs: list) -> None:
     """Step 2: soft tokens (EchoRL's plan, computed from the prompt's own activations), one forward for all.
 
     A callable entry of ``softs`` is resolved here from the prompt's captured activations and last hidden state.
     The soft tokens extend the prompt's own blocks, which are never registered, so their KV stays private to this
-    call. ``firsts`` and ``lasts`` are updated in place to the positions after the soft tokens.
-
-    Returns:
-        The context length of each prompt (prompt plus its soft tokens).
+    call. ``ctx`` moves past the soft tokens (tables, lengths, logits and hidden states).
     """
-    lens = list(lens)
     resolved = []
     for k, s in enumerate(softs):
         if callable(s):
-            states = runner.gather_hidden(tables[k], 0, lens[k]) if runner.h_pool is not None else None
-            s = s(states, lasts[k])
+            states = runner.gather_hidden(ctx.tables[k], 0, ctx.lens[k]) if runner.h_pool is not None else None
+            s = s(states, ctx.lasts[k])
         resolved.append(s)
     soft_rows = [k for k, s in enumerate(resolved) if s is not None]
     if not soft_rows:
-        return lens
+        return
     bs = cache.block_size
     soft_chunks = []
     for k in soft_rows:
         m = resolved[k].embeds.shape[0]
-        while len(tables[k]) * bs < lens[k] + m:
-            tables[k].append(cache.append_block())
-        soft_chunks.append(SeqChunk([resolved[k].token_id] * m, lens[k], tables[k],
+        while len(ctx.tables[k]) * bs < ctx.lens[k] + m:
+            ctx.tables[k].append(cache.append_block())
+        soft_chunks.append(SeqChunk([resolved[k].token_id] * m, ctx.lens[k], ctx.tables[k],
                                     embeds=resolved[k].embeds, embeds_layer=resolved[k].layer))
     f2, l2 = runner.forward(soft_chunks, return_hidden=True)
     for j, k in enumerate(soft_rows):
-        firsts[k], lasts[k] = f2[j], l2[j]
-        lens[k] += resolved[k].embeds.shape[0]
-    return lens
+        ctx.firsts[k], ctx.lasts[k] = f2[j], l2[j]
+        ctx.lens[k] += resolved[k].embeds.shape[0]
 
 
-def _captured_context(
-    runner: ModelRunner,
-    tables: list[list[int]],
-    lens: list[int],
-    lasts: list[torch.Tensor],
-    candidates: list[list[list[int]]],
-) -> list[dict]:
+def _captured_context(runner: ModelRunner, ctx: _Contexts, candidates: list[list[list[int]]]) -> list[dict]:
     """With ``capture=True``: per prompt, the last context token's hidden state and (runner capture on) the
     context's activations, with a slot per candidate that :func:`_score_candidate_tokens` fills."""
     extras = []
-    for k, last in enumerate(lasts):
+    for k, last in enumerate(ctx.lasts):
         ex = {"hidden": last.clone()}
         if runner.h_pool is not None:
-            ex["context_states"] = runner.gather_hidden(tables[k], 0, lens[k])
+            ex["context_states"] = runner.gather_hidden(ctx.tables[k], 0, ctx.lens[k])
             ex["candidate_states"] = [None] * len(candidates[k])
         extras.append(ex)
     return extras
 
 
 def _score_candidate_tokens(
-    runner: ModelRunner,
-    cache: PrefixCache,
-    tables: list[list[int]],
-    lens: list[int],
-    candidates: list[list[list[int]]],
-    firsts: list[torch.Tensor],
-    extras: list[dict],
+    runner: ModelRunner, cache: PrefixCache, ctx: _Contexts, candidates: list[list[list[int]]], extras: list[dict]
 ) -> list[list[float]]:
-    """Step 3: every candidate of every prompt, sharing its prompt's full blocks (+ a copy of the partial one).
+    """Step 3: every candidate of every prompt, sharing its context's full blocks (+ a copy of the partial one).
 
     Candidates run in batched forwards of as many as fit the free blocks; each one's blocks are released as soon
     as its batch is done.
@@ -301,9 +280,10 @@ def _score_candidate_tokens(
     """
     pairs = [(k, j) for k in range(len(candidates)) for j in range(len(candidates[k]))]
     scores = [[0.0] * len(c) for c in candidates]
+    lens = ctx.lens
     i = 0
     while i < len(pairs):
-        group = _share_context_blocks(runner, cache, tables, lens, candidates, pairs[i:])
+        group = _share_context_blocks(runner, cache, ctx, candidates, pairs[i:])
         i += len(group)
         try:
             logits = runner.forward([SeqChunk(candidates[k][j], lens[k], t, all_logits=True) for k, j, t in group])
@@ -315,15 +295,14 @@ def _score_candidate_tokens(
             for _, _, t in group:
                 cache.release(t)
         for (k, j, _), lg in zip(group, logits, strict=True):
-            scores[k][j] = _candidate_logprob(firsts[k], lg, candidates[k][j])
+            scores[k][j] = _candidate_logprob(ctx.firsts[k], lg, candidates[k][j])
     return scores
 
 
 def _share_context_blocks(
     runner: ModelRunner,
     cache: PrefixCache,
-    tables: list[list[int]],
-    lens: list[int],
+    ctx: _Contexts,
     candidates: list[list[list[int]]],
     pairs: list[tuple[int, int]],
 ) -> list[tuple[int, int, list[int]]]:
@@ -337,17 +316,17 @@ def _share_context_blocks(
     group = []
     free = cache.num_free_blocks
     for k, j in pairs:
-        c, p = candidates[k][j], lens[k]
+        c, p, table = candidates[k][j], ctx.lens[k], ctx.tables[k]
         full, partial = p // bs, p % bs
         need = cache.num_blocks_needed(p + len(c)) - full
         if need > free:
             break
         free -= need
-        cache.share(tables[k][:full])
+        cache.share(table[:full])
         own = [cache.append_block() for _ in range(need)]
         if partial:
-            runner.copy_block(tables[k][full], own[0])
-        group.append((k, j, tables[k][:full] + own))
+            runner.copy_block(table[full], own[0])
+        group.append((k, j, table[:full] + own))
     if not group:
         raise MemoryError("prefix cache full while scoring; raise PrefixCacheConfig.max_tokens")
     return group
