@@ -21,8 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
+from fractions import Fraction
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -40,6 +42,14 @@ HELD_OUT = 500_000  # held-out task seeds start here (the same tasks for every s
 MODES = (("greedy", 0.0), ("sampled", 1.0))
 
 
+def strict_answer(text: str, answer: str) -> bool:
+    """The reply *is* the answer: the text after its last ``=`` (the whole reply if none) is one number equal to
+    ``answer``. The env's judge takes the last number of the reply, which a truncated restatement of the task can
+    satisfy ("1 * -6 means ..." for 1 * -6); this stricter reading separates such wins from computed ones."""
+    tail = text.rsplit("=", 1)[-1].strip().rstrip(".").strip()
+    return re.fullmatch(r"-?\d+(\.\d+)?(/\d+)?", tail) is not None and float(Fraction(tail)) == float(Fraction(answer))
+
+
 def run_seed(seed: int, args: argparse.Namespace) -> dict:
     from echorl_agent.llm_rl.config import LLMPolicyConfig
     from echorl_agent.llm_rl.grpo import GRPOConfig, GRPOTrainer
@@ -51,11 +61,18 @@ def run_seed(seed: int, args: argparse.Namespace) -> dict:
     held_out = list(range(HELD_OUT, HELD_OUT + args.eval))
     result: dict = {"seed": seed, "config": {k: v for k, v in vars(args).items() if k != "seeds"}, "wins": {}}
 
+    answers = [tr.env.reset(seed=s)[1]["expert_action"] for s in held_out]
+
     def evaluate(stage: str) -> None:
         for name, temp in MODES:
-            wins = tr.evaluate(held_out, temperature=temp)
+            texts = tr.answers(held_out, temperature=temp)
+            wins = np.array([tr.judge(s, t) > 0 for s, t in zip(held_out, texts, strict=True)])
+            strict = np.array([w and strict_answer(t, a) for w, t, a in zip(wins, texts, answers, strict=True)])
             result["wins"].setdefault(stage, {})[name] = wins.astype(int).tolist()
-            print(f"seed {seed} {stage:10s} {name:8s} {success_text(int(wins.sum()), len(wins))}", flush=True)
+            result.setdefault("strict", {}).setdefault(stage, {})[name] = strict.astype(int).tolist()
+            result.setdefault("texts", {}).setdefault(stage, {})[name] = texts
+            print(f"seed {seed} {stage:10s} {name:8s} {success_text(int(wins.sum()), len(wins))}  strict "
+                  f"{success_text(int(strict.sum()), len(strict))}", flush=True)
 
     t0 = time.perf_counter()
     if not args.skip_pretrained or not args.warm:
@@ -83,19 +100,21 @@ def summary(out: Path, base: str, target: str) -> None:
     if not runs:
         raise SystemExit(f"no seed_*.json in {out}")
     rows = []
-    for name, _ in MODES:
-        a = np.array([r["wins"][base][name] for r in runs], dtype=float)  # [seeds, tasks]
-        b = np.array([r["wins"][target][name] for r in runs], dtype=float)
-        per_seed = b.mean(1) - a.mean(1)
-        m, lo, hi = paired_bootstrap(per_seed)
-        _, tlo, thi = paired_bootstrap((b - a).mean(0))  # over tasks (seeds averaged per task)
-        better, worse = int((per_seed > 0).sum()), int((per_seed < 0).sum())
-        rows.append([name, len(runs), a.shape[1], success_text(int(a.sum()), a.size),
-                     success_text(int(b.sum()), b.size), f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]",
-                     f"[{tlo:+.3f}, {thi:+.3f}]", f"{better}/{worse}",
-                     "holds" if lo > 0 else "not established"])
-    print(tabulate(rows, headers=["mode", "seeds", "tasks", base, target, f"{target} - {base} over seeds [95% CI]",
-                                  "CI over tasks", "seeds better/worse", "rule"], tablefmt="github"))
+    for metric in ("wins", "strict"):
+        for name, _ in MODES:
+            a = np.array([r[metric][base][name] for r in runs], dtype=float)  # [seeds, tasks]
+            b = np.array([r[metric][target][name] for r in runs], dtype=float)
+            per_seed = b.mean(1) - a.mean(1)
+            m, lo, hi = paired_bootstrap(per_seed)
+            _, tlo, thi = paired_bootstrap((b - a).mean(0))  # over tasks (seeds averaged per task)
+            better, worse = int((per_seed > 0).sum()), int((per_seed < 0).sum())
+            rows.append(["env judge" if metric == "wins" else "strict", name, len(runs), a.shape[1],
+                         success_text(int(a.sum()), a.size), success_text(int(b.sum()), b.size),
+                         f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]", f"[{tlo:+.3f}, {thi:+.3f}]", f"{better}/{worse}",
+                         ("holds" if lo > 0 else "not established") if metric == "wins" else "(secondary)"])
+    print(tabulate(rows, headers=["metric", "mode", "seeds", "tasks", base, target,
+                                  f"{target} - {base} over seeds [95% CI]", "CI over tasks", "seeds better/worse",
+                                  "rule"], tablefmt="github"))
     secs = [r["grpo_s"] for r in runs]
     print(f"GRPO training: {np.mean(secs):.0f} s per seed on average ({runs[0]['config']['steps']} steps)")
 
