@@ -216,7 +216,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
-        from echorl_agent.llm import server
+        from echorl_agent.llm.serving import server
     except ImportError as e:
         raise SystemExit(
             f"echorl serve needs the LLM engine and the serve extra (pip install 'echorl[llm,serve]'): {e}"

@@ -21,6 +21,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+import echorl_envs  # noqa: F401 - registers the EchoRL/* ids the trainer makes
 from echorl_agent.llm.engine.config import GenerationResult, SamplingParams
 from echorl_agent.llm_rl.config import LLMPolicyConfig
 from echorl_agent.llm_rl.forward import candidate_token_logprobs, causal, pack, run_layers, token_logprobs
@@ -261,15 +262,22 @@ class GRPOTrainer:
             log.info("GRPO step %d: reward %.3f, zero-std groups %.2f", s["step"], s["reward_mean"], s["frac_zero_std"])
         return self.history
 
-    def evaluate(self, seeds: list[int], temperature: float = 0.0) -> np.ndarray:
-        """Success (reward > 0) of one completion per task ``seed`` (greedy with ``temperature=0``)."""
-        wins = []
-        for s in seeds:
-            prompt = self.prompt_ids(s)
-            out = self.lm.engine.generate([prompt], SamplingParams(max_tokens=self.cfg.max_tokens,
-                                                                   temperature=temperature, seed=s))[0]
-            wins.append(self.judge(s, out.text) > 0)
-        return np.asarray(wins, dtype=bool)
+    def answers(self, seeds: list[int], temperature: float = 0.0, batch: int = 32) -> list[str]:
+        """One completion per task ``seed`` (greedy with ``temperature=0``; sampling seeded by the task seed),
+        ``batch`` tasks per batched decode."""
+        texts: list[str] = []
+        eng = self.lm.engine
+        for lo in range(0, len(seeds), batch):
+            futs = [eng.submit(self.prompt_ids(s), SamplingParams(max_tokens=self.cfg.max_tokens,
+                                                                 temperature=temperature, seed=s))
+                    for s in seeds[lo : lo + batch]]
+            texts.extend(eng.wait(f).text for f in futs)
+        return texts
+
+    def evaluate(self, seeds: list[int], temperature: float = 0.0, batch: int = 32) -> np.ndarray:
+        """Success (the env's reward > 0) of one completion per task ``seed`` (see :meth:`answers`)."""
+        texts = self.answers(seeds, temperature, batch)
+        return np.asarray([self.judge(s, t) > 0 for s, t in zip(seeds, texts, strict=True)], dtype=bool)
 
     def config_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self.cfg)
