@@ -4,7 +4,7 @@ Left: MiniGrid-Empty-Random-5x5, GiGPO from the pretrained SmolLM2 (``benchmarks
 study §5): the rolling training success of each seed's ``curve.csv`` on a common env-step grid, and the held-out
 evaluation of frozen and GiGPO (both modes) as points with CIs over seeds. Right: single-turn GRPO on Arithmetic
 (``benchmarks/llm_rl_grpo.py``, §6): the training group reward per step (one env step = one judged completion) and
-the held-out success of the SFT start and of SFT + GRPO in both modes.
+the held-out success (the env's judge) of the start (pretrained, or SFT) and after GRPO in both modes.
 
 Run: ``python benchmarks/plot_reward_teaches_lm.py`` (reads the committed results, writes ``docs/figures/reward_teaches_lm.png``).
 """
@@ -82,14 +82,16 @@ def grpo_panel(ax, folder: Path) -> None:
     m, lo, hi = mean_ci(rewards)
     ax.plot(steps, m, color="C1", label=f"GRPO training group reward (sampled), {len(runs)} seeds")
     ax.fill_between(steps, lo, hi, color="C1", alpha=0.2)
-    for stage, x, color in (("sft", 0, "C0"), ("grpo", steps[-1], "C1")):
-        for mode, dx, fmt in (("greedy", 8, "s"), ("sampled", -8, "o")):
+    start = "sft" if "sft" in runs[0]["wins"] else "pretrained"
+    dx = per_step * n / 60
+    for stage, x, color in ((start, 0, "C0"), ("grpo", steps[-1], "C1")):
+        for mode, off, fmt in (("greedy", dx, "s"), ("sampled", -dx, "o")):
             mu, a, b = paired_bootstrap([np.mean(r["wins"][stage][mode]) for r in runs])
-            ax.errorbar([x + dx], [mu], yerr=[[mu - a], [b - mu]], fmt=fmt, capsize=3, color=color,
-                        label=f"{'SFT start' if stage == 'sft' else 'SFT + GRPO'} held-out, {mode}")
+            ax.errorbar([x + off], [mu], yerr=[[mu - a], [b - mu]], fmt=fmt, capsize=3, color=color,
+                        label=f"{stage} held-out, {mode}")
     ax.set_xlabel("env steps (judged completions)")
     ax.set_ylabel("success")
-    ax.set_title("Arithmetic (one-digit): GRPO after an SFT warm start", fontsize=9)
+    ax.set_title(f"Arithmetic (one-digit, 200 held-out tasks): GRPO from the {start} LM", fontsize=9)
     ax.legend(fontsize=6)
 
 
