@@ -66,7 +66,7 @@ _DEMO_BC = {"bc_episodes": 12, "bc_epochs": 20, "bc_learning_rate": 2e-3, "bc_ba
 #: own limit.
 DEMO_AGENT_OPTIONS: dict[str, dict] = {
     "llm-frozen": _DEMO_LM,
-    "llm-bc": {**_DEMO_LM, **_DEMO_BC},
+    "llm-bc": {**_DEMO_LM, **_DEMO_BC, "train_steps": 0},  # BC only: no RL steps (run.json says so)
     "llm-gigpo": {**_DEMO_LM, **_DEMO_BC, "bc_warm_start": True, "train_steps": 128, "learning_rate": 1e-3},
     "react": {"max_steps": 3, "episodes": 4},
 }

@@ -368,7 +368,7 @@ def test_readme_demo_table_is_the_committed_demo_run():
     """README's demo table equals the committed demo summary, and that summary comes from the current preset."""
     from pathlib import Path
 
-    from echorl_agent.cli import DEMO_EPISODES, DEMO_SEEDS, DEMO_TRAIN_STEPS
+    from echorl_agent.cli import DEMO_AGENT_OPTIONS, DEMO_EPISODES, DEMO_SEEDS, DEMO_TASKS, DEMO_TRAIN_STEPS
 
     chk = _check_module()
     root = Path(__file__).resolve().parents[1]
@@ -379,6 +379,10 @@ def test_readme_demo_table_is_the_committed_demo_run():
     cfg = json.loads((base / "run.json").read_text())["config"]
     assert (cfg["seeds"], cfg["episodes"], cfg["train_steps"], cfg["eval_mode"]) == (
         DEMO_SEEDS, DEMO_EPISODES, DEMO_TRAIN_STEPS, "both")
+    assert DEMO_TASKS["minigrid"] in cfg["tasks"]
+    # every agent's budget (step cap, seeds, episodes, training options) is the preset's, JSON for JSON
+    assert cfg["agent_options"] == json.loads(json.dumps({a: o for a, o in DEMO_AGENT_OPTIONS.items()
+                                                          if a in cfg["agents"]}))
 
 
 def test_agents_package_exports_resolve_and_share_the_one_protocol():
