@@ -5,6 +5,7 @@
     echorl bench --tasks EchoRL/Game24-v0 EchoRL/MiniGrid-Empty-5x5-v0 --agents random expert --seeds 2 --episodes 5
     echorl bench --preset demo
     echorl train-llm --task EchoRL/MiniGrid-Empty-5x5-v0 --method bc+ppo --train-steps 256 --out runs/llm
+    echorl train-llm --task EchoRL/MiniGrid-Empty-5x5-v0 --method bc+ppo --train-steps 512 --out runs/llm --resume
     echorl record --task EchoRL/MiniGrid-Empty-5x5-v0 --agent expert --episodes 10 --format minari --out runs/data
     echorl serve --port 8000 --model smollm2-135m     # the LLM engine, OpenAI-compatible routes
     echorl serve-env --task EchoRL/ALFWorld-v0 --task EchoRL/MiniGrid-DoorKey-5x5-v0 --port 8001 --max-sessions 8
@@ -234,7 +235,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
-        from echorl_agent.llm import server
+        from echorl_agent.llm.serving import server
     except ImportError as e:
         raise SystemExit(
             f"echorl serve needs the LLM engine and the serve extra (pip install 'echorl[llm,serve]'): {e}"
@@ -255,12 +256,15 @@ def cmd_train_llm(args: argparse.Namespace) -> int:
             learning_rate=args.learning_rate, policy_kwargs=json.loads(args.policy_kwargs or "{}"),
             grpo_kwargs=json.loads(args.grpo_kwargs or "{}"), env_kwargs=json.loads(args.env_kwargs or "{}"),
             n_envs=args.n_envs, gamma=args.gamma, group_size=args.group_size,
-            step_advantage_weight=args.step_advantage_weight, out=args.out, progress=not args.quiet)
+            step_advantage_weight=args.step_advantage_weight, checkpoint_every=args.checkpoint_every, out=args.out,
+            progress=not args.quiet)
         started = time.time()
-        train_llm(cfg)
-    except ValueError as e:
+        train_llm(cfg, resume=args.resume)
+    except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"echorl train-llm: {e}") from e
-    print(f"wrote {args.out}/: {', '.join(written_since(Path(args.out), started))}")
+    written = written_since(Path(args.out), started)
+    print(f"wrote {args.out}/: {', '.join(written)}" if written else
+          f"{args.out}/: nothing to do, the run there is finished (raise --train-steps to train on)")
     return 0
 
 
@@ -426,6 +430,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--policy-kwargs", help='JSON LLMPolicy options, e.g. \'{"lora_rank": 8, "train_layers": 2}\'')
     s.add_argument("--grpo-kwargs", help='JSON GRPOConfig options, e.g. \'{"group_size": 8}\'')
     s.add_argument("--out", default="runs/train-llm", help="output folder")
+    s.add_argument("--checkpoint-every", type=int, default=10, metavar="N",
+                   help="write OUT/checkpoint/ every N iterations (GiGPO iterations, PPO updates) and at the end; "
+                        "0: at the end only (not for grpo)")
+    s.add_argument("--resume", action="store_true",
+                   help="continue the run in OUT from OUT/checkpoint/ (same options; --train-steps counts from the "
+                        "run's start and may grow); a missing or corrupt checkpoint is an error")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
     s.set_defaults(func=cmd_train_llm)
 

@@ -79,6 +79,26 @@ CI_SLOW_TESTS = (
 )
 
 
+def small_llm_policy(env_id: str, history: int, max_episode_steps: int):
+    """The LLM-RL tests' policy: SmolLM2 with rank-4 LoRA adapters on ``env_id``'s wrapped choice env (one torch
+    thread); skips the test when peft or the embedded model is missing."""
+    import pytest
+
+    pytest.importorskip("peft")
+    torch.set_num_threads(1)
+    from stable_baselines3.common.utils import ConstantSchedule
+
+    from echorl_agent.llm_rl.policy import LLMPolicy
+    from echorl_agent.llm_rl.rollout import make_choice_env
+
+    env = make_choice_env(env_id, history=history, max_episode_steps=max_episode_steps)
+    try:
+        return LLMPolicy(env.observation_space, env.action_space, ConstantSchedule(1e-3), lora_rank=4,
+                         max_kv_tokens=8192)
+    except ValueError as e:  # the embedded model's wheel is missing
+        pytest.skip(str(e))
+
+
 def _in_ci_subset(nodeid: str) -> bool:
     for pattern in CI_SLOW_TESTS:
         if "*" in pattern:

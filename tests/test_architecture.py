@@ -251,3 +251,19 @@ def test_old_flat_engine_module_paths_still_import():
         engine_cls, runner_cls, load_fn, linear_cls, rows)
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         importlib.import_module("echorl_agent.llm.engine").nope  # noqa: B018
+
+
+#: The wings of ``echorl_envs`` that are infrastructure; every other subpackage is one env family.
+ENV_WINGS = ("core", "sandbox", "service", "wrappers", "integrations")
+
+
+def _env_family(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "echorl_envs" and len(parts) > 1 and parts[1] not in ENV_WINGS else None
+
+
+def test_env_families_are_siblings():
+    # a family imports core/ and the wings it needs, never another family; core/ imports no family
+    assert (_env_family("echorl_envs.textworld.env"), _env_family("echorl_envs.core.base")) == ("textworld", None)
+    bad = _violations(lambda a, b: a.startswith("echorl_envs.") and _env_family(b) not in (None, _env_family(a)))
+    assert not bad, "an env family is imported by another family or by a wing:\n" + "\n".join(bad)

@@ -10,6 +10,8 @@ from echorl_envs.core import (
     DatasetTextEnv,
     InvalidAction,
     Transition,
+    build_once,
+    cache_root,
     match_action,
     normalize_action,
     to_printable,
@@ -123,3 +125,34 @@ def test_unknown_id_suggests_close_match():
         echorl_envs.make(good.replace("-v0", "-v1"))
     with pytest.raises(ValueError, match="unknown environment id"):
         echorl_envs.entry("Nope")
+
+
+def test_cache_root_and_build_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("ECHORL_CACHE_DIR", str(tmp_path / "env"))
+    assert cache_root() == tmp_path / "env" and cache_root(tmp_path / "arg") == tmp_path / "arg"
+    calls = []
+
+    def build(tmp):
+        calls.append(tmp)
+        (tmp / "game.txt").write_text("built")
+
+    folder = tmp_path / "games" / "seed_1"
+    assert build_once(folder, build, "game.txt") == folder / "game.txt"
+    assert build_once(folder, build, "game.txt") == folder / "game.txt"  # the second call finds it
+    assert len(calls) == 1 and (folder / "game.txt").read_text() == "built"
+
+    def fails(tmp):
+        (tmp / "half.txt").write_text("half")
+        raise RuntimeError("compiler crashed")
+
+    with pytest.raises(RuntimeError, match="compiler crashed"):
+        build_once(tmp_path / "games" / "seed_2", fails, "game.txt")
+    assert sorted(p.name for p in (tmp_path / "games").iterdir()) == ["seed_1"]  # no half-built or temporary folder
+
+    def loses_the_race(tmp):  # another worker renames its copy into place while this one builds
+        build(tmp)
+        (folder.parent / "seed_3").mkdir()
+        (folder.parent / "seed_3" / "game.txt").write_text("theirs")
+
+    assert build_once(folder.parent / "seed_3", loses_the_race, "game.txt").read_text() == "theirs"
+    assert sorted(p.name for p in (tmp_path / "games").iterdir()) == ["seed_1", "seed_3"]

@@ -89,6 +89,21 @@ def test_moved_modules_keep_their_old_names(old):
     assert getattr(echorl_envs, old.rsplit(".", 1)[1]) is sys.modules[new]  # `from echorl_envs import serve` too
 
 
+@pytest.mark.parametrize("module, env_class, names", [
+    ("echorl_envs.arc", "ARCEnv", ["ARCEnv", "ARCItem", "SPLITS", "format_grid", "load_arc_folder", "parse_grid"]),
+    ("echorl_envs.textworld", "TextWorldEnv", ["CHALLENGE_SETTINGS", "TextWorldEnv", "generate_textworld_game"]),
+])
+def test_family_modules_that_became_packages_export_what_they_had(module, env_class, names):
+    import importlib
+
+    pkg = importlib.import_module(module)
+    assert sorted(pkg.__all__) == names and all(hasattr(pkg, n) for n in names)
+    # the registered ids keep their entry point, and it loads the class the package exports
+    points = {e.entry_point for e in echorl_envs.ENVS if e.entry_point.startswith(module + ":")}
+    assert points == {f"{module}:{env_class}"}
+    assert gym.envs.registration.load_env_creator(points.pop()) is getattr(pkg, env_class)
+
+
 def test_check_env(env_id):
     env = make(env_id)
     try:

@@ -61,6 +61,25 @@ def test_lru_eviction_never_serves_a_different_prefix():
     assert set(ids).isdisjoint(b.block_table)
 
 
+def test_reset_forgets_every_block_and_may_set_the_version_back():
+    c = _cache()
+    a = _fill(c, list(range(10)))
+    with pytest.raises(RuntimeError, match="in use"):
+        c.reset()  # a request still holds its blocks
+    c.release(a.block_table)
+    assert c.invalidate() == 1 and c.invalidate() == 2
+    c.release(_fill(c, list(range(8))).block_table)  # registered under version 2, evictable
+    assert c.num_cached_blocks > 0
+    c.reset(weight_version=1)  # back to a version the old weights used: safe, nothing stays registered
+    assert c.weight_version == 1 and c.num_cached_blocks == 0 and c.num_free_blocks == c.num_blocks
+    assert c.match(list(range(8))) == ([], [])
+    b = c.allocate(list(range(8)))
+    assert b.num_cached_tokens == 0 and b.block_table == [0, 1]  # fresh blocks, in order
+    with pytest.raises(ValueError, match="weight_version"):
+        c.release(b.block_table)
+        c.reset(weight_version=-1)
+
+
 def test_hash_collision_is_detected_by_token_check():
     c = _cache(hash_fn=lambda prev, toks: 7)  # every block collides
     _fill(c, [1, 2, 3, 4, 5])

@@ -227,6 +227,15 @@ def test_grpo_group_shares_the_prompt_kv_and_update_moves_the_engine(fresh):
     for o in g.completions:
         lp = tr.completion_logprobs(g.prompt, o)
         np.testing.assert_allclose(lp.detach().numpy(), o.logprobs, atol=1e-4)
+    # the packed group forward (prompt rows once, completions after it) gives the same per-token log-probs, from the
+    # captured activations and from a recomputation of the frozen layers alike
+    import dataclasses
+
+    packed = tr.group_logprobs(g.prompt, g.completions)
+    recomputed = tr.group_logprobs(g.prompt, [dataclasses.replace(o, states=None) for o in g.completions])
+    for o, a, b in zip(g.completions, packed, recomputed, strict=True):
+        np.testing.assert_allclose(a.detach().numpy(), o.logprobs, atol=1e-4)
+        np.testing.assert_allclose(b.detach().numpy(), o.logprobs, atol=1e-4)
     g.rewards = np.array([1.0, 0.0, 0.0, 1.0])
     v0 = fresh.engine.weight_version
     s = tr.update([g])

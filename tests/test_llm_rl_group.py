@@ -14,6 +14,7 @@ from echorl_agent.llm_rl.advantage import (
     gigpo_advantages,
 )
 from echorl_agent.llm_rl.rollout import Episode, Step
+from tests.conftest import small_llm_policy
 
 
 def _ep(group: int, rewards: list[float], anchors: list[str]) -> Episode:
@@ -89,19 +90,7 @@ ENV = "EchoRL/MiniGrid-Empty-Random-5x5-v0"
 
 @pytest.fixture(scope="module")
 def policy():
-    pytest.importorskip("peft")
-    torch.set_num_threads(1)
-    from stable_baselines3.common.utils import ConstantSchedule
-
-    from echorl_agent.llm_rl.gigpo import make_choice_env
-    from echorl_agent.llm_rl.policy import LLMPolicy
-
-    env = make_choice_env(ENV, history=2, max_episode_steps=6)
-    try:
-        return LLMPolicy(env.observation_space, env.action_space, ConstantSchedule(1e-3), lora_rank=4,
-                         max_kv_tokens=8192)
-    except ValueError as e:  # the embedded model's wheel is missing
-        pytest.skip(str(e))
+    return small_llm_policy(ENV, history=2, max_episode_steps=6)
 
 
 def _states(n_envs: int, steps: int, seed0: int = 0):

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from echorl_agent.config import PlanningConfig
+from echorl_agent.llm.engine.config import WEIGHT_DTYPES
 
 __all__ = ["LLMPolicyConfig", "LORA_TARGETS"]
 
@@ -90,8 +91,8 @@ class LLMPolicyConfig:
         if self.rollout_url is not None and (self.plan_tokens or not self.lora_rank):
             raise ValueError(f"rollout_url needs lora_rank > 0 and plan_tokens=0 (adapters travel by name, soft tokens "
                              f"cannot), got lora_rank={self.lora_rank}, plan_tokens={self.plan_tokens}")
-        if self.engine_weight_dtype not in ("float32", "int8", "int4"):
-            raise ValueError(f"engine_weight_dtype must be 'float32', 'int8' or 'int4', got "
+        if self.engine_weight_dtype not in WEIGHT_DTYPES:
+            raise ValueError(f"engine_weight_dtype must be one of {WEIGHT_DTYPES}, got "
                              f"engine_weight_dtype={self.engine_weight_dtype!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got device={self.device!r}")

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["DecoderParts", "CandidateSet", "PackedBatch", "pack", "pack_sets", "causal", "run_layers", "candidate_logprobs",
-           "candidate_set_logprobs", "token_logprobs"]
+           "candidate_set_logprobs", "candidate_token_logprobs", "token_logprobs"]
 
 
 @dataclass
@@ -169,13 +169,8 @@ def candidate_logprobs(parts: DecoderParts, x: torch.Tensor, batch: PackedBatch)
     return lps[0], ctx[0]
 
 
-def candidate_set_logprobs(parts: DecoderParts, x: torch.Tensor,
-                           batch: PackedBatch) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Per candidate set: the summed token log-probabilities of its candidates; and ``[sets, hidden]``: the normed
-    hidden state of each set's last context row (the value head's input; it predicts every candidate's first token).
-
-    Only candidate tokens go through the LM head (one matmul for all sets).
-    """
+def _candidate_token_rows(batch: PackedBatch) -> tuple[list[int], list[int], list[int]]:
+    """For every candidate token: the row that predicts it, the token id, and the index of its candidate."""
     rows, targets, owners = [], [], []
     n = 0
     for s in batch.sets:
@@ -186,14 +181,42 @@ def candidate_set_logprobs(parts: DecoderParts, x: torch.Tensor,
             targets.extend(ids)
             owners.extend([n] * len(ids))
             n += 1
+    return rows, targets, owners
+
+
+def _candidate_token_lp(parts: DecoderParts, x: torch.Tensor, batch: PackedBatch,
+                        extra_rows: Sequence[int] = ()) -> tuple[torch.Tensor, list[int], torch.Tensor]:
+    """Log-probability of every candidate token (flat), its candidate index, and the normed ``extra_rows``.
+
+    Only candidate tokens (and ``extra_rows``) go through the final norm; only candidate tokens through the LM head.
+    """
+    rows, targets, owners = _candidate_token_rows(batch)
     dev = x.device
-    ctx_rows = torch.tensor([s.prefix - 1 for s in batch.sets], device=dev)
-    hidden = parts.norm(x[torch.cat([ctx_rows, torch.tensor(rows, device=dev)])])
-    ctx_h, tok_h = hidden[: len(batch.sets)], hidden[len(batch.sets):]
+    hidden = parts.norm(x[torch.tensor(list(extra_rows) + rows, device=dev, dtype=torch.long)])
+    extra, tok_h = hidden[: len(extra_rows)], hidden[len(extra_rows):]
     logits = parts.lm_head(tok_h).float()
     lp = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(targets, device=dev)[:, None])[:, 0]
-    sums = torch.zeros(n, dtype=lp.dtype, device=dev).index_add(0, torch.tensor(owners, device=dev), lp)
+    return lp, owners, extra
+
+
+def candidate_set_logprobs(parts: DecoderParts, x: torch.Tensor,
+                           batch: PackedBatch) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Per candidate set: the summed token log-probabilities of its candidates; and ``[sets, hidden]``: the normed
+    hidden state of each set's last context row (the value head's input; it predicts every candidate's first token).
+
+    Only candidate tokens go through the LM head (one matmul for all sets).
+    """
+    lp, owners, ctx_h = _candidate_token_lp(parts, x, batch, [s.prefix - 1 for s in batch.sets])
+    n = sum(len(s.ids) for s in batch.sets)
+    sums = torch.zeros(n, dtype=lp.dtype, device=x.device).index_add(0, torch.tensor(owners, device=x.device), lp)
     return list(sums.split([len(s.ids) for s in batch.sets])), ctx_h
+
+
+def candidate_token_logprobs(parts: DecoderParts, x: torch.Tensor, batch: PackedBatch) -> list[torch.Tensor]:
+    """The log-probability of every token of every candidate, one tensor per candidate (in ``batch.cand_ids``
+    order) -- e.g. the completions of a GRPO group packed after their shared prompt."""
+    lp, _, _ = _candidate_token_lp(parts, x, batch)
+    return list(lp.split([len(c) for c in batch.cand_ids]))
 
 
 def causal(length: int, device: torch.device | str = "cpu") -> PackedBatch:

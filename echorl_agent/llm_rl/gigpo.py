@@ -226,13 +226,31 @@ class GiGPOTrainer:
             self.replay.add(items)
         self.replay.set_version(self.policy.lm.engine.weight_version)
 
+    # ------------------------------------------------------------------ resuming (see echorl_agent.llm_rl.checkpoint)
+    def state_dict(self) -> dict[str, Any]:
+        """Counters, per-iteration rows, finished episodes and the trainer's own generators (numpy: seeds and
+        minibatch orders and replay samples; torch: action samples) -- everything of a resumed run besides the
+        weights, the optimizer and the replay buffer."""
+        return {"num_iterations": self.num_iterations, "num_timesteps": self.num_timesteps,
+                "history": [dict(h) for h in self.history], "episodes_done": [list(e) for e in self.episodes_done],
+                "rng": self.rng.bit_generator.state, "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`'s output."""
+        self.num_iterations, self.num_timesteps = int(state["num_iterations"]), int(state["num_timesteps"])
+        self.history = [dict(h) for h in state["history"]]
+        self.episodes_done = [(int(s), bool(w), float(r)) for s, w, r in state["episodes_done"]]
+        self.rng.bit_generator.state = state["rng"]
+        self.generator.set_state(state["generator"])
+
     def train(self, total_timesteps: int, progress: bool = False, callback: Any = None) -> list[dict[str, float]]:
-        """Iterate until ``total_timesteps`` env steps were collected (at least one iteration)."""
+        """Iterate until ``total_timesteps`` env steps were collected since the start (counting a resumed run's
+        earlier steps; at least one iteration)."""
         bar = None
         if progress:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=total_timesteps, desc="GiGPO env steps", unit="step")
+            bar = tqdm(total=total_timesteps, initial=self.num_timesteps, desc="GiGPO env steps", unit="step")
         while True:
             s = self.iteration()
             if bar is not None:

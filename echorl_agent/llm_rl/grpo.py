@@ -21,9 +21,10 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+import echorl_envs  # noqa: F401 - registers the EchoRL/* ids the trainer makes
 from echorl_agent.llm.engine.config import GenerationResult, SamplingParams
 from echorl_agent.llm_rl.config import LLMPolicyConfig
-from echorl_agent.llm_rl.forward import causal, run_layers, token_logprobs
+from echorl_agent.llm_rl.forward import candidate_token_logprobs, causal, pack, run_layers, token_logprobs
 from echorl_agent.llm_rl.lm import TrainableLM
 
 __all__ = ["GRPOConfig", "GRPOTrainer", "Group"]
@@ -139,36 +140,66 @@ class GRPOTrainer:
         x = run_layers(parts, x, batch, b, lm.num_layers)
         return token_logprobs(parts, x, len(prompt) - 1, out.token_ids)
 
+    def group_logprobs(self, prompt: list[int], outs: list[GenerationResult]) -> list[torch.Tensor]:
+        """Learner log-probabilities of every completion's tokens (differentiable), all in one packed forward.
+
+        The sequence is ``[prompt, c_1, ..., c_n]``: the prompt rows run once and each completion attends to the
+        prompt and to its own earlier tokens (:func:`~echorl_agent.llm_rl.forward.pack`), so a group costs one
+        forward of ``|prompt| + sum |c_i|`` rows instead of ``n`` forwards of ``|prompt| + |c_i|``. Equal to
+        :meth:`completion_logprobs` of each completion (up to float rounding).
+        """
+        lm, parts, b = self.lm, self.lm.parts, self.lm.boundary
+        p = len(prompt)
+        batch = pack(p, [list(o.token_ids) for o in outs], lm.device)
+        captured = all(o.states is not None and o.states.shape[0] == p + len(o.token_ids) - 1 for o in outs)
+        if captured and outs:
+            # rows entering layer b as the engine computed them; a completion's last token is never an input to a
+            # needed row (nothing attends to it, its own output predicts past the completion), so it gets a zero row
+            zero = outs[0].states.new_zeros(1, outs[0].states.shape[1])
+            x = torch.cat([outs[0].states[:p]] + [torch.cat([o.states[p:], zero]) for o in outs]).to(lm.device)
+        else:
+            tokens = list(prompt) + [t for o in outs for t in o.token_ids]
+            with torch.no_grad():
+                x = run_layers(parts, parts.embed(torch.tensor(tokens, device=lm.device)), batch, 0, b)
+        x = run_layers(parts, x, batch, b, lm.num_layers)
+        return candidate_token_logprobs(parts, x, batch)
+
     def update(self, groups: list[Group]) -> dict[str, float]:
-        """One GRPO update over ``groups``; returns statistics."""
-        items = []
+        """One GRPO update over ``groups`` (one packed learner forward per group and epoch); returns statistics."""
+        items: list[tuple[Group, list[int], torch.Tensor]] = []  # group, its completions used, their advantages
         zero = 0
+        n_samples = 0
         for g in groups:
-            adv = g.advantages
             if np.allclose(g.rewards, g.rewards[0]):
                 zero += 1
                 continue
-            for out, a in zip(g.completions, adv, strict=True):
-                if out.token_ids:
-                    items.append((g.prompt, out, float(a)))
+            keep = [i for i, o in enumerate(g.completions) if o.token_ids]
+            if keep:
+                items.append((g, keep, torch.tensor(g.advantages[keep], dtype=torch.float32)))
+                n_samples += len(keep)
         stats = {"reward_mean": float(np.mean([g.rewards.mean() for g in groups])),
-                 "frac_zero_std": zero / len(groups), "num_samples": float(len(items))}
+                 "frac_zero_std": zero / len(groups), "num_samples": float(n_samples)}
         if not items:
             return {**stats, "loss": 0.0, "is_weight_mean": 1.0}
-        with torch.no_grad():
-            olds = [self.completion_logprobs(p, o).detach() for p, o, _ in items]
-        weights = [torch.exp(old - torch.tensor(o.logprobs, dtype=old.dtype)).clamp(max=self.cfg.lm.is_truncation)
-                   for old, (_, o, _) in zip(olds, items, strict=True)]
+
         eps = self.cfg.clip_range
+        olds: list[list[torch.Tensor]] = []  # learner log-probs before the update: epoch 0's forward, detached
+        weights: list[list[torch.Tensor]] = []  # truncated IS weights min(pi_learner_old / pi_rollout, C)
         losses = []
-        for _ in range(self.cfg.epochs):
+        for epoch in range(self.cfg.epochs):
             self.optimizer.zero_grad()
             total = 0.0
-            for (p, o, a), old, w in zip(items, olds, weights, strict=True):
-                new = self.completion_logprobs(p, o)
-                ratio = torch.exp(new - old)
-                surrogate = torch.min(ratio * a, ratio.clamp(1 - eps, 1 + eps) * a)
-                loss = -(w * surrogate).mean() / len(items)
+            for gi, (g, keep, adv) in enumerate(items):
+                news = self.group_logprobs(g.prompt, [g.completions[i] for i in keep])
+                if epoch == 0:  # no optimizer step has run yet: these are the old log-probs
+                    olds.append([n.detach() for n in news])
+                    weights.append([torch.exp(old - torch.tensor(g.completions[i].logprobs, dtype=old.dtype))
+                                    .clamp(max=self.cfg.lm.is_truncation) for old, i in zip(olds[gi], keep, strict=True)])
+                loss = torch.zeros(())
+                for new, old, w, a in zip(news, olds[gi], weights[gi], adv, strict=True):
+                    ratio = torch.exp(new - old)
+                    surrogate = torch.min(ratio * a, ratio.clamp(1 - eps, 1 + eps) * a)
+                    loss = loss - (w * surrogate).mean() / n_samples
                 loss.backward()
                 total += float(loss.detach())
             torch.nn.utils.clip_grad_norm_(self.lm.trainable_parameters(), self.cfg.max_grad_norm)
@@ -176,7 +207,7 @@ class GRPOTrainer:
             losses.append(total)
         self.lm.sync()
         return {**stats, "loss": float(np.mean(losses)),
-                "is_weight_mean": float(torch.cat(weights).mean())}
+                "is_weight_mean": float(torch.cat([w for w_g in weights for w in w_g]).mean())}
 
     def warm_start(self, seeds: list[int], epochs: int = 2, batch_size: int = 8) -> list[float]:
         """Supervised warm start on the env's oracle answers (``info["expert_action"]``); mean loss per epoch.
@@ -231,15 +262,22 @@ class GRPOTrainer:
             log.info("GRPO step %d: reward %.3f, zero-std groups %.2f", s["step"], s["reward_mean"], s["frac_zero_std"])
         return self.history
 
-    def evaluate(self, seeds: list[int], temperature: float = 0.0) -> np.ndarray:
-        """Success (reward > 0) of one completion per task ``seed`` (greedy with ``temperature=0``)."""
-        wins = []
-        for s in seeds:
-            prompt = self.prompt_ids(s)
-            out = self.lm.engine.generate([prompt], SamplingParams(max_tokens=self.cfg.max_tokens,
-                                                                   temperature=temperature, seed=s))[0]
-            wins.append(self.judge(s, out.text) > 0)
-        return np.asarray(wins, dtype=bool)
+    def answers(self, seeds: list[int], temperature: float = 0.0, batch: int = 32) -> list[str]:
+        """One completion per task ``seed`` (greedy with ``temperature=0``; sampling seeded by the task seed),
+        ``batch`` tasks per batched decode."""
+        texts: list[str] = []
+        eng = self.lm.engine
+        for lo in range(0, len(seeds), batch):
+            futs = [eng.submit(self.prompt_ids(s), SamplingParams(max_tokens=self.cfg.max_tokens,
+                                                                 temperature=temperature, seed=s))
+                    for s in seeds[lo : lo + batch]]
+            texts.extend(eng.wait(f).text for f in futs)
+        return texts
+
+    def evaluate(self, seeds: list[int], temperature: float = 0.0, batch: int = 32) -> np.ndarray:
+        """Success (the env's reward > 0) of one completion per task ``seed`` (see :meth:`answers`)."""
+        texts = self.answers(seeds, temperature, batch)
+        return np.asarray([self.judge(s, t) > 0 for s, t in zip(seeds, texts, strict=True)], dtype=bool)
 
     def config_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self.cfg)

@@ -13,7 +13,8 @@ truncated episode lists no admissible action and gets a value-only record (SB3 b
 Output folder: ``curve.csv`` (env steps, rolling training success, episode return), ``model.zip`` (SB3 format;
 adapters inside; PPO methods), ``adapter/`` (peft format), ``tb/`` (TensorBoard: SB3's ``train/*`` and ``rollout/*``
 keys; GiGPO's ``train/*``, ``rollout/*`` and ``time/*``), ``gigpo.csv`` (GiGPO: one row per iteration),
-``bc.json`` (BC warm start), ``config.json``.
+``bc.json`` (BC warm start), ``config.json``, ``checkpoint/`` (every ``checkpoint_every`` iterations and at the end;
+``train_llm(cfg, resume=True)`` continues from it, see :mod:`echorl_agent.llm_rl.checkpoint`).
 """
 
 from __future__ import annotations
@@ -85,6 +86,9 @@ class LLMTrainConfig:
     """:class:`~echorl_agent.llm_rl.config.LLMPolicyConfig` / PlanningConfig fields."""
     grpo_kwargs: dict[str, Any] = field(default_factory=dict)
     """:class:`~echorl_agent.llm_rl.grpo.GRPOConfig` fields (``grpo``)."""
+    checkpoint_every: int = 10
+    """Write ``<out>/checkpoint/`` every this many iterations (GiGPO iterations, PPO rollout+update rounds) and at
+    the end; 0: at the end only. Not for ``grpo``."""
     out: str | None = None
     progress: bool = False
 
@@ -109,6 +113,9 @@ class LLMTrainConfig:
         elif self.method in ("ppo", "bc+ppo", "echoppo") and (self.n_steps * self.n_envs) % self.batch_size:
             raise ValueError(f"batch_size must divide n_steps * n_envs, got batch_size={self.batch_size}, "
                              f"n_steps={self.n_steps}, n_envs={self.n_envs}")
+        if isinstance(self.checkpoint_every, bool) or not isinstance(self.checkpoint_every, int) \
+                or self.checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be an int >= 0, got checkpoint_every={self.checkpoint_every!r}")
         if self.gamma is not None and not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"gamma must be in [0, 1], got gamma={self.gamma!r}")
         import echorl_envs
@@ -158,19 +165,45 @@ class _Curve:
             w.writerows(self.rows)
 
 
-def train_llm(cfg: LLMTrainConfig, lm: Any = None):
-    """Train as ``cfg`` says; returns the trained model (an :class:`LLMPPO`) or a :class:`GRPOTrainer`."""
+def train_llm(cfg: LLMTrainConfig, lm: Any = None, resume: bool = False):
+    """Train as ``cfg`` says; returns the trained model (an :class:`LLMPPO`), a :class:`GiGPOTrainer` or a
+    :class:`GRPOTrainer`.
+
+    Args:
+        cfg: what to run.
+        lm: an already loaded :class:`~echorl_agent.llm_rl.lm.TrainableLM` to train (default: load ``cfg``'s model).
+        resume: continue the run whose checkpoint is in ``<cfg.out>/checkpoint/``: ``cfg.train_steps`` counts from
+            the start of that run (a finished run is returned as it is, with a warning), curve.csv and gigpo.csv
+            keep their earlier rows, TensorBoard goes on at the checkpoint's env step. GiGPO/echorl resume exactly;
+            PPO methods restart the episodes in progress (a warning says so).
+
+    Raises:
+        FileNotFoundError: ``resume`` and no checkpoint in ``cfg.out``.
+        ValueError: ``resume`` with a corrupt or incomplete checkpoint, or with a config that differs from the
+            checkpoint's in anything but ``train_steps``, ``checkpoint_every``, ``out``, ``progress``.
+    """
     import torch
 
+    from echorl_agent.llm_rl import checkpoint as ckpt
+
     out = Path(cfg.out) if cfg.out else None
-    if out is not None:
+    opened = None
+    if resume:
+        if out is None:
+            raise ValueError("resume needs the output folder of the run to continue, got out=None")
+        opened = ckpt.open_checkpoint(out, cfg)  # fails before any model is loaded
+    elif out is not None and (out / ckpt.CHECKPOINT).is_dir() and cfg.method != "grpo":
+        warnings.warn(f"{out / ckpt.CHECKPOINT} holds a checkpoint of an earlier run; this fresh run replaces it at its "
+                      "first save (pass resume=True, or --resume, to continue that run instead)", stacklevel=2)
+    finished = opened is not None and opened[1]["timesteps"] >= cfg.train_steps
+    if out is not None and not finished:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
     torch.manual_seed(cfg.seed)
     if cfg.method == "grpo":
         return _train_grpo(cfg, out, lm)
     if "gigpo" in cfg.method or cfg.method == "echorl":
-        return _train_gigpo(cfg, out, lm)
+        return _train_gigpo(cfg, out, lm, opened)
     from stable_baselines3.common.monitor import Monitor
     from stable_baselines3.common.vec_env import DummyVecEnv
 
@@ -192,16 +225,28 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None):
     model = LLMPPO("LLMPolicy", vec, n_steps=cfg.n_steps, batch_size=cfg.batch_size, n_epochs=cfg.n_epochs,
                     learning_rate=cfg.learning_rate, ent_coef=cfg.ent_coef, seed=cfg.seed, verbose=0,
                     gamma=0.99 if cfg.gamma is None else cfg.gamma, tensorboard_log=tb, policy_kwargs=pk)
-    if cfg.method in ("bc", "bc+ppo", "echoppo"):
-        _bc_warm_start(cfg, model.policy, out)  # PPO's own schedule sets the learning rate again at every update
     curve = _Curve(out / "curve.csv" if out is not None else None)
-    if cfg.method != "bc" and cfg.train_steps > 0:
+    if opened is not None:
+        ckpt.load_ppo(model, curve, opened)
+        vec.seed(cfg.seed + model.num_timesteps)  # new episodes, not a replay of the run's first ones
+    elif cfg.method in ("bc", "bc+ppo", "echoppo"):
+        _bc_warm_start(cfg, model.policy, out)  # PPO's own schedule sets the learning rate again at every update
+    todo = 0 if cfg.method == "bc" else cfg.train_steps - model.num_timesteps
+    if opened is not None and todo <= 0:
+        _finished(cfg, model.num_timesteps)
+        vec.close()
+        return model
+    if todo > 0:
         rollout = cfg.n_steps * cfg.n_envs
         if cfg.train_steps % rollout:
             warnings.warn(f"train_steps={cfg.train_steps} is not a multiple of n_steps * n_envs = {rollout}: PPO "
                           f"collects whole rollouts, so {-(-cfg.train_steps // rollout) * rollout} env steps run",
                           stacklevel=2)
-        model.learn(cfg.train_steps, callback=curve.callback, progress_bar=cfg.progress, tb_log_name="llm")
+        callbacks = [curve.callback]
+        if out is not None and cfg.checkpoint_every:
+            callbacks.append(ckpt.ppo_checkpoint_callback(cfg, curve, out, rollout))
+        model.learn(todo, callback=callbacks, progress_bar=cfg.progress, tb_log_name="llm",
+                    reset_num_timesteps=opened is None)
         if not curve.rows:
             warnings.warn("no training episode finished: curve.csv has only its header (raise train_steps or "
                           "lower max_episode_steps)", stacklevel=2)
@@ -210,8 +255,15 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None):
         model.save(out / "model.zip")
         if model.policy.cfg.lora_rank > 0:
             model.policy.lm.save_adapter(out / "adapter")
+        ckpt.save_ppo(model, curve, cfg, out)
     vec.close()
     return model
+
+
+def _finished(cfg: LLMTrainConfig, timesteps: int, stacklevel: int = 3) -> None:
+    """Warn (at ``train_llm``'s caller) that a resumed run has nothing left to do."""
+    warnings.warn(f"nothing to resume: the checkpoint in {cfg.out} is at {timesteps} env steps, train_steps="
+                  f"{cfg.train_steps} (raise train_steps to train on)", stacklevel=stacklevel)
 
 
 def _train_grpo(cfg: LLMTrainConfig, out: Path | None, lm: Any):
@@ -257,7 +309,8 @@ def _bc_warm_start(cfg: LLMTrainConfig, policy: Any, out: Path | None) -> None:
                                                  "episodes": data.episodes, "expert_wins": data.successes}))
 
 
-def _train_gigpo(cfg: LLMTrainConfig, out: Path | None, lm: Any):
+def _train_gigpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = None):
+    from echorl_agent.llm_rl import checkpoint as ckpt
     from echorl_agent.llm_rl.gigpo import GiGPOConfig, GiGPOTrainer
 
     pk = dict(cfg.policy_kwargs)
@@ -283,14 +336,20 @@ def _train_gigpo(cfg: LLMTrainConfig, out: Path | None, lm: Any):
         env = make_llm_env(cfg.env_id, cfg.history, cfg.max_episode_steps, env_kwargs=cfg.env_kwargs)
         policy = LLMPolicy(env.observation_space, env.action_space, ConstantSchedule(cfg.learning_rate), lm=lm, **pk)
     trainer = GiGPOTrainer(gcfg, policy)
-    if cfg.method == "bc+gigpo":
+    if opened is not None:
+        ckpt.load_gigpo(trainer, opened)  # the weights after the BC warm start are in it
+        if trainer.num_timesteps >= cfg.train_steps:
+            _finished(cfg, trainer.num_timesteps, stacklevel=4)
+            return trainer
+    elif cfg.method == "bc+gigpo":
         _bc_warm_start(cfg, trainer.policy, out)
     writer = None
     if out is not None:
         try:
             from torch.utils.tensorboard import SummaryWriter
 
-            writer = SummaryWriter(str(out / "tb"))
+            # a resumed run hides what the interrupted one logged after its checkpoint
+            writer = SummaryWriter(str(out / "tb"), purge_step=trainer.num_timesteps + 1 if opened else None)
         except ImportError:  # pragma: no cover - tensorboard is an SB3 extra
             writer = None
 
@@ -307,23 +366,38 @@ def _train_gigpo(cfg: LLMTrainConfig, out: Path | None, lm: Any):
                          ("learner_s", "time/learner_s")):
             writer.add_scalar(tag, s[key], step)
 
-    if cfg.train_steps > 0:
-        trainer.train(cfg.train_steps, progress=cfg.progress, callback=log_iteration)
+    def after_iteration(s: dict[str, float]) -> None:
+        log_iteration(s)
+        every = cfg.checkpoint_every
+        if out is not None and every and trainer.num_iterations % every == 0 and trainer.num_timesteps < cfg.train_steps:
+            if writer is not None:
+                writer.flush()
+            _write_gigpo_rows(trainer, out)
+            ckpt.save_gigpo(trainer, cfg, out)
+
+    if cfg.train_steps > trainer.num_timesteps:
+        trainer.train(cfg.train_steps, progress=cfg.progress, callback=after_iteration)
     if writer is not None:
         writer.close()
     if out is not None:
-        recent: deque[float] = deque(maxlen=20)
-        with open(out / "curve.csv", "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["timesteps", "success_rate", "return"])
-            for steps, won, ret in trainer.episodes_done:
-                recent.append(float(won))
-                w.writerow([steps, float(np.mean(recent)), ret])
-        if trainer.history:
-            with open(out / "gigpo.csv", "w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=list(trainer.history[0]))
-                w.writeheader()
-                w.writerows(trainer.history)
+        _write_gigpo_rows(trainer, out)
         if trainer.policy.cfg.lora_rank > 0:
             trainer.policy.lm.save_adapter(out / "adapter")
+        ckpt.save_gigpo(trainer, cfg, out)
     return trainer
+
+
+def _write_gigpo_rows(trainer: Any, out: Path) -> None:
+    """curve.csv and gigpo.csv with every row since the run's start (a resumed run's trainer holds the earlier ones)."""
+    recent: deque[float] = deque(maxlen=20)
+    with open(out / "curve.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["timesteps", "success_rate", "return"])
+        for steps, won, ret in trainer.episodes_done:
+            recent.append(float(won))
+            w.writerow([steps, float(np.mean(recent)), ret])
+    if trainer.history:
+        with open(out / "gigpo.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(trainer.history[0]))
+            w.writeheader()
+            w.writerows(trainer.history)

@@ -15,8 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 import warnings
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -24,6 +22,7 @@ from pathlib import Path
 
 from echorl_envs.alfworld.generator import GeneratorConfig, make_game_spec, mark_solvable, write_game
 from echorl_envs.alfworld.scenes import TASK_TYPES
+from echorl_envs.core import build_once, cache_root
 
 __all__ = [
     "GENERATOR_VERSION",
@@ -44,18 +43,6 @@ SPLITS = ("train", "valid_seen", "valid_unseen")
 SPLIT_SEED_BASE = {"train": 0, "valid_seen": 10_000_000, "valid_unseen": 20_000_000}
 #: Candidate seeds tried for one index before giving up.
 MAX_ATTEMPTS = 8
-
-
-def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    """``cache_dir`` if given, else ``$ECHORL_CACHE_DIR``, else the user cache dir (platformdirs)."""
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    env = os.environ.get("ECHORL_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("echorl"))
 
 
 def normalize_split(split: str) -> str:
@@ -151,23 +138,12 @@ class GeneratedPool:
     def _ensure(self, task_type: str, seed: int) -> Path:
         spec = make_game_spec(task_type, seed, self.config)
         final = self.root / spec.dir_name / f"trial_echorl_{seed:08d}"
-        game = final / "game.tw-pddl"
-        if game.exists():
-            return game
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=self.root))
-        try:
+
+        def build(tmp: Path) -> None:
             write_game(spec, tmp, seed)
             mark_solvable(tmp / "game.tw-pddl", solve_with_expert(tmp / "game.tw-pddl"))
-            final.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.rename(tmp, final)  # atomic: parallel workers may race to create the same game
-            except OSError:
-                if not game.exists():
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return game
+
+        return build_once(final, build, "game.tw-pddl")
 
 
 def find_games(data_path: str | os.PathLike, split: str, task_types: Sequence[str]) -> list[Path]:

@@ -1,4 +1,5 @@
-"""The text-environment protocol: base classes, spaces, action matching, info keys and the engine host."""
+"""The text-environment protocol: base classes, spaces, action matching, info keys, the engine host and
+the cache folder."""
 
 from echorl_envs.core.actions import ActionMatch, match_action, normalize_action, to_printable
 from echorl_envs.core.base import (
@@ -10,6 +11,7 @@ from echorl_envs.core.base import (
     Transition,
     text_space,
 )
+from echorl_envs.core.cache import build_once, cache_root
 from echorl_envs.core.engine_calls import (
     EngineError,
     EngineHost,
@@ -34,6 +36,8 @@ __all__ = [
     "ReplayPickledEnv",
     "TextEnv",
     "Transition",
+    "build_once",
+    "cache_root",
     "match_action",
     "normalize_action",
     "text_space",

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from echorl_envs.core import DatasetTextEnv, InvalidAction, Transition
+from echorl_envs.core import DatasetTextEnv, InvalidAction, Transition, cache_root
 from echorl_envs.cruxeval.env import file_items, generated_items, strip_fences
 from echorl_envs.cruxeval.judge import JUDGE_CONFIG, Wording, check_max_attempts, resolve_data_path, verdict
 from echorl_envs.cruxeval.mutations import mutants
@@ -67,12 +67,7 @@ def parse_repair(answer: str) -> str:
 
 
 def _cache_dir() -> Path:
-    root = os.environ.get("ECHORL_CACHE_DIR")
-    if root:
-        return Path(root) / "cruxeval_repair"
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("echorl")) / "cruxeval_repair"
+    return cache_root() / "cruxeval_repair"
 
 
 def _order(item_id: str, n: int, seed: int) -> list[int]:

@@ -24,6 +24,7 @@ import bm25s
 import numpy as np
 import Stemmer
 
+from echorl_envs.core import cache_root
 from echorl_envs.webshop.catalogue import Catalogue, Product
 
 __all__ = ["ProductSearch", "SEARCH_RETURN_N", "PRODUCT_WINDOW", "DISK_CACHE_MIN_PRODUCTS", "default_cache_dir", "search_for"]
@@ -116,12 +117,7 @@ class ProductSearch:
 
 def default_cache_dir() -> Path:
     """``$ECHORL_CACHE_DIR/webshop`` if set, else the platform's user cache folder for echorl."""
-    root = os.environ.get("ECHORL_CACHE_DIR")
-    if root:
-        return Path(root).expanduser() / "webshop"
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("echorl")) / "webshop"
+    return cache_root() / "webshop"
 
 
 def search_for(catalogue: Catalogue) -> ProductSearch:

@@ -10,12 +10,17 @@ from typing import Any
 from echorl_agent.llm.engine.prefix_cache import PrefixCacheConfig
 from echorl_agent.llm.engine.scheduler import SchedulerConfig
 
-__all__ = ["EngineConfig", "SamplingParams", "GenerationResult", "ScoreResult", "WEIGHT_DTYPES", "check_weight_dtype"]
+__all__ = [
+    "EngineConfig", "SamplingParams", "GenerationResult", "ScoreResult", "QUANTIZED_BITS", "WEIGHT_DTYPES",
+    "check_weight_dtype",
+]
 
+#: The packed weight dtypes of :class:`~echorl_agent.llm.quant.linear.QuantizedLinear` and their bits per weight.
+QUANTIZED_BITS = {"int8": 8, "int4": 4}
 #: Values of ``EngineConfig.weight_dtype``: "float32" (the model's own weights, exact), "int8" and "int4" (packed
 #: copies for the CPU decode kernel, :mod:`echorl_agent.llm.quant.linear`). The one list: the engine's check, ``echorl
-#: serve --weight-dtype`` and the learner's engine option read it.
-WEIGHT_DTYPES = ("float32", "int8", "int4")
+#: serve --weight-dtype``, the quantized linears and the learner's engine option read it.
+WEIGHT_DTYPES = ("float32", *QUANTIZED_BITS)
 
 
 def check_weight_dtype(weight_dtype: str) -> str:

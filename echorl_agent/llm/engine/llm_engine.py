@@ -223,6 +223,17 @@ class LLMEngine(_RequestsMixin):
             self.on_weights_updated(list(state))
             return self.cache.invalidate()
 
+    def reset_prefix_cache(self, weight_version: int | None = None) -> None:
+        """Empty the prefix cache, optionally continuing at ``weight_version`` (see :meth:`PrefixCache.reset`).
+
+        Raises:
+            RuntimeError: requests are in flight.
+        """
+        with self._lock:
+            if self.has_work():
+                raise RuntimeError("reset_prefix_cache while requests are in flight; wait for them to finish")
+            self.cache.reset(weight_version)
+
     def on_weights_updated(self, names: list[str]) -> None:
         """Hook run after :meth:`update_weights` copied ``names``: re-packs the changed quantized linears."""
         self.runner.refresh_weights(names)

@@ -146,6 +146,30 @@ class PrefixCache:
         self._root = self.weight_version
         return self.weight_version
 
+    def reset(self, weight_version: int | None = None) -> None:
+        """Forget every cached block (all blocks become never-hashed free blocks), optionally continuing at
+        ``weight_version`` (a resumed training run goes on counting from its checkpoint's version).
+
+        Since nothing stays registered, no KV of other weights is reachable whatever the version number, so the
+        version may go back as well as forward.
+
+        Raises:
+            RuntimeError: a block is still referenced (a request is in flight).
+        """
+        busy = [b.id for b in self.blocks if b.ref_count]
+        if busy:
+            raise RuntimeError(f"reset with {len(busy)} blocks in use; wait for the requests to finish")
+        for blk in self.blocks:
+            blk.hash, blk.tokens = None, ()
+        self._hash_to_block.clear()
+        self._free_cached.clear()
+        self._free_plain = list(range(self.num_blocks - 1, -1, -1))
+        if weight_version is not None:
+            if isinstance(weight_version, bool) or not isinstance(weight_version, int) or weight_version < 0:
+                raise ValueError(f"weight_version must be an int >= 0, got weight_version={weight_version!r}")
+            self.weight_version = weight_version
+            self._root = weight_version or None
+
     # ------------------------------------------------------------------ queries
     @property
     def num_blocks(self) -> int:

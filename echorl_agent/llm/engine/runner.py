@@ -25,7 +25,6 @@ from echorl_agent.llm.quant.fused_decode import FusedDecoder
 from echorl_agent.llm.quant.linear import (
     KERNEL_ROWS,
     QuantizedLinear,
-    check_weight_dtype,
     linear_names,
     quantize_model_linears,
 )
@@ -122,8 +121,8 @@ class ModelRunner:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.attention_backend = attention_backend
-        self.weight_dtype = check_weight_dtype(weight_dtype)
-        self.quantized: dict[str, QuantizedLinear] = quantize_model_linears(model, weight_dtype)
+        self.quantized: dict[str, QuantizedLinear] = quantize_model_linears(model, weight_dtype)  # checks the name
+        self.weight_dtype = weight_dtype
         self._quant_of = {model.get_submodule(name): q for name, q in self.quantized.items()}  # module -> packed
         modeling = importlib.import_module(type(self.layers[0].self_attn).__module__)
         self._apply_rope = modeling.apply_rotary_pos_emb

@@ -10,11 +10,12 @@ and all candidates run in one batched forward.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from echorl_agent.llm.engine.config import ScoreResult
 from echorl_agent.llm.engine.prefix_cache import PrefixCache
 from echorl_agent.llm.engine.runner import ModelRunner, SeqChunk
 
@@ -49,6 +50,13 @@ def _candidate_logprob(first: torch.Tensor, rest: torch.Tensor | None, cand: Seq
     return total
 
 
+def _check_request(prompt: Sequence[int], candidates: Sequence[Sequence[int]]) -> None:
+    if not prompt:
+        raise ValueError("the prompt is empty; scoring needs at least one prompt token")
+    if not candidates or any(len(c) == 0 for c in candidates):
+        raise ValueError("candidates must be a non-empty list of non-empty token lists")
+
+
 def score_candidates(
     runner: ModelRunner,
     cache: PrefixCache,
@@ -57,7 +65,7 @@ def score_candidates(
     share_prefix: bool = True,
     soft: SoftTokens | None = None,
     capture: bool = False,
-):
+) -> ScoreResult:
     """Log-likelihoods of ``candidates`` after ``prompt`` (see the module docstring).
 
     Args:
@@ -70,29 +78,30 @@ def score_candidates(
     Returns:
         :class:`echorl_agent.llm.engine.ScoreResult`.
     """
-    from echorl_agent.llm.engine.config import ScoreResult
-
     if (soft is not None or capture) and not share_prefix:
         raise ValueError("soft tokens and capture need share_prefix=True")
-    if not prompt:
-        raise ValueError("the prompt is empty; scoring needs at least one prompt token")
-    if not candidates or any(len(c) == 0 for c in candidates):
-        raise ValueError("candidates must be a non-empty list of non-empty token lists")
+    _check_request(prompt, candidates)
     if not share_prefix:
-        p, out, computed = len(prompt), [], 0
-        for c in candidates:
-            tokens = prompt + c
-            alloc = cache.allocate(tokens, record_stats=False, use_cache=False)
-            try:
-                (lg,) = runner.forward([SeqChunk(tokens, 0, alloc.block_table, all_logits=True)])
-            finally:
-                cache.release(alloc.block_table)
-            computed += len(tokens)
-            out.append(_candidate_logprob(lg[p - 1], lg[p:], c))
-        return ScoreResult(out, [len(c) for c in candidates], 0, computed)
-
+        return _score_unshared(runner, cache, prompt, candidates)
     (res,) = score_batch(runner, cache, [prompt], [candidates], [soft], capture)
     return res
+
+
+def _score_unshared(
+    runner: ModelRunner, cache: PrefixCache, prompt: list[int], candidates: list[list[int]]
+) -> ScoreResult:
+    """The naive baseline: every candidate recomputes the whole prompt, ``N (p + s)`` token forwards."""
+    p, out, computed = len(prompt), [], 0
+    for c in candidates:
+        tokens = prompt + c
+        alloc = cache.allocate(tokens, record_stats=False, use_cache=False)
+        try:
+            (lg,) = runner.forward([SeqChunk(tokens, 0, alloc.block_table, all_logits=True)])
+        finally:
+            cache.release(alloc.block_table)
+        computed += len(tokens)
+        out.append(_candidate_logprob(lg[p - 1], lg[p:], c))
+    return ScoreResult(out, [len(c) for c in candidates], 0, computed)
 
 
 def score_batch(
@@ -102,7 +111,7 @@ def score_batch(
     candidates: Sequence[list[list[int]]],
     soft: Sequence[SoftTokens | None] | None = None,
     capture: bool = False,
-):
+) -> list[ScoreResult]:
     """Score the candidates of several prompts in two batched forwards (many envs of one rollout step).
 
     All prompts' uncached tokens run in one forward (each prompt's leading blocks may come from the prefix cache),
@@ -126,21 +135,35 @@ def score_batch(
     if len(softs) != n:
         raise ValueError(f"soft must have one entry per prompt: {len(softs)} for {n} prompts")
     for p, cands in zip(prompts, candidates, strict=True):
-        if not p:
-            raise ValueError("the prompt is empty; scoring needs at least one prompt token")
-        if not cands or any(len(c) == 0 for c in cands):
-            raise ValueError("candidates must be a non-empty list of non-empty token lists")
+        _check_request(p, cands)
+    owner = _first_copies(prompts, candidates, softs)
+    results: dict[int, ScoreResult] = {}
+    for take in _pool_sized_groups(cache, prompts, candidates, [i for i in range(n) if owner[i] == i]):
+        group = _score_group(runner, cache, [prompts[i] for i in take], [candidates[i] for i in take],
+                             [softs[i] for i in take], capture)
+        results.update(zip(take, group, strict=True))
+    return [results[owner[i]] for i in range(n)]
+
+
+def _first_copies(prompts: Sequence[list[int]], candidates: Sequence[list[list[int]]], softs: list) -> list[int]:
+    """Per request, the index of its first exact duplicate (itself when it is the first or has soft tokens)."""
     owner: list[int] = []
     first_of: dict[tuple, int] = {}
-    for i in range(n):
-        if softs[i] is None:
-            key = (tuple(prompts[i]), tuple(tuple(c) for c in candidates[i]))
-            owner.append(first_of.setdefault(key, i))
+    for i, (p, cands, s) in enumerate(zip(prompts, candidates, softs, strict=True)):
+        if s is None:
+            owner.append(first_of.setdefault((tuple(p), tuple(tuple(c) for c in cands)), i))
         else:
             owner.append(i)
-    todo = [i for i in range(n) if owner[i] == i]
-    results: dict[int, object] = {}
-    # sub-batches whose prompts (and a block per candidate) fit the pool together
+    return owner
+
+
+def _pool_sized_groups(
+    cache: PrefixCache, prompts: Sequence[list[int]], candidates: Sequence[list[list[int]]], todo: list[int]
+) -> Iterator[list[int]]:
+    """Consecutive runs of ``todo`` whose prompts (and a block per candidate) fit the free blocks together.
+
+    The free blocks are counted when each run is taken, after the previous run has released its blocks.
+    """
     while todo:
         budget = max(1, cache.num_free_blocks)
         take, need = [], 0
@@ -151,98 +174,178 @@ def score_batch(
             take.append(i)
             need += blocks
         todo = todo[len(take):]
-        for i, r in zip(take, _score_group(runner, cache, [prompts[i] for i in take],
-                                            [candidates[i] for i in take], [softs[i] for i in take], capture),
-                        strict=True):
-            results[i] = r
-    return [results[owner[i]] for i in range(n)]
+        yield take
 
 
-def _score_group(runner, cache, prompts, candidates, softs, capture):
-    """:func:`score_batch` for prompts that fit the pool together."""
-    from echorl_agent.llm.engine.config import ScoreResult
+@dataclass
+class _Contexts:
+    """Per prompt of a group, the context the candidates continue: the prompt, then its soft tokens if any."""
 
-    bs = cache.block_size
-    allocs, tables, hashes = [], [], []
+    tables: list[list[int]]
+    """Block table of each context (the prompt's allocation, extended by the soft tokens' blocks)."""
+    lens: list[int]
+    """Context lengths in tokens (prompt + soft tokens)."""
+    firsts: list[torch.Tensor]
+    """Logits after each context's last token (they predict every candidate's first token)."""
+    lasts: list[torch.Tensor]
+    """Final hidden state of each context's last token."""
+
+
+def _score_group(
+    runner: ModelRunner,
+    cache: PrefixCache,
+    prompts: list[list[int]],
+    candidates: list[list[list[int]]],
+    softs: list,
+    capture: bool,
+) -> list[ScoreResult]:
+    """:func:`score_batch` for prompts that fit the pool together: prefill, soft tokens, candidates, results."""
+    allocs = []
     try:
         for p in prompts:
-            a = cache.allocate(p)
-            allocs.append(a)
-            tables.append(a.block_table)
-            hashes.append(list(a.block_hashes))
-        # 1. every prompt's uncached tokens in one forward
-        chunks = [SeqChunk(p[a.num_cached_tokens :], a.num_cached_tokens, a.block_table)
-                  for p, a in zip(prompts, allocs, strict=True)]
-        firsts, lasts = runner.forward(chunks, return_hidden=True)
-        for p, t, h in zip(prompts, tables, hashes, strict=True):
-            _register_full(cache, t, p, h)
-        # 2. soft tokens (EchoRL's plan, computed from the prompt's own activations), one forward for all
-        lens = [len(p) for p in prompts]
-        resolved = []
-        for k, s in enumerate(softs):
-            if callable(s):
-                states = runner.gather_hidden(tables[k], 0, lens[k]) if runner.h_pool is not None else None
-                s = s(states, lasts[k])
-            resolved.append(s)
-        soft_rows = [k for k, s in enumerate(resolved) if s is not None]
-        if soft_rows:
-            soft_chunks = []
-            for k in soft_rows:
-                m = resolved[k].embeds.shape[0]
-                while len(tables[k]) * bs < lens[k] + m:  # soft tokens extend the prompt's own, never-registered blocks
-                    tables[k].append(cache.append_block())
-                soft_chunks.append(SeqChunk([resolved[k].token_id] * m, lens[k], tables[k],
-                                            embeds=resolved[k].embeds, embeds_layer=resolved[k].layer))
-            f2, l2 = runner.forward(soft_chunks, return_hidden=True)
-            for j, k in enumerate(soft_rows):
-                firsts[k], lasts[k] = f2[j], l2[j]
-                lens[k] += resolved[k].embeds.shape[0]
-        extras = [{} for _ in prompts]
-        if capture:
-            for k, ex in enumerate(extras):
-                ex["hidden"] = lasts[k].clone()
-                if runner.h_pool is not None:
-                    ex["context_states"] = runner.gather_hidden(tables[k], 0, lens[k])
-                    ex["candidate_states"] = [None] * len(candidates[k])
-        # 3. every candidate of every prompt, sharing its prompt's full blocks (+ a copy of the partial one)
-        pairs = [(k, j) for k in range(len(prompts)) for j in range(len(candidates[k]))]
-        scores = [[0.0] * len(c) for c in candidates]
-        i = 0
-        while i < len(pairs):
-            group = []
-            free = cache.num_free_blocks
-            while i < len(pairs):
-                k, j = pairs[i]
-                c, p = candidates[k][j], lens[k]
-                full, partial = p // bs, p % bs
-                need = cache.num_blocks_needed(p + len(c)) - full
-                if need > free:
-                    break
-                free -= need
-                cache.share(tables[k][:full])
-                own = [cache.append_block() for _ in range(need)]
-                if partial:
-                    runner.copy_block(tables[k][full], own[0])
-                group.append((k, j, tables[k][:full] + own))
-                i += 1
-            if not group:
-                raise MemoryError("prefix cache full while scoring; raise PrefixCacheConfig.max_tokens")
-            try:
-                logits = runner.forward([SeqChunk(candidates[k][j], lens[k], t, all_logits=True) for k, j, t in group])
-                for k, j, t in group:
-                    if "candidate_states" in extras[k]:
-                        extras[k]["candidate_states"][j] = runner.gather_hidden(t, lens[k], lens[k] + len(candidates[k][j]))
-            finally:
-                for _, _, t in group:
-                    cache.release(t)
-            for (k, j, _), lg in zip(group, logits, strict=True):
-                scores[k][j] = _candidate_logprob(firsts[k], lg, candidates[k][j])
+            allocs.append(cache.allocate(p))
+        ctx = _prefill_prompts(runner, cache, prompts, allocs)
+        _append_soft_tokens(runner, cache, ctx, softs)
+        extras = _captured_context(runner, ctx, candidates) if capture else [{} for _ in prompts]
+        scores = _score_candidate_tokens(runner, cache, ctx, candidates, extras)
     finally:
-        for t in tables:
-            cache.release(t)
+        for a in allocs:
+            cache.release(a.block_table)  # the soft tokens' blocks were appended to it
+    return _assemble_results(cache, allocs, ctx.lens, candidates, scores, extras)
+
+
+def _prefill_prompts(runner: ModelRunner, cache: PrefixCache, prompts: list[list[int]], allocs: list) -> _Contexts:
+    """Step 1: every prompt's uncached tokens in one forward; its full blocks are published to the prefix cache."""
+    chunks = [SeqChunk(p[a.num_cached_tokens :], a.num_cached_tokens, a.block_table)
+              for p, a in zip(prompts, allocs, strict=True)]
+    firsts, lasts = runner.forward(chunks, return_hidden=True)
+    for p, a in zip(prompts, allocs, strict=True):
+        _register_full(cache, a.block_table, p, list(a.block_hashes))
+    return _Contexts([a.block_table for a in allocs], [len(p) for p in prompts], firsts, lasts)
+
+
+def _append_soft_tokens(runner: ModelRunner, cache: PrefixCache, ctx: _Contexts, softs: list) -> None:
+    """Step 2: soft tokens (EchoRL's plan, computed from the prompt's own activations), one forward for all.
+
+    A callable entry of ``softs`` is resolved here from the prompt's captured activations and last hidden state.
+    The soft tokens extend the prompt's own blocks, which are never registered, so their KV stays private to this
+    call. ``ctx`` moves past the soft tokens (tables, lengths, logits and hidden states).
+    """
+    resolved = []
+    for k, s in enumerate(softs):
+        if callable(s):
+            states = runner.gather_hidden(ctx.tables[k], 0, ctx.lens[k]) if runner.h_pool is not None else None
+            s = s(states, ctx.lasts[k])
+        resolved.append(s)
+    soft_rows = [k for k, s in enumerate(resolved) if s is not None]
+    if not soft_rows:
+        return
+    bs = cache.block_size
+    soft_chunks = []
+    for k in soft_rows:
+        m = resolved[k].embeds.shape[0]
+        while len(ctx.tables[k]) * bs < ctx.lens[k] + m:
+            ctx.tables[k].append(cache.append_block())
+        soft_chunks.append(SeqChunk([resolved[k].token_id] * m, ctx.lens[k], ctx.tables[k],
+                                    embeds=resolved[k].embeds, embeds_layer=resolved[k].layer))
+    f2, l2 = runner.forward(soft_chunks, return_hidden=True)
+    for j, k in enumerate(soft_rows):
+        ctx.firsts[k], ctx.lasts[k] = f2[j], l2[j]
+        ctx.lens[k] += resolved[k].embeds.shape[0]
+
+
+def _captured_context(runner: ModelRunner, ctx: _Contexts, candidates: list[list[list[int]]]) -> list[dict]:
+    """With ``capture=True``: per prompt, the last context token's hidden state and (runner capture on) the
+    context's activations, with a slot per candidate that :func:`_score_candidate_tokens` fills."""
+    extras = []
+    for k, last in enumerate(ctx.lasts):
+        ex = {"hidden": last.clone()}
+        if runner.h_pool is not None:
+            ex["context_states"] = runner.gather_hidden(ctx.tables[k], 0, ctx.lens[k])
+            ex["candidate_states"] = [None] * len(candidates[k])
+        extras.append(ex)
+    return extras
+
+
+def _score_candidate_tokens(
+    runner: ModelRunner, cache: PrefixCache, ctx: _Contexts, candidates: list[list[list[int]]], extras: list[dict]
+) -> list[list[float]]:
+    """Step 3: every candidate of every prompt, sharing its context's full blocks (+ a copy of the partial one).
+
+    Candidates run in batched forwards of as many as fit the free blocks; each one's blocks are released as soon
+    as its batch is done.
+
+    Returns:
+        Per prompt, the log-likelihood of each candidate.
+    """
+    pairs = [(k, j) for k in range(len(candidates)) for j in range(len(candidates[k]))]
+    scores = [[0.0] * len(c) for c in candidates]
+    lens = ctx.lens
+    i = 0
+    while i < len(pairs):
+        group = _share_context_blocks(runner, cache, ctx, candidates, pairs[i:])
+        i += len(group)
+        try:
+            logits = runner.forward([SeqChunk(candidates[k][j], lens[k], t, all_logits=True) for k, j, t in group])
+            for k, j, t in group:
+                if "candidate_states" in extras[k]:
+                    end = lens[k] + len(candidates[k][j])
+                    extras[k]["candidate_states"][j] = runner.gather_hidden(t, lens[k], end)
+        finally:
+            for _, _, t in group:
+                cache.release(t)
+        for (k, j, _), lg in zip(group, logits, strict=True):
+            scores[k][j] = _candidate_logprob(ctx.firsts[k], lg, candidates[k][j])
+    return scores
+
+
+def _share_context_blocks(
+    runner: ModelRunner,
+    cache: PrefixCache,
+    ctx: _Contexts,
+    candidates: list[list[list[int]]],
+    pairs: list[tuple[int, int]],
+) -> list[tuple[int, int, list[int]]]:
+    """Block tables for the leading ``pairs`` (prompt k, candidate j) that fit the free blocks: the context's full
+    blocks shared (ref counts) plus new blocks, the first holding a copy of the context's partial block.
+
+    Raises:
+        MemoryError: not even the first candidate fits.
+    """
+    bs = cache.block_size
+    group = []
+    free = cache.num_free_blocks
+    for k, j in pairs:
+        c, p, table = candidates[k][j], ctx.lens[k], ctx.tables[k]
+        full, partial = p // bs, p % bs
+        need = cache.num_blocks_needed(p + len(c)) - full
+        if need > free:
+            break
+        free -= need
+        cache.share(table[:full])
+        own = [cache.append_block() for _ in range(need)]
+        if partial:
+            runner.copy_block(table[full], own[0])
+        group.append((k, j, table[:full] + own))
+    if not group:
+        raise MemoryError("prefix cache full while scoring; raise PrefixCacheConfig.max_tokens")
+    return group
+
+
+def _assemble_results(
+    cache: PrefixCache,
+    allocs: list,
+    lens: list[int],
+    candidates: list[list[list[int]]],
+    scores: list[list[float]],
+    extras: list[dict],
+) -> list[ScoreResult]:
+    """Step 4: one :class:`ScoreResult` per prompt, and the token counts into the prefix cache's stats.
+
+    Candidates reuse the whole context's KV (KV_frozen) and compute only their own tokens.
+    """
     out = []
     for k, cands in enumerate(candidates):
-        # candidates reuse the whole prompt's KV (KV_frozen) and compute only their own tokens
         n_cand = sum(len(c) for c in cands)
         p, cached = lens[k], allocs[k].num_cached_tokens
         cache.stats.num_cached_tokens += p * len(cands)

@@ -43,7 +43,7 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 
-from echorl_agent.llm.engine.config import WEIGHT_DTYPES, check_weight_dtype
+from echorl_agent.llm.engine.config import QUANTIZED_BITS, WEIGHT_DTYPES, check_weight_dtype
 from echorl_agent.llm.quant import qkernel
 
 __all__ = [
@@ -113,12 +113,12 @@ class QuantizedLinear(torch.nn.Module):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: str) -> None:
         super().__init__()
-        if dtype not in ("int8", "int4"):
-            raise ValueError(f"QuantizedLinear dtype must be 'int8' or 'int4', got dtype={dtype!r}")
+        if dtype not in QUANTIZED_BITS:
+            raise ValueError(f"QuantizedLinear dtype must be one of {tuple(QUANTIZED_BITS)}, got dtype={dtype!r}")
         if weight.device.type != "cpu":
             raise ValueError(f"weight_dtype={dtype!r} runs on CPU only, got a weight on {weight.device}; use float32")
         self.dtype = dtype
-        self.bits = 8 if dtype == "int8" else 4
+        self.bits = QUANTIZED_BITS[dtype]
         self.out_features, self.in_features = weight.shape
         if self.in_features % GROUP:
             raise ValueError(f"{dtype} needs in_features divisible by {GROUP}, got in_features={self.in_features}")

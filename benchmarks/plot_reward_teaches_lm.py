@@ -1,0 +1,120 @@
+"""Figure for the README: success vs env steps of RL on the LM, mean and 95% CI over seeds, per study.
+
+Left: MiniGrid-Empty-Random-5x5, GiGPO from the pretrained SmolLM2 (``benchmarks/llm_rl_learning.py``, registered
+study §5): the rolling training success of each seed's ``curve.csv`` on a common env-step grid, and the held-out
+evaluation of frozen and GiGPO (both modes) as points with CIs over seeds. Right: single-turn GRPO on Arithmetic
+(``benchmarks/llm_rl_grpo.py``, §6): the training group reward per step (one env step = one judged completion) and
+the held-out success of the SFT start and of SFT + GRPO in both modes.
+
+Run: ``python benchmarks/plot_reward_teaches_lm.py`` (reads the committed results, writes ``docs/figures/reward_teaches_lm.png``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+from echorl_agent.eval.stats import paired_bootstrap  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def mean_ci(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Column-wise mean and 95% percentile-bootstrap CI over rows (seeds)."""
+    stats = np.array([paired_bootstrap(col) for col in values.T])
+    return stats[:, 0], stats[:, 1], stats[:, 2]
+
+
+def on_grid(steps: list[float], values: list[float], grid: np.ndarray) -> np.ndarray:
+    """A step function (the last value at or before each grid point; the first value before it starts)."""
+    idx = np.searchsorted(np.asarray(steps), grid, side="right") - 1
+    return np.asarray(values)[np.clip(idx, 0, len(values) - 1)]
+
+
+def gigpo_panel(ax, folder: Path) -> None:
+    curves = []
+    for f in sorted(folder.glob("gigpo-seed*/curve.csv")):
+        rows = list(csv.DictReader(f.open()))
+        if rows:
+            curves.append(([float(r["timesteps"]) for r in rows], [float(r["success_rate"]) for r in rows]))
+    if not curves:
+        ax.set_title(f"no GiGPO curves in {folder}")
+        return
+    grid = np.linspace(16, min(c[0][-1] for c in curves), 40)
+    m, lo, hi = mean_ci(np.stack([on_grid(s, v, grid) for s, v in curves]))
+    ax.plot(grid, m, color="C1", label=f"GiGPO training (rolling, sampled), {len(curves)} seeds")
+    ax.fill_between(grid, lo, hi, color="C1", alpha=0.2)
+    evals: dict[tuple[str, str], dict[int, list[bool]]] = defaultdict(lambda: defaultdict(list))
+    for line in (folder / "episodes.jsonl").open():
+        e = json.loads(line)
+        evals[(e["method"], e["mode"])][e["seed"]].append(bool(e["won"]))
+    x_end = grid[-1]
+    for (method, mode), by_seed in sorted(evals.items()):
+        per_seed = [np.mean(w) for w in by_seed.values()]
+        mu, a, b = paired_bootstrap(per_seed)
+        x = 0 if method == "frozen" else x_end
+        x += 6 if mode == "deterministic" else -6
+        ax.errorbar([x], [mu], yerr=[[mu - a], [b - mu]], fmt="o" if mode == "stochastic" else "s", capsize=3,
+                    color="C0" if method == "frozen" else "C1", label=f"{method} held-out, {mode}")
+    ax.set_xlabel("env steps (training)")
+    ax.set_ylabel("success")
+    ax.set_title("MiniGrid-Empty-Random-5x5: GiGPO from the pretrained LM", fontsize=9)
+    ax.legend(fontsize=6)
+
+
+def grpo_panel(ax, folder: Path) -> None:
+    runs = [json.loads(p.read_text()) for p in sorted(folder.glob("seed_*.json"))]
+    if not runs:
+        ax.set_title(f"no GRPO runs in {folder}")
+        return
+    per_step = runs[0]["config"]["prompts"] * runs[0]["config"]["group"]
+    n = min(len(r["history"]) for r in runs)
+    rewards = np.array([[h["reward_mean"] for h in r["history"][:n]] for r in runs])
+    steps = np.arange(1, n + 1) * per_step
+    m, lo, hi = mean_ci(rewards)
+    ax.plot(steps, m, color="C1", label=f"GRPO training group reward (sampled), {len(runs)} seeds")
+    ax.fill_between(steps, lo, hi, color="C1", alpha=0.2)
+    for stage, x, color in (("sft", 0, "C0"), ("grpo", steps[-1], "C1")):
+        for mode, dx, fmt in (("greedy", 8, "s"), ("sampled", -8, "o")):
+            mu, a, b = paired_bootstrap([np.mean(r["wins"][stage][mode]) for r in runs])
+            ax.errorbar([x + dx], [mu], yerr=[[mu - a], [b - mu]], fmt=fmt, capsize=3, color=color,
+                        label=f"{'SFT start' if stage == 'sft' else 'SFT + GRPO'} held-out, {mode}")
+    ax.set_xlabel("env steps (judged completions)")
+    ax.set_ylabel("success")
+    ax.set_title("Arithmetic (one-digit): GRPO after an SFT warm start", fontsize=9)
+    ax.legend(fontsize=6)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gigpo", default=str(ROOT / "benchmarks/results/llm_rl_gigpo_s930"))
+    ap.add_argument("--grpo", default=str(ROOT / "benchmarks/results/llm_rl_grpo_s940"))
+    ap.add_argument("--out", default=str(ROOT / "docs/figures/reward_teaches_lm.png"))
+    args = ap.parse_args(argv)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    gigpo_panel(axes[0], Path(args.gigpo))
+    grpo_panel(axes[1], Path(args.grpo))
+    fig.suptitle("Reward teaches the LM (SmolLM2-135M, LoRA r=8 top 2 layers, CPU): mean and 95% CI over seeds",
+                 fontsize=10)
+    fig.tight_layout()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    print(out)
+
+
+if __name__ == "__main__":
+    main()
