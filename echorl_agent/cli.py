@@ -29,9 +29,11 @@ from pathlib import Path
 
 __all__ = ["main", "demo_config"]
 
-#: One representative task per family for the demo preset (families not installed are left out).
+#: One representative task per family for the demo preset (families not installed are left out). MiniGrid is
+#: Empty-Random-5x5 (random start cell and heading), so its 40 instances differ and the LM rows can be read against
+#: benchmarks/RESULTS.md ("The LLM learns, on 15 pre-registered seeds"; "Reward teaches the LM").
 DEMO_TASKS = {
-    "minigrid": "EchoRL/MiniGrid-Empty-5x5-v0",
+    "minigrid": "EchoRL/MiniGrid-Empty-Random-5x5-v0",
     "math": "EchoRL/Game24-v0",
     "alfworld": "EchoRL/ALFWorld-PickAndPlace-v0",
     "textworld": "EchoRL/TextWorld-CoinCollector-v0",
@@ -39,19 +41,36 @@ DEMO_TASKS = {
     "cruxeval": "EchoRL/CRUXEval-O-v0",
     "arc": "EchoRL/ARC-v0",
 }
-#: Demo agents and the families each plays (None: all). SB3 agents train on MiniGrid only.
+#: Demo agents and the families each plays (None: all). SB3 agents and the three SmolLM2 policies (frozen, BC,
+#: BC + GiGPO: the same LLMPolicy, prompt and scoring) play MiniGrid only.
 DEMO_AGENTS: dict[str, tuple[str, ...] | None] = {
     "random": None,
     "expert": None,
     "ppo": ("minigrid",),
     "echoppo": ("minigrid",),
-    "llm-score": ("minigrid",),
+    "llm-frozen": ("minigrid",),
+    "llm-bc": ("minigrid",),
+    "llm-gigpo": ("minigrid",),
     "react": ("math",),
 }
+#: The three SmolLM2 policy rows share one budget: 1 training seed, its first 8 episodes in both evaluation modes,
+#: 16 steps per episode (the budget of the RESULTS studies), length-normalised action scores without the action list
+#: in the prompt; their actions are kept in episodes.jsonl.
+_DEMO_LM = {"seeds": 1, "episodes": 8, "max_steps": 16, "record_actions": True,
+            "policy_kwargs": {"length_norm": True, "show_admissible": False}}
+#: BC of the RESULTS study (12 expert episodes, 20 epochs, lr 2e-3, batch 8): llm-gigpo starts from exactly llm-bc's
+#: weights (same seed, same BC), then runs GiGPO for 128 env steps (2 groups x K = 4 episodes per iteration).
+_DEMO_BC = {"bc_episodes": 12, "bc_epochs": 20, "bc_learning_rate": 2e-3, "bc_batch_size": 8, "max_episode_steps": 16}
 #: Deliberate unequal budgets, shown in the demo table (columns "max steps" and "n") and its notes: the SmolLM2
-#: agents take ~0.5-2 s per step on 2 CPU cores, so they play 4 episodes per seed with a step cap (10 on MiniGrid,
-#: 3 attempts on Game24) while every other agent plays all episodes under the env's own limit.
-DEMO_AGENT_OPTIONS = {"llm-score": {"max_steps": 10, "episodes": 4}, "react": {"max_steps": 3, "episodes": 4}}
+#: agents take ~0.2-2 s per step on 2 CPU cores, so the LM policies play 8 episodes of at most 16 steps (above) and
+#: ReAct 4 episodes per seed with 3 attempts on Game24, while every other agent plays all episodes under the env's
+#: own limit.
+DEMO_AGENT_OPTIONS: dict[str, dict] = {
+    "llm-frozen": _DEMO_LM,
+    "llm-bc": {**_DEMO_LM, **_DEMO_BC, "train_steps": 0},  # BC only: no RL steps (run.json says so)
+    "llm-gigpo": {**_DEMO_LM, **_DEMO_BC, "bc_warm_start": True, "train_steps": 128, "learning_rate": 1e-3},
+    "react": {"max_steps": 3, "episodes": 4},
+}
 #: 2 training seeds x 20 episodes = 40 paired instances per (task, agent): enough for the expert/random and
 #: EchoPPO/PPO-deterministic gaps to be significant; the table marks which differences are.
 DEMO_SEEDS, DEMO_EPISODES, DEMO_TRAIN_STEPS = 2, 20, 8192

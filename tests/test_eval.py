@@ -281,15 +281,22 @@ def test_learned_agent_modes_and_equal_budgets(tmp_path, monkeypatch):
         BenchConfig(tasks=[task], agents=["coin"], eval_mode="greedy", out=str(tmp_path)).validate()
     with pytest.raises(ValueError, match="reference must be one of the agents"):
         BenchConfig(tasks=[task], agents=["coin"], reference="random", out=str(tmp_path)).validate()
-    # a deliberate per-agent cap and episode limit: recorded per row, in run.json, and in the notes
-    capped = BenchConfig(tasks=[task], agents=["random", "expert"], seeds=1, episodes=3, workers=1,
-                         agent_options={"expert": {"max_steps": 7, "episodes": 2}}, out=str(tmp_path / "c"))
+    # a deliberate per-agent cap, episode and seed limit: recorded per row, in run.json, and in the notes
+    capped = BenchConfig(tasks=[task], agents=["random", "expert"], seeds=2, episodes=3, workers=1,
+                         agent_options={"expert": {"max_steps": 7, "episodes": 2, "seeds": 1, "record_actions": True}},
+                         out=str(tmp_path / "c"))
     rows = run_bench(capped, progress=False)
-    assert [(r["agent"], r["max_steps"]) for r in rows] == [("random", 100), ("random", 100), ("random", 100),
-                                                            ("expert", 7), ("expert", 7)]
+    assert [(r["agent"], r["seed"], r["max_steps"]) for r in rows] == [("random", 0, 100)] * 3 + [
+        ("random", 1, 100)] * 3 + [("expert", 0, 7)] * 2
+    expert_rows = [r for r in rows if r["agent"] == "expert"]
+    assert all(r["success"] and len(r["actions"]) == r["steps"] for r in expert_rows)  # its trajectory, step by step
+    assert set(expert_rows[0]["actions"]) <= {"turn left", "turn right", "go forward"}
+    assert not any("actions" in r for r in rows if r["agent"] == "random")  # only where asked for
     meta = json.loads((tmp_path / "c" / "run.json").read_text())
-    assert meta["budgets"][task]["expert"] == {"max_steps": 7, "episodes_per_seed": 2, "train_steps": None,
-                                               "eval_modes": ["-"]}
+    assert meta["budgets"][task]["expert"] == {"max_steps": 7, "seeds": 1, "episodes_per_seed": 2,
+                                               "train_steps": None, "eval_modes": ["-"]}
+    with pytest.raises(ValueError, match=r"agent_options\['expert'\]\['seeds'\] must be an int >= 1, got 0"):
+        BenchConfig(tasks=[task], agents=["expert"], agent_options={"expert": {"seeds": 0}}, out=str(tmp_path)).validate()
     from echorl_agent.eval.report import notes
 
     assert "Unequal budgets on " + task in notes(summarize(rows, reference="random"))
@@ -361,7 +368,7 @@ def test_readme_demo_table_is_the_committed_demo_run():
     """README's demo table equals the committed demo summary, and that summary comes from the current preset."""
     from pathlib import Path
 
-    from echorl_agent.cli import DEMO_EPISODES, DEMO_SEEDS, DEMO_TRAIN_STEPS
+    from echorl_agent.cli import DEMO_AGENT_OPTIONS, DEMO_EPISODES, DEMO_SEEDS, DEMO_TASKS, DEMO_TRAIN_STEPS
 
     chk = _check_module()
     root = Path(__file__).resolve().parents[1]
@@ -372,6 +379,10 @@ def test_readme_demo_table_is_the_committed_demo_run():
     cfg = json.loads((base / "run.json").read_text())["config"]
     assert (cfg["seeds"], cfg["episodes"], cfg["train_steps"], cfg["eval_mode"]) == (
         DEMO_SEEDS, DEMO_EPISODES, DEMO_TRAIN_STEPS, "both")
+    assert DEMO_TASKS["minigrid"] in cfg["tasks"]
+    # every agent's budget (step cap, seeds, episodes, training options) is the preset's, JSON for JSON
+    assert cfg["agent_options"] == json.loads(json.dumps({a: o for a, o in DEMO_AGENT_OPTIONS.items()
+                                                          if a in cfg["agents"]}))
 
 
 def test_agents_package_exports_resolve_and_share_the_one_protocol():

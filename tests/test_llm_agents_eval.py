@@ -170,3 +170,28 @@ def test_unknown_option_is_named_with_a_hint():
 
     with pytest.raises(ValueError, match="beam_size"):
         make_tot(GAME24, beam_sise=3)
+
+
+@needs_model
+def test_llm_frozen_plays_both_modes_and_is_never_trained():
+    """llm-frozen: the untrained LLMPolicy of llm-bc / llm-gigpo, greedy and sampled, its actions recorded."""
+    from echorl_agent.eval.agents import incompatibility
+    from echorl_agent.eval.llm_rl_agents import make_llm_frozen
+    from echorl_agent.eval.runner import run_job
+
+    task = "EchoRL/MiniGrid-Empty-Random-5x5-v0"
+    opts = {"max_steps": 3, "eval_mode": "both",
+            "agent_options": {"llm-frozen": {"record_actions": True, "policy_kwargs": {"show_admissible": False}}}}
+    rows = run_job(task, "llm-frozen", 0, [0, 1], dict(opts))
+    assert [(r["mode"], r["episode"]) for r in rows] == [("deterministic", 0), ("deterministic", 1),
+                                                         ("stochastic", 0), ("stochastic", 1)]
+    moves = {"turn left", "turn right", "go forward", "pick up", "drop", "toggle", "done"}
+    for r in rows:
+        assert len(r["actions"]) == r["steps"] and set(r["actions"]) <= moves and r["invalid_actions"] == 0
+        assert r["cached_tokens"] > 0  # the system prompt is served from the prefix cache after the first step
+    again = run_job(task, "llm-frozen", 0, [0, 1], {**opts, "eval_mode": "deterministic"})
+    assert [r["steps"] for r in rows + again] == [3] * 6  # the cap (none of these episodes is won within 3 steps)
+    assert [r["actions"] for r in again] == [r["actions"] for r in rows[:2]]  # greedy and untrained: replays
+    with pytest.raises(ValueError, match="llm-frozen is never trained, got train_steps=64"):
+        make_llm_frozen(task, train_steps=64)
+    assert incompatibility("llm-frozen", GAME24) == f"llm-frozen ranks admissible actions; {GAME24} takes free text"

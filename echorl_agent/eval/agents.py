@@ -65,6 +65,9 @@ AGENTS: dict[str, AgentSpec] = {
                   ("transformers", "echorl_agent.agents.chat"), "llm"),
         AgentSpec("echorl", "LLM + latent plan + KV-aware engine + experience", "echorl_agent.agents.llm:make_echorl",
                   ("transformers", "echorl_agent.agents.chat"), "llm"),
+        AgentSpec("llm-frozen", "SmolLM2 in LLMPolicy as pretrained, no update: the start of llm-bc and llm-gigpo "
+                  "(same prompt and scoring; greedy or sampled)", "echorl_agent.eval.llm_rl_agents:make_llm_frozen",
+                  ("peft", "echorl_agent.llm_rl.policy"), "llm", learned=True),
         AgentSpec("llm-bc", "SmolLM2 behaviour-cloned on the expert (LoRA, LLMPolicy)",
                   "echorl_agent.eval.llm_rl_agents:make_llm_bc", ("peft", "echorl_agent.llm_rl.policy"), "sb3", learned=True),
         AgentSpec("llm-ppo", "SmolLM2 trained by PPO (LLMPolicy: LoRA, engine rollouts, activation reuse)",
@@ -139,8 +142,8 @@ def incompatibility(name: str, env_id: str) -> str | None:
         return "llm-grpo answers free-text envs; use llm-ppo for choice envs" if e.action_type == "choice" else None
     if s.kind == "sb3" and e.action_type != "choice":
         return f"{name} picks among admissible actions; {env_id} takes free text"
-    if name == "llm-score" and e.action_type != "choice":
-        return f"llm-score ranks admissible actions; {env_id} takes free text"
+    if name in ("llm-score", "llm-frozen") and e.action_type != "choice":
+        return f"{name} ranks admissible actions; {env_id} takes free text"
     if name == "tot" and e.family != "math":
         return "tot searches over math answers (Game24/GSM8K-style tasks)"
     return None

@@ -1,5 +1,5 @@
 """The trained-LLM agents of the runner: ``llm-bc``, ``llm-ppo``, ``llm-echoppo``, ``llm-gigpo``, ``llm-echorl`` (choice envs),
-``llm-grpo``.
+``llm-grpo``, and their untrained start ``llm-frozen``.
 
 Each trains SmolLM2 (LoRA on the top layers) for the run's ``train_steps`` with
 :func:`echorl_agent.llm_rl.train.train_llm` -- writing ``curve.csv``, ``model.zip``, the peft adapter and TensorBoard
@@ -18,7 +18,7 @@ import echorl_envs
 from echorl_agent.agent import Agent
 from echorl_agent.eval.sb3_agents import _Mirror
 
-__all__ = ["LLMChoiceAgent", "LLMGRPOAgent", "make_llm_bc", "make_llm_ppo", "make_llm_echoppo", "make_llm_gigpo",
+__all__ = ["LLMChoiceAgent", "LLMGRPOAgent", "make_llm_frozen", "make_llm_bc", "make_llm_ppo", "make_llm_echoppo", "make_llm_gigpo",
            "make_llm_echorl", "make_llm_grpo"]
 
 
@@ -92,6 +92,16 @@ class LLMGRPOAgent(Agent):
 
     def reset(self, env_id: str, obs: str, info: dict[str, Any], seed: int) -> None:
         self.seed = seed
+
+
+def make_llm_frozen(env_id: str, **kw: Any) -> LLMChoiceAgent:
+    """The pretrained LM in the same :class:`~echorl_agent.llm_rl.policy.LLMPolicy` as ``llm-bc`` / ``llm-gigpo``
+    (same prompt, scoring and ``policy_kwargs``), never updated: the start those agents train from."""
+    if kw.get("train_steps", 0):
+        raise ValueError(f"llm-frozen is never trained, got train_steps={kw['train_steps']!r} (use llm-bc, llm-ppo "
+                         "or llm-gigpo to train)")
+    kw["train_steps"] = 0
+    return LLMChoiceAgent("llm-frozen", env_id, "ppo", **kw)
 
 
 def make_llm_bc(env_id: str, **kw: Any) -> LLMChoiceAgent:

@@ -65,9 +65,11 @@ class BenchConfig:
     price_per_mtok: float = 0.0
     """Price per million LLM tokens, for cost per success."""
     agent_options: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Per-agent keyword options, e.g. {"react": {"model": "smollm2-135m", "max_steps": 10}}. Two are the runner's:
-    "max_steps" caps that agent's episodes and "episodes" runs only the first that many episodes per seed (slow
-    agents); both are deliberate unequal budgets, recorded in run.json and shown in the table (max steps, n)."""
+    """Per-agent keyword options, e.g. {"react": {"model": "smollm2-135m", "max_steps": 10}}. Four are the runner's:
+    "max_steps" caps that agent's episodes, "episodes" runs only the first that many episodes per seed and "seeds"
+    only the first that many seeds (slow agents: fewer trainings); these are deliberate unequal budgets, recorded in
+    run.json and shown in the table (max steps, n). "record_actions": true adds the actions taken to every row of
+    that agent in episodes.jsonl (to read its trajectories)."""
     exclude: list[str] = field(default_factory=list)
     """(task, agent) pairs not to run, as "TASK_GLOB:AGENT_GLOB" patterns, e.g. "EchoRL/ALFWorld*:ppo"."""
     env_urls: list[str] = field(default_factory=list)
@@ -94,7 +96,7 @@ class BenchConfig:
         if self.train_steps < 1:
             raise ValueError(f"train_steps must be >= 1, got train_steps={self.train_steps}")
         for a, opts in self.agent_options.items():
-            for k in ("max_steps", "episodes"):
+            for k in ("max_steps", "episodes", "seeds"):
                 if k in opts and (not isinstance(opts[k], int) or opts[k] < 1):
                     raise ValueError(f"agent_options[{a!r}][{k!r}] must be an int >= 1, got {opts[k]!r}")
         for pat in self.exclude:
@@ -115,9 +117,20 @@ class BenchConfig:
         """The reference of the paired comparisons: ``reference``, else 'random' when it runs, else None."""
         return self.reference if self.reference is not None else ("random" if "random" in self.agents else None)
 
+    def seeds_of(self, agent: str) -> int:
+        """Seeds ``agent`` runs (0..n-1): ``seeds``, or fewer if its options say so."""
+        return min(self.seeds, int(self.agent_options.get(agent, {}).get("seeds", self.seeds)))
+
     def episodes_of(self, agent: str) -> int:
         """Episodes per seed ``agent`` plays: ``episodes``, or fewer if its options say so."""
         return min(self.episodes, int(self.agent_options.get(agent, {}).get("episodes", self.episodes)))
+
+    def train_steps_of(self, agent: str) -> int | None:
+        """Training steps of ``agent``: its own ``train_steps`` option, else ``train_steps``; None for agents that
+        are not trained by the runner (random, expert, frozen LLM agents)."""
+        if agent_registry.spec(agent).kind != "sb3":
+            return None
+        return int(self.agent_options.get(agent, {}).get("train_steps", self.train_steps))
 
     def budget(self, task: str, agent: str) -> int:
         """The step cap of ``agent`` on ``task``: its own ``max_steps`` option, else ``max_steps``, else the id's."""
@@ -175,7 +188,9 @@ def run_job(task: str, agent_name: str, seed: int, episodes: list[int] | list[tu
     max_steps = options.pop("max_steps", None)
     agent_opts = dict(options.get("agent_options", {}).get(agent_name, {}))
     max_steps = agent_opts.pop("max_steps", max_steps)  # a per-agent cap (e.g. slow LLM agents) wins
-    agent_opts.pop("episodes", None)  # the runner's (see BenchConfig.agent_options)
+    for k in ("episodes", "seeds"):  # the runner's (see BenchConfig.agent_options)
+        agent_opts.pop(k, None)
+    record_actions = bool(agent_opts.pop("record_actions", False))
     if agent_registry.spec(agent_name).kind == "sb3":
         agent_opts.setdefault("train_steps", options.get("train_steps", 2048))
         agent_opts.setdefault("seed", seed)
@@ -211,8 +226,10 @@ def run_job(task: str, agent_name: str, seed: int, episodes: list[int] | list[tu
             obs, info = env.reset(seed=es)
             agent.reset(task, obs, info, es)
             ret, steps, invalid, done = 0.0, 0, 0, False
+            actions = []
             while not done:
                 action = agent.act(obs, info)
+                actions.append(action)
                 obs, r, term, trunc, info = env.step(action)
                 done = term or trunc
                 agent.observe(action, obs, r, done, info)
@@ -228,6 +245,8 @@ def run_job(task: str, agent_name: str, seed: int, episodes: list[int] | list[tu
             }
             for k, v in after.items():
                 row[k] = v - before.get(k, 0.0)
+            if record_actions:
+                row["actions"] = actions
             rows.append(row)
     finally:
         for env in envs.values():
@@ -271,7 +290,7 @@ def _jobs(cfg: BenchConfig, done: set[tuple]) -> Iterator[tuple[str, str, int, l
             if (task, agent) in skip:
                 continue
             modes = agent_registry.eval_modes(agent, cfg.eval_mode)
-            for seed in range(cfg.seeds):
+            for seed in range(cfg.seeds_of(agent)):
                 todo = [(m, e) for m in modes for e in range(cfg.episodes_of(agent))
                         if (task, agent, m, seed, e) not in done]
                 if todo:
@@ -320,7 +339,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> list[dict]:
     bar.close()
     wanted = {(t, a, m) for t in cfg.tasks for a in cfg.agents for m in agent_registry.eval_modes(a, cfg.eval_mode)}
     rows = [r for r in load_rows(out) if (r["task"], r["agent"], r.get("mode", "-")) in wanted
-            and r["seed"] < cfg.seeds and r["episode"] < cfg.episodes_of(r["agent"])]
+            and r["seed"] < cfg.seeds_of(r["agent"]) and r["episode"] < cfg.episodes_of(r["agent"])]
     # canonical order (workers finish in any order): the same command gives the same summary, row for row
     order = {(t, a): i for i, (t, a) in enumerate((t, a) for t in cfg.tasks for a in cfg.agents)}
     mode_rank = {"-": 0, "deterministic": 1, "stochastic": 2}
@@ -357,8 +376,8 @@ def run_record(cfg: BenchConfig, skipped: list[dict], models: dict[str, str]) ->
                   "env_seed": "seed * 100003 + episode", "rng": "random/numpy/torch seeded with the run seed "
                   "before training and with the env seed before every episode",
                   "bootstrap": {"seed": BOOTSTRAP_SEED, "resamples": BOOTSTRAP_RESAMPLES}},
-        "budgets": {t: {a: {"max_steps": cfg.budget(t, a), "episodes_per_seed": cfg.episodes_of(a), "train_steps": cfg.train_steps
-                            if agent_registry.spec(a).kind == "sb3" else None,
+        "budgets": {t: {a: {"max_steps": cfg.budget(t, a), "seeds": cfg.seeds_of(a), "episodes_per_seed": cfg.episodes_of(a),
+                            "train_steps": cfg.train_steps_of(a),
                             "eval_modes": agent_registry.eval_modes(a, cfg.eval_mode)}
                         for a in cfg.agents if (t, a) not in skip} for t in cfg.tasks},
         "reference": cfg.reference_agent(),
