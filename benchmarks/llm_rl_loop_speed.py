@@ -155,6 +155,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--baseline-tree", help="checkout of an older commit: its ppo-1env loop is measured too")
     ap.add_argument("--glam", action="store_true", help="also the learner vs a GLAM-style learner")
+    ap.add_argument("--glam-transitions", type=int, default=32, help="transitions in the learner comparison")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--glam-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="benchmarks/results/llm_rl_loop_speed.jsonl")
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(worker(args.worker, args.steps, args.seed)), flush=True)
         return
     if args.glam_worker:
-        print(json.dumps(glam_compare(32, args.seed)), flush=True)
+        print(json.dumps(glam_compare(args.glam_transitions, args.seed)), flush=True)
         return
     plan = [(loop, str(ROOT)) for loop in args.loops]
     if args.baseline_tree:
@@ -192,7 +193,8 @@ def main(argv: list[str] | None = None) -> None:
                       f"cache hit {row['cache_hit_rate']:.2f}, prefill-bound {row['prefill_bound_steps_per_s']:.2f} "
                       f"steps/s)", flush=True)
             if args.glam:
-                res = subprocess.run([sys.executable, __file__, "--glam-worker", "--seed", str(args.seed + r)],
+                res = subprocess.run([sys.executable, __file__, "--glam-worker", "--seed", str(args.seed + r),
+                                      "--glam-transitions", str(args.glam_transitions)],
                                      env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, check=False)
                 if res.returncode == 0:
                     g = json.loads(res.stdout.strip().splitlines()[-1])
