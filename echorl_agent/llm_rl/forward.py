@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["DecoderParts", "CandidateSet", "PackedBatch", "pack", "pack_sets", "causal", "run_layers", "candidate_logprobs",
-           "candidate_set_logprobs", "candidate_token_logprobs", "token_logprobs"]
+__all__ = ["DecoderParts", "CandidateSet", "PackedBatch", "pack", "pack_sets", "run_layers", "candidate_logprobs",
+           "candidate_set_logprobs", "candidate_token_logprobs"]
 
 
 @dataclass
@@ -217,16 +217,3 @@ def candidate_token_logprobs(parts: DecoderParts, x: torch.Tensor, batch: Packed
     order) -- e.g. the completions of a GRPO group packed after their shared prompt."""
     lp, _, _ = _candidate_token_lp(parts, x, batch)
     return list(lp.split([len(c) for c in batch.cand_ids]))
-
-
-def causal(length: int, device: torch.device | str = "cpu") -> PackedBatch:
-    """A plain causal sequence of ``length`` rows (no candidates), e.g. prompt + completion for GRPO."""
-    return pack(length, [], device)
-
-
-def token_logprobs(parts: DecoderParts, x: torch.Tensor, start: int, targets: Sequence[int]) -> torch.Tensor:
-    """Log-probabilities of ``targets`` where row ``start + j`` predicts ``targets[j]`` (``x`` after the last
-    layer, before the final norm)."""
-    rows = torch.arange(start, start + len(targets), device=x.device)
-    logits = parts.lm_head(parts.norm(x[rows])).float()
-    return torch.log_softmax(logits, -1).gather(1, torch.tensor(list(targets), device=x.device)[:, None])[:, 0]

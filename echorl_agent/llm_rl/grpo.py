@@ -24,7 +24,7 @@ import torch
 import echorl_envs  # noqa: F401 - registers the EchoRL/* ids the trainer makes
 from echorl_agent.llm.engine.config import GenerationResult, SamplingParams
 from echorl_agent.llm_rl.config import LLMPolicyConfig
-from echorl_agent.llm_rl.forward import candidate_token_logprobs, causal, pack, run_layers, token_logprobs
+from echorl_agent.llm_rl.forward import candidate_token_logprobs, pack, run_layers
 from echorl_agent.llm_rl.lm import TrainableLM
 
 __all__ = ["GRPOConfig", "GRPOTrainer", "Group"]
@@ -128,17 +128,8 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ learner
     def completion_logprobs(self, prompt: list[int], out: GenerationResult) -> torch.Tensor:
-        """Learner log-probabilities of the completion tokens (differentiable)."""
-        lm, parts, b = self.lm, self.lm.parts, self.lm.boundary
-        tokens = prompt + list(out.token_ids)
-        batch = causal(len(tokens) - 1, lm.device)
-        if out.states is not None and out.states.shape[0] == len(tokens) - 1:
-            x = out.states.to(lm.device)
-        else:
-            with torch.no_grad():
-                x = run_layers(parts, parts.embed(torch.tensor(tokens[:-1], device=lm.device)), batch, 0, b)
-        x = run_layers(parts, x, batch, b, lm.num_layers)
-        return token_logprobs(parts, x, len(prompt) - 1, out.token_ids)
+        """Learner log-probabilities of the completion tokens (differentiable): :meth:`group_logprobs` of one."""
+        return self.group_logprobs(prompt, [out])[0]
 
     def group_logprobs(self, prompt: list[int], outs: list[GenerationResult]) -> list[torch.Tensor]:
         """Learner log-probabilities of every completion's tokens (differentiable), all in one packed forward.
