@@ -19,7 +19,7 @@ import torch
 from echorl_agent.llm.engine.config import GenerationResult, SamplingParams
 from echorl_agent.llm.engine.runner import SeqChunk
 
-__all__ = ["TokenCallback"]
+__all__ = ["TokenCallback", "draw"]
 
 log = logging.getLogger("echorl_agent.llm.engine")
 
@@ -51,6 +51,24 @@ class _Seq:
     aborted: bool = False
     states: torch.Tensor | None = None
     """Captured activations of the computed tokens (``SamplingParams.capture_states``)."""
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None, sampler: str = "multinomial") -> int:
+    """One token id drawn from the distribution ``probs [V]`` (``SamplingParams.sampler``).
+
+    "multinomial" is ``torch.multinomial(probs, 1)``, which draws one exponential number per entry. "inverse_cdf"
+    draws a single uniform ``u`` in ``[0, total)`` and returns the first index whose float64 cumulative sum exceeds
+    it: P(token i) = probs[i] / total up to float64 rounding of the sum (~1e-16 per entry), and a zero-probability
+    entry (outside the nucleus) is never returned, since its cumulative sum equals its predecessor's.
+    """
+    if sampler == "multinomial":
+        return int(torch.multinomial(probs, 1, generator=generator))
+    cdf = probs.double().cumsum_(0)  # [V]
+    u = torch.rand(1, generator=generator, dtype=torch.float64) * cdf[-1]
+    i = int(torch.searchsorted(cdf, u, right=True))
+    if i == probs.numel():  # u rounded up to the total (odds ~1e-16): the last entry with a positive probability
+        i = int(torch.searchsorted(cdf, cdf[-1:]))
+    return i
+
 
 #: ``on_token(index, token_id, logprob, top_logprobs)``: called from the engine loop after every sampled token.
 TokenCallback = Callable[[int, int, "float | None", "list[tuple[int, float]] | None"], None]
@@ -242,7 +260,7 @@ class _RequestsMixin:
                 keep = torch.cumsum(sp, 0) - sp < p.top_p
                 keep[0] = True  # the most likely token is always in the nucleus (top_p = 0 -> top-1)
                 probs = torch.zeros_like(probs).scatter(0, idx[keep], sp[keep])
-            tok = int(torch.multinomial(probs, 1, generator=s.generator))
+            tok = draw(probs, s.generator, p.sampler)
         if not (p.logprobs or p.top_logprobs):
             return tok, None, None  # skip the full-vocabulary log-softmax nobody reads
         lsm = torch.log_softmax(logits.float(), dim=-1)
