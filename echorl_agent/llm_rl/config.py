@@ -54,8 +54,10 @@ class LLMPolicyConfig:
     prefix_caching: bool = True
     """Prefix cache of the rollout engine (False: the cache-off baseline)."""
     engine_weight_dtype: str = "float32"
-    """Weights of the rollout engine: "float32" (exact), "int8" or "int4" (faster decode; the learner then
-    recomputes the frozen layers in float32 and the truncated IS weights correct the rollout/learner mismatch)."""
+    """Weights of the rollout engine: "float32" (exact), "int8" or "int4" (faster decode). With a quantized engine
+    the trained layers are re-packed after every update and the truncated IS weights correct the rollout/learner
+    mismatch; the learner reuses the captured activations when the engine's frozen layers reproduce the float32
+    weights exactly (the embedded SmolLM2, a Q4_1 GGUF), else it recomputes the frozen layers in float32."""
     show_admissible: bool = True
     """List the admissible actions in each observation turn (off: shorter prompts when the set never changes)."""
     rollout_url: str | None = None

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 import echorl_envs  # noqa: F401 - registers the EchoRL/* ids the trainer makes
-from echorl_agent.llm.engine.config import GenerationResult, SamplingParams
+from echorl_agent.llm.engine.config import SAMPLERS, GenerationResult, SamplingParams
 from echorl_agent.llm_rl.config import LLMPolicyConfig
 from echorl_agent.llm_rl.forward import candidate_token_logprobs, pack, run_layers
 from echorl_agent.llm_rl.lm import TrainableLM
@@ -53,6 +53,9 @@ class GRPOConfig:
     max_grad_norm: float = 1.0
     system_prompt: str = ANSWER_SYSTEM
     seed: int = 0
+    sampler: str = "multinomial"
+    """How the engine draws each token (``SamplingParams.sampler``): "multinomial" or "inverse_cdf" (the same
+    distribution, ~10x cheaper per token on a CPU; different completions for the same seed)."""
     lm: LLMPolicyConfig = field(default_factory=LLMPolicyConfig)
 
     def __post_init__(self) -> None:
@@ -64,6 +67,8 @@ class GRPOConfig:
             raise ValueError(f"group_size must be >= 2 (advantages are relative to the group), got {self.group_size}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got lr={self.lr!r}")
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {SAMPLERS}, got sampler={self.sampler!r}")
         if isinstance(self.lm, dict):
             self.lm = LLMPolicyConfig.from_kwargs(**self.lm)
 
@@ -120,7 +125,8 @@ class GRPOTrainer:
         eng = self.lm.engine
         # one group: the prompt is prefilled once and every sample forks its KV (LLMEngine.submit_group)
         params = SamplingParams(max_tokens=self.cfg.max_tokens, temperature=temperature, logprobs=True,
-                                capture_states=self.lm.capture, seed=int(self.rng.integers(2**31)))
+                                capture_states=self.lm.capture, seed=int(self.rng.integers(2**31)),
+                                sampler=self.cfg.sampler)
         outs = [eng.wait(f) for f in eng.submit_group(prompt, params, n)]
         texts = [o.text for o in outs]
         rewards = np.array([self.judge(seed, t) for t in texts], dtype=np.float64)
@@ -260,7 +266,8 @@ class GRPOTrainer:
         eng = self.lm.engine
         for lo in range(0, len(seeds), batch):
             futs = [eng.submit(self.prompt_ids(s), SamplingParams(max_tokens=self.cfg.max_tokens,
-                                                                 temperature=temperature, seed=s))
+                                                                 temperature=temperature, seed=s,
+                                                                 sampler=self.cfg.sampler))
                     for s in seeds[lo : lo + batch]]
             texts.extend(eng.wait(f).text for f in futs)
         return texts

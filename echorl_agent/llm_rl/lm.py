@@ -83,8 +83,11 @@ class TrainableLM:
         rollout_model.requires_grad_(False).eval()
         self.engine = LLMEngine(LoadedModel(rollout_model, base.tokenizer, base.name, base.extra),
                                 EngineConfig(prefix_cache=pc, weight_dtype=cfg.engine_weight_dtype))
-        # captured activations are reused only where exact: float32 engine weights, frozen layers below b
-        self.capture = cfg.reuse_activations and self.boundary > 0 and cfg.engine_weight_dtype == "float32"
+        # captured activations are reused only where exact: the engine's frozen layers below b compute the learner's
+        # float32 ones (float32 weights, or quantized copies that dequantize to exactly those weights -- the
+        # embedded SmolLM2 is a Q4_1 GGUF -- so the engine differs from float32 by summation order only)
+        self.capture = (cfg.reuse_activations and self.boundary > 0
+                        and self.engine.runner.reproduces_layers(self.boundary))
         if self.capture:
             self.engine.enable_capture(self.boundary)
 

@@ -202,6 +202,16 @@ class ModelRunner:
             self.fused.refresh()
         return todo
 
+    def reproduces_layers(self, stop: int) -> bool:
+        """True when decoder layers ``0..stop-1`` compute what the float32 model computes, up to float summation
+        order: always in float32 mode; with int8/int4, when every packed projection of those layers dequantizes to
+        exactly the model's float weight (:meth:`QuantizedLinear.reproduces`; the embedded SmolLM2 GGUF's layers
+        do). Activations captured entering layer ``stop`` are then valid for a float32 learner of the layers above.
+        """
+        prefixes = tuple(f"model.layers.{i}." for i in range(stop))
+        return all(q.reproduces(self.model.get_submodule(name).weight)
+                   for name, q in self.quantized.items() if name.startswith(prefixes))
+
     def _linears_of(self, names: list[str]) -> list[str]:
         known = set(linear_names(self.model))
         tied = self.model.lm_head.weight is self.inner.embed_tokens.weight

@@ -176,6 +176,12 @@ class QuantizedLinear(torch.nn.Module):
         w = torch.addcmul(self.m[start:stop, :, None].float(), q.float(), self.d[start:stop, :, None].float())
         return w.view(n, self.in_features)
 
+    def reproduces(self, weight: torch.Tensor) -> bool:
+        """True when the packed codes dequantize to exactly ``weight`` (a weight already on this grid, such as the
+        embedded GGUF's Q4_1/Q8_0 blocks): then this linear computes the float32 one up to summation order."""
+        return tuple(weight.shape) == (self.out_features, self.in_features) and torch.equal(
+            self.dequantized_weight(), weight.detach().float())
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features).float().contiguous()
