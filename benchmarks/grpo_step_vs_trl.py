@@ -18,16 +18,20 @@ The batch, identical on both sides:
   LoRA weights, TRL logs ``frac_reward_zero_std == 0`` and a non-zero gradient norm).
 
 Ours is one ``GRPOTrainer.sample_group(seed)`` + ``GRPOTrainer.update([group])`` (what ``step()`` does for one
-prompt; the update includes pushing the weights to the rollout engine). TRL is one optimizer step of
+prompt; the update includes pushing the weights to the rollout engine). ``--ours`` picks one or more variants of our
+trainer, each ``DTYPE[:SAMPLER]``: the rollout engine's weights (``LLMPolicyConfig.engine_weight_dtype``: float32,
+int8, int4) and the token sampler (``GRPOConfig.sampler``: multinomial, inverse_cdf); the default ``float32`` is the
+exact mode. Every variant is its own trainer (its own model copies) and they all step on the same batch. TRL is one optimizer step of
 ``trl.GRPOTrainer`` (``model.generate``, reward, forward + backward, clipping, optimizer step), timed from its
 ``on_step_begin`` to its ``on_step_end`` callback; its generation time is read from TRL's own profiling contexts.
 
-Order, in one process: one warm-up step each (not counted), then ``--rounds`` rounds of ours, TRL, ours, TRL, ...
-(TRL's training loop drives the rounds; our step runs inside its ``on_step_begin`` callback, before TRL's timer).
+Order, in one process: one warm-up step each (not counted), then ``--rounds`` rounds of ours (each variant in
+turn), TRL, ours, TRL, ... (TRL's training loop drives the rounds; our steps run inside its ``on_step_begin``
+callback, before TRL's timer).
 Prints a table and appends one JSON line (date, threads, load average before/after, per-round times) to
 ``benchmarks/results/grpo_step_vs_trl.jsonl``.
 
-Run: ``python benchmarks/grpo_step_vs_trl.py --rounds 3 --threads 1``.
+Run: ``python benchmarks/grpo_step_vs_trl.py --rounds 3 --threads 1 --ours float32 int8:inverse_cdf``.
 """
 
 from __future__ import annotations
@@ -58,6 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--group", type=int, default=8, help="completions of the one prompt per step")
     ap.add_argument("--task-seed", type=int, default=0, help="seed of the Arithmetic-v0 task (the prompt)")
     ap.add_argument("--seed", type=int, default=0, help="sampling / trainer seed of both sides")
+    ap.add_argument("--ours", nargs="+", default=["float32"], metavar="DTYPE[:SAMPLER]",
+                    help="our variants, each an engine weight dtype (float32, int8, int4) and optionally a sampler "
+                         "(multinomial, inverse_cdf), e.g. float32 int8:inverse_cdf")
     ap.add_argument("--trl-gradient-checkpointing", action="store_true",
                     help="TRL's default gradient checkpointing (off by default: it only slows a 135M model on CPU)")
     ap.add_argument("--out", type=Path, default=OUT, help="JSON-lines file the run is appended to")
@@ -67,7 +74,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.group < 2:
         ap.error(f"--group must be >= 2 (GRPO advantages are relative to the group), got {args.group}")
+    try:
+        args.variants = [parse_variant(v) for v in args.ours]
+    except ValueError as e:
+        ap.error(str(e))
+    if len(set(args.variants)) != len(args.variants):
+        ap.error(f"--ours lists a variant twice: {args.ours}")
     return args
+
+
+def parse_variant(spec: str) -> tuple[str, str]:
+    """``"int8:inverse_cdf"`` -> ``("int8", "inverse_cdf")``; the sampler defaults to multinomial."""
+    from echorl_agent.llm.engine.config import SAMPLERS, WEIGHT_DTYPES
+
+    dtype, _, sampler = spec.partition(":")
+    sampler = sampler or "multinomial"
+    if dtype not in WEIGHT_DTYPES or sampler not in SAMPLERS:
+        raise ValueError(f"--ours {spec!r}: expected DTYPE[:SAMPLER] with DTYPE in {WEIGHT_DTYPES} and SAMPLER in "
+                         f"{SAMPLERS}")
+    return dtype, sampler
+
+
+def variant_name(variant: tuple[str, str]) -> str:
+    """The label of a variant in the table and the JSON rows (``int8:inverse_cdf``; the default sampler is omitted)."""
+    dtype, sampler = variant
+    return dtype if sampler == "multinomial" else f"{dtype}:{sampler}"
 
 
 # ---------------------------------------------------------------------------------------------- the shared batch
@@ -95,12 +126,14 @@ def reward(env: Any, task_seed: int, text: str) -> float:
     return float(r) + LENGTH_BONUS * len(text)
 
 
-def ours_config(args: argparse.Namespace) -> Any:
+def ours_config(args: argparse.Namespace, variant: tuple[str, str] = ("float32", "multinomial")) -> Any:
     from echorl_agent.llm_rl.config import LLMPolicyConfig
     from echorl_agent.llm_rl.grpo import GRPOConfig
 
+    dtype, sampler = variant
     return GRPOConfig(env_id=ENV_ID, group_size=args.group, prompts_per_step=1, max_tokens=args.max_tokens,
-                      seed=args.seed, lm=LLMPolicyConfig(lora_rank=8, train_layers=2))
+                      seed=args.seed, sampler=sampler,
+                      lm=LLMPolicyConfig(lora_rank=8, train_layers=2, engine_weight_dtype=dtype))
 
 
 def trl_config_kwargs(args: argparse.Namespace, cfg: Any, output_dir: str) -> dict[str, Any]:
@@ -150,20 +183,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         def judge(self, seed: int, text: str) -> float:  # the shared reward (env judgement + length bonus)
             return reward(self.env, seed, text)
 
-    cfg = ours_config(args)
-    ours = BenchGRPOTrainer(cfg)
-    engine_submit = ours.lm.engine.submit_group
+    def exact_length(trainer: GRPOTrainer) -> GRPOTrainer:
+        engine_submit = trainer.lm.engine.submit_group
 
-    def submit_group(prompt, params=None, n=1, **kw):  # every completion exactly max_tokens long (ignore_eos)
-        return engine_submit(prompt, dataclasses.replace(params, ignore_eos=True), n, **kw)
+        def submit_group(prompt, params=None, n=1, **kw):  # every completion exactly max_tokens long (ignore_eos)
+            return engine_submit(prompt, dataclasses.replace(params, ignore_eos=True), n, **kw)
 
-    ours.lm.engine.submit_group = submit_group
+        trainer.lm.engine.submit_group = submit_group
+        return trainer
+
+    names = [variant_name(v) for v in args.variants]
+    trainers = {name: exact_length(BenchGRPOTrainer(ours_config(args, v))) for name, v in zip(names, args.variants,
+                                                                                                strict=True)}
+    ours = trainers[names[0]]
+    cfg = ours.cfg
 
     judge_env = gym.make(ENV_ID)
     messages = task_messages(judge_env, args.task_seed, cfg.system_prompt)
     base = load_model(cfg.lm.model)  # TRL's own float32 copy of the same weights
     ids_ours, ids_trl = prompt_ids_both(base.tokenizer, messages)
-    if ids_ours != ids_trl or ours.prompt_ids(args.task_seed) != ids_ours:
+    if ids_ours != ids_trl or any(t.prompt_ids(args.task_seed) != ids_ours for t in trainers.values()):
         raise AssertionError("the two sides render different prompt ids")
 
     def trl_reward(completions: list, task_seed: list[int], **_: Any) -> list[float]:
@@ -195,7 +234,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     rounds: list[dict[str, Any]] = []
 
-    def ours_step() -> dict[str, float]:
+    def ours_step(ours: GRPOTrainer) -> dict[str, float]:
         before = ours.lm.trainable_state()
         t0 = time.perf_counter()
         group = ours.sample_group(args.task_seed)
@@ -210,12 +249,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             raise AssertionError(f"our update skipped the group: {stats}")
         if all(torch.equal(before[k], after[k]) for k in before):
             raise AssertionError("our update did not change the LoRA weights")
-        return {"ours_sample_s": t1 - t0, "ours_update_s": t2 - t1, "ours_s": t2 - t0,
-                "ours_reward_std": float(np.std(group.rewards)), "ours_loss": stats["loss"]}
+        return {"s": t2 - t0, "sample_s": t1 - t0, "update_s": t2 - t1, "reward_std": float(np.std(group.rewards)),
+                "loss": stats["loss"], "is_weight_mean": stats["is_weight_mean"]}
 
     class Alternate(TrainerCallback):
         def on_step_begin(self, a, state, control, **kw):
-            rounds.append(ours_step())
+            rounds.append({"ours": {name: ours_step(t) for name, t in trainers.items()}})
             prof.clear()
             seen.clear()
             self.t0 = time.perf_counter()
@@ -225,7 +264,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             row["trl_s"] = time.perf_counter() - self.t0
             row["trl_generate_s"] = prof.get("generate")
             row["trl_rest_s"] = None if row["trl_generate_s"] is None else row["trl_s"] - row["trl_generate_s"]
-            row["trl_over_ours"] = row["trl_s"] / row["ours_s"]
             if seen.get("prompts") != [ids_ours] * args.group:
                 raise AssertionError("TRL's prompt ids differ from ours")
             if seen["completion_tokens"] != [args.max_tokens] * args.group:
@@ -240,8 +278,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if logs["frac_reward_zero_std"] != 0 or not logs.get("grad_norm"):
                 raise AssertionError(f"TRL's step had no signal: {logs}")
             name = "warm-up" if len(rounds) == 1 else f"round {len(rounds) - 1}"
-            print(f"{name}: ours {row['ours_s']:.2f} s (sample {row['ours_sample_s']:.2f}, update "
-                  f"{row['ours_update_s']:.2f}), TRL {row['trl_s']:.2f} s", flush=True)
+            ours_txt = ", ".join(f"ours {v} {o['s']:.2f} s (sample {o['sample_s']:.2f}, update {o['update_s']:.2f})"
+                                 for v, o in row["ours"].items())
+            print(f"{name}: {ours_txt}, TRL {row['trl_s']:.2f} s", flush=True)
 
     torch.manual_seed(args.seed)
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
@@ -258,19 +297,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"prompt_tokens": len(ids_ours), "rounds": rounds}
 
 
-COLUMNS = {"ours_s": "ours s", "ours_sample_s": "ours sample s", "ours_update_s": "ours update s", "trl_s": "TRL s",
-           "trl_generate_s": "TRL generate s", "trl_rest_s": "TRL rest s", "trl_over_ours": "TRL ÷ ours"}
-"""Per-round figures shown in the table (TRL rest = its step minus its ``model.generate``)."""
+HEADERS = ["side", "step s", "sample / generate s", "update / rest s", "TRL ÷ this", "step s per round"]
+"""Columns of the printed table: one row per side, medians over the timed rounds (TRL rest = its step minus its
+``model.generate``)."""
 
 
-def summarize(rows: list[dict[str, Any]]) -> dict[str, float | None]:
-    """Medians over the timed rounds of every column; ``trl_over_ours`` is the ratio of the two medians."""
-    med: dict[str, float | None] = {}
-    for k in COLUMNS:
-        vals = [r[k] for r in rows if r.get(k) is not None]
-        med[k] = statistics.median(vals) if vals else None
-    med["trl_over_ours"] = med["trl_s"] / med["ours_s"]
-    return med
+def _median(vals: list[float | None]) -> float | None:
+    vals = [v for v in vals if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per side (``"TRL"``, then ``"ours <variant>"``): the medians over the timed rounds of its step, its two parts
+    (sample + update, TRL: generate + rest; a round without a reading is left out) and ``trl_over`` = median TRL
+    step ÷ median step of this side (the ratio of the medians, not the median of the per-round ratios)."""
+    trl = {"s": _median([r["trl_s"] for r in rows]), "first_s": _median([r.get("trl_generate_s") for r in rows]),
+           "second_s": _median([r.get("trl_rest_s") for r in rows]), "per_round": [r["trl_s"] for r in rows]}
+    out = {"TRL": {**trl, "trl_over": 1.0}}
+    for name in rows[0]["ours"]:
+        o = [r["ours"][name] for r in rows]
+        s = _median([x["s"] for x in o])
+        out[f"ours {name}"] = {"s": s, "first_s": _median([x["sample_s"] for x in o]),
+                               "second_s": _median([x["update_s"] for x in o]), "trl_over": trl["s"] / s,
+                               "per_round": [x["s"] for x in o]}
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -286,16 +336,21 @@ def main(argv: list[str] | None = None) -> None:
     timed = res["rounds"][1:]
     med = summarize(timed)
     load_after = os.getloadavg()
-    def cells(r: dict[str, Any]) -> list[str]:
-        return ["-" if r.get(k) is None else f"{r[k]:.2f}" for k in COLUMNS]
 
-    table = [[str(i + 1), *cells(r)] for i, r in enumerate(timed)] + [["median", *cells(med)]]
+    def cell(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f}"
+
+    table = [[side, cell(m["s"]), cell(m["first_s"]), cell(m["second_s"]), cell(m["trl_over"]),
+              ", ".join(cell(v) for v in m["per_round"])] for side, m in med.items()]
     print(f"GRPO step, 1 prompt ({res['prompt_tokens']} tokens) x {args.group} completions x {args.max_tokens} tokens, "
-          f"{args.threads} thread(s), load average {load_before[0]:.2f} -> {load_after[0]:.2f}")
-    print(tabulate(table, headers=["round", *COLUMNS.values()], tablefmt="github"))
+          f"{args.threads} thread(s), load average {load_before[0]:.2f} -> {load_after[0]:.2f} (medians of "
+          f"{args.rounds} rounds; ours: sample + update, TRL: generate + rest)")
+    print(tabulate(table, headers=HEADERS, tablefmt="github"))
     line = {"date": time.strftime("%Y-%m-%d %H:%M"), "threads": args.threads, "rounds": args.rounds,
             "group": args.group, "max_tokens": args.max_tokens, "task_seed": args.task_seed, "seed": args.seed,
-            "trl_gradient_checkpointing": args.trl_gradient_checkpointing, "prompt_tokens": res["prompt_tokens"],
+            "trl_gradient_checkpointing": args.trl_gradient_checkpointing, "ours": [variant_name(v) for v in
+                                                                                     args.variants],
+            "prompt_tokens": res["prompt_tokens"],
             "load_before": list(load_before), "load_after": list(load_after), "wall_s": time.perf_counter() - t,
             "median": med, "warmup": res["rounds"][0], "per_round": timed, "argv": sys.argv[1:]}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,14 @@ spec.loader.exec_module(bench)
 def test_defaults_and_bad_arguments():
     args = bench.parse_args([])
     assert (args.rounds, args.threads, args.max_tokens, args.group) == (3, 1, 32, 8)
-    for bad in (["--rounds", "0"], ["--group", "1"], ["--max-tokens", "0"]):
+    assert args.variants == [("float32", "multinomial")]  # the exact mode, as before the option existed
+    args = bench.parse_args(["--ours", "float32", "int8:inverse_cdf", "int4"])
+    assert args.variants == [("float32", "multinomial"), ("int8", "inverse_cdf"), ("int4", "multinomial")]
+    assert [bench.variant_name(v) for v in args.variants] == ["float32", "int8:inverse_cdf", "int4"]
+    cfg = bench.ours_config(args, args.variants[1])
+    assert cfg.lm.engine_weight_dtype == "int8" and cfg.sampler == "inverse_cdf"
+    for bad in (["--rounds", "0"], ["--group", "1"], ["--max-tokens", "0"], ["--ours", "int9"],
+                ["--ours", "int8:gumbel"], ["--ours", "int8", "int8"]):
         with pytest.raises(SystemExit):
             bench.parse_args(bad)
 
@@ -69,13 +76,18 @@ def test_prompt_ids_equal_on_both_sides_and_reward_has_variance():
 
 
 def test_summary_is_the_median_of_each_column_and_the_ratio_of_medians():
-    rows = [{"ours_s": 2.0, "ours_sample_s": 1.5, "ours_update_s": 0.5, "trl_s": 9.0, "trl_generate_s": 5.0,
-             "trl_rest_s": 4.0, "trl_over_ours": 4.5},
-            {"ours_s": 4.0, "ours_sample_s": 3.0, "ours_update_s": 1.0, "trl_s": 8.0, "trl_generate_s": None,
-             "trl_rest_s": None, "trl_over_ours": 2.0},
-            {"ours_s": 3.0, "ours_sample_s": 2.0, "ours_update_s": 1.0, "trl_s": 10.0, "trl_generate_s": 7.0,
-             "trl_rest_s": 3.0, "trl_over_ours": 10 / 3}]
+    rows = [{"trl_s": 9.0, "trl_generate_s": 5.0, "trl_rest_s": 4.0,
+             "ours": {"float32": {"s": 2.0, "sample_s": 1.5, "update_s": 0.5},
+                      "int8": {"s": 1.0, "sample_s": 0.5, "update_s": 0.5}}},
+            {"trl_s": 8.0, "trl_generate_s": None, "trl_rest_s": None,
+             "ours": {"float32": {"s": 4.0, "sample_s": 3.0, "update_s": 1.0},
+                      "int8": {"s": 3.0, "sample_s": 2.0, "update_s": 1.0}}},
+            {"trl_s": 10.0, "trl_generate_s": 7.0, "trl_rest_s": 3.0,
+             "ours": {"float32": {"s": 3.0, "sample_s": 2.0, "update_s": 1.0},
+                      "int8": {"s": 1.5, "sample_s": 1.0, "update_s": 0.5}}}]
     med = bench.summarize(rows)
-    assert (med["ours_s"], med["ours_sample_s"], med["trl_s"]) == (3.0, 2.0, 9.0)
-    assert med["trl_generate_s"] == 6.0 and med["trl_rest_s"] == 3.5  # rounds without a reading are left out
-    assert med["trl_over_ours"] == 3.0  # median TRL ÷ median ours, not the median of the per-round ratios
+    assert list(med) == ["TRL", "ours float32", "ours int8"]
+    assert (med["ours float32"]["s"], med["ours float32"]["first_s"], med["TRL"]["s"]) == (3.0, 2.0, 9.0)
+    assert med["TRL"]["first_s"] == 6.0 and med["TRL"]["second_s"] == 3.5  # rounds without a reading are left out
+    assert med["ours float32"]["trl_over"] == 3.0  # median TRL ÷ median ours, not the median of the per-round ratios
+    assert med["ours int8"]["trl_over"] == 6.0 and med["ours int8"]["per_round"] == [1.0, 3.0, 1.5]
