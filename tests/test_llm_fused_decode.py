@@ -144,3 +144,41 @@ def test_fused_decode_follows_refresh_and_steps_aside_for_wrapped_modules(llm):
 
 def test_float32_engine_has_no_fused_path(llm):
     assert _engine(llm, "float32").runner.fused is None
+
+
+def test_float32_top_layers_run_in_torch_above_the_fused_layers(llm):
+    """``EngineConfig.float32_top_layers``: the top layers keep float32 weights; a decode step runs the packed layers
+    in C and the float32 ones in torch, with the same logits, KV and captured activations as the per-op path."""
+    from echorl_agent.llm import LLMEngine, LoadedModel, PrefixCacheConfig
+
+    with pytest.raises(ValueError, match="float32_top_layers=-1"):
+        EngineConfig(weight_dtype="int8", float32_top_layers=-1)
+    with pytest.raises(ValueError, match="float32_top_layers=31"):
+        LLMEngine(llm, EngineConfig(weight_dtype="int8", float32_top_layers=31))
+    model = copy.deepcopy(llm.model)
+    pc = PrefixCacheConfig(block_size=16, max_tokens=1024, enable_prefix_caching=False)
+    eng = LLMEngine(LoadedModel(model=model, tokenizer=llm.tokenizer, name=llm.name),
+                    EngineConfig(prefix_cache=pc, weight_dtype="int8", float32_top_layers=2))
+    r = eng.runner
+    assert r.num_packed_layers == 28 and r.fused is not None and r.fused.num_layers == 28
+    assert not any(n.startswith(("model.layers.28.", "model.layers.29.")) for n in r.quantized)
+    assert "model.layers.27.mlp.down_proj" in r.quantized and "lm_head" in r.quantized
+    r.enable_capture(28)  # the first float32 layer's input: captured by the torch path after the C call
+    chunks = _prefilled(llm, eng, n_seqs=2)
+    slots = torch.tensor([c.block_table[c.start_pos // 16] * 16 + c.start_pos % 16 for c in chunks])
+    out = {}
+    for fused in (False, True):
+        r.h_pool[slots] = 0.0
+        logits, k, v = _step(eng, chunks, fused)
+        out[fused] = (logits, k, v, r.h_pool[slots].clone())
+    assert out[True][3].abs().sum() > 0
+    for got, ref in zip(out[True], out[False], strict=True):
+        torch.testing.assert_close(got, ref, atol=2e-4, rtol=0)
+    # a learner update of a float32 layer: nothing to re-pack, and the decode step reads the new weights
+    w = model.get_parameter("model.layers.29.mlp.down_proj.weight")
+    eng.update_weights({"model.layers.29.mlp.down_proj.weight": -2.0 * w.detach()})
+    assert r.refresh_weights(["model.layers.29.mlp.down_proj.weight"]) == []
+    got, _, _ = _step(eng, chunks, fused=True)
+    ref, _, _ = _step(eng, chunks, fused=False)
+    assert (got - out[True][0]).abs().max() > 1e-2
+    torch.testing.assert_close(got, ref, atol=2e-4, rtol=0)

@@ -54,10 +54,14 @@ class LLMPolicyConfig:
     prefix_caching: bool = True
     """Prefix cache of the rollout engine (False: the cache-off baseline)."""
     engine_weight_dtype: str = "float32"
-    """Weights of the rollout engine: "float32" (exact), "int8" or "int4" (faster decode). With a quantized engine
-    the trained layers are re-packed after every update and the truncated IS weights correct the rollout/learner
-    mismatch; the learner reuses the captured activations when the engine's frozen layers reproduce the float32
-    weights exactly (the embedded SmolLM2, a Q4_1 GGUF), else it recomputes the frozen layers in float32."""
+    """Weights of the rollout engine: "float32" (exact), "int8" or "int4" (faster decode). The learner reuses the
+    captured activations when the engine's frozen layers reproduce the float32 weights exactly (the embedded
+    SmolLM2, a Q4_1 GGUF; int8 then differs from float32 by summation order only), else it recomputes the frozen
+    layers in float32; the truncated IS weights correct any rollout/learner mismatch."""
+    engine_float32_trained_layers: bool = True
+    """With a quantized engine, the trained top layers stay float32 in the engine (``EngineConfig.float32_top_layers``):
+    rollouts compute them as the learner does and an update re-packs nothing. False: they are packed too and
+    re-packed after every update (their weights leave the GGUF grid, so the IS weights see a real mismatch)."""
     show_admissible: bool = True
     """List the admissible actions in each observation turn (off: shorter prompts when the set never changes)."""
     rollout_url: str | None = None

@@ -103,9 +103,15 @@ class EngineConfig:
     """"auto" (Triton on CUDA, torch reference on CPU), "torch" or "triton"."""
     weight_dtype: str = "float32"
     """Decode weights: "float32" (exact), "int8" (fast on CPU, best batched) or "int4" (smallest, fastest single stream); see echorl_agent.llm.quant."""
+    float32_top_layers: int = 0
+    """With an int8/int4 ``weight_dtype``: the top k decoder layers keep the model's float32 weights (the layers an
+    RL learner trains: rollouts then compute them as the learner does, and a weight update re-packs nothing)."""
 
     def __post_init__(self) -> None:
         check_weight_dtype(self.weight_dtype)
+        k = self.float32_top_layers
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"float32_top_layers must be an int >= 0, got float32_top_layers={k!r}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got max_num_seqs={self.max_num_seqs}")
         if self.max_num_batched_tokens < self.max_num_seqs:

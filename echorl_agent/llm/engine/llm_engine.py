@@ -63,7 +63,8 @@ class LLMEngine(_RequestsMixin):
         pc = self.config.prefix_cache
         num_blocks = pc.num_blocks(ModelRunner.kv_bytes_per_token(self.llm.model))
         self.runner = ModelRunner(
-            self.llm.model, num_blocks, pc.block_size, self.config.attention_backend, self.config.weight_dtype
+            self.llm.model, num_blocks, pc.block_size, self.config.attention_backend, self.config.weight_dtype,
+            self.config.float32_top_layers,
         )
         self.cache = PrefixCache(num_blocks, pc)
         self.scheduler = Scheduler(self.config.scheduler)

@@ -90,6 +90,8 @@ class ModelRunner:
         attention_backend: ``"auto"`` (Triton on CUDA, torch reference otherwise), ``"torch"`` or ``"triton"``.
         weight_dtype: ``"float32"`` (the model's own weights, exact), ``"int8"`` or ``"int4"`` (packed copies of
             the projections, MLP and LM head, see :mod:`echorl_agent.llm.quant.linear`).
+        float32_top_layers: with a quantized ``weight_dtype``, the top k decoder layers are not packed and run on
+            the model's float32 weights (decode steps: the fused C call for the layers below, torch for these).
     """
 
     def __init__(
@@ -99,6 +101,7 @@ class ModelRunner:
         block_size: int,
         attention_backend: str = "auto",
         weight_dtype: str = "float32",
+        float32_top_layers: int = 0,
     ):
         cfg = model.config
         if cfg.model_type not in SUPPORTED_MODEL_TYPES:
@@ -121,7 +124,14 @@ class ModelRunner:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.attention_backend = attention_backend
-        self.quantized: dict[str, QuantizedLinear] = quantize_model_linears(model, weight_dtype)  # checks the name
+        if not 0 <= float32_top_layers <= self.num_layers:
+            raise ValueError(f"float32_top_layers must be in [0, {self.num_layers}], got "
+                             f"float32_top_layers={float32_top_layers}")
+        self.num_packed_layers = self.num_layers - float32_top_layers if weight_dtype != "float32" else 0
+        """Decoder layers ``0..num_packed_layers-1`` run packed weights; the layers above run float32."""
+        packed = tuple(f"model.layers.{i}." for i in range(self.num_packed_layers))
+        self.quantized: dict[str, QuantizedLinear] = quantize_model_linears(  # checks the name
+            model, weight_dtype, [n for n in linear_names(model) if n.startswith(packed) or n == "lm_head"])
         self.weight_dtype = weight_dtype
         self._quant_of = {model.get_submodule(name): q for name, q in self.quantized.items()}  # module -> packed
         modeling = importlib.import_module(type(self.layers[0].self_attn).__module__)
@@ -213,7 +223,7 @@ class ModelRunner:
                    for name, q in self.quantized.items() if name.startswith(prefixes))
 
     def _linears_of(self, names: list[str]) -> list[str]:
-        known = set(linear_names(self.model))
+        known = set(self.quantized)
         tied = self.model.lm_head.weight is self.inner.embed_tokens.weight
         out: dict[str, None] = {}
         for n in names:
@@ -347,10 +357,11 @@ class ModelRunner:
         k_flat, v_flat = self.k_pool.view(flat), self.v_pool.view(flat)
         fused = (self.fused is not None and self.use_fused_decode and pure_decode and n <= KERNEL_ROWS
                  and not injections and self.fused.applies())
-        plan = decode_plan(tables, ctx_t, bs, self.num_kv_heads) if pure_decode and not fused else None
+        first = self.fused.num_layers if fused else 0  # layers below run in C; the float32 top layers in torch
+        plan = decode_plan(tables, ctx_t, bs, self.num_kv_heads) if pure_decode and first < self.num_layers else None
         if fused:
             x = self.fused.run(x, cos, sin, slots_t, tables, ctx_t)
-        for li, layer in enumerate([] if fused else self.layers):
+        for li, layer in enumerate(self.layers[first:], start=first):
             if li == self.capture_layer:  # before injection: captured activations never depend on soft tokens
                 self.h_pool[slots_t] = x
             for i, e in injections.get(li, ()):

@@ -12,6 +12,8 @@ The arithmetic is the model's (same weights, same formulas) in a different float
 with the unfused path to ~1e-5 (tested); each row's result is independent of the other rows in its batch. The path
 is used only when it applies exactly: CPU, float32 activations, a quantized weight_dtype, SiLU MLPs, RMSNorms with
 a weight, and every projection still the engine's quantized copy (a LoRA-wrapped module falls back to Python).
+With ``EngineConfig.float32_top_layers`` the C call runs the packed layers below and the runner's torch path the
+float32 layers on top (the rows and their KV continue where the C call left them).
 """
 
 from __future__ import annotations
@@ -43,16 +45,19 @@ class FusedDecoder:
         self.inter = cfg.intermediate_size
         self.eps = float(runner.layers[0].input_layernorm.variance_epsilon)
         self.bits = runner.quantized["model.layers.0.self_attn.q_proj"].bits
-        self._mods = [[layer.get_submodule(n) for n in _LINEARS] for layer in runner.layers]
-        self._attn_mods = [layer.self_attn._modules for layer in runner.layers]
-        self._mlp_mods = [layer.mlp._modules for layer in runner.layers]
+        self.num_layers = runner.num_packed_layers
+        """Layers ``0..num_layers-1`` (the packed ones) run in the C call."""
+        layers = runner.layers[: self.num_layers]
+        self._mods = [[layer.get_submodule(n) for n in _LINEARS] for layer in layers]
+        self._attn_mods = [layer.self_attn._modules for layer in layers]
+        self._mlp_mods = [layer.mlp._modules for layer in layers]
         self.refresh()
 
     @classmethod
     def create(cls, runner) -> FusedDecoder | None:
         """A fused decoder for ``runner``, or None when its model/weights/machine are not covered."""
         cfg = runner.model.config
-        if not runner.quantized or runner.device.type != "cpu" or runner.dtype != torch.float32:
+        if not runner.num_packed_layers or runner.device.type != "cpu" or runner.dtype != torch.float32:
             return None
         if getattr(cfg, "hidden_act", None) != "silu" or runner.head_dim % 8 or qkernel.load() is None:
             return None
@@ -75,7 +80,7 @@ class FusedDecoder:
         """Rebuild the pointer table (the quantized copies are new tensors after a re-pack)."""
         r = self.runner
         rows, keep = [], []
-        for li, layer in enumerate(r.layers):
+        for li, layer in enumerate(r.layers[: self.num_layers]):
             ln1 = layer.input_layernorm.weight.detach().float().contiguous()
             ln2 = layer.post_attention_layernorm.weight.detach().float().contiguous()
             keep += [ln1, ln2]
@@ -100,8 +105,8 @@ class FusedDecoder:
 
     def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
             tables: torch.Tensor, ctx_lens: torch.Tensor) -> torch.Tensor:
-        """Run every layer on ``x [M, hidden]`` (the token embeddings), writing the new K/V; returns the residual
-        stream after the last layer (``x`` itself, updated in place)."""
+        """Run the packed layers (``0..num_layers-1``) on ``x [M, hidden]`` (the token embeddings), writing their new
+        K/V; returns the residual stream after them (``x`` itself, updated in place)."""
         r = self.runner
         x = x.float().contiguous()
         cos, sin = cos.float().contiguous(), sin.float().contiguous()
@@ -111,8 +116,9 @@ class FusedDecoder:
         m = x.shape[0]
         layer_stride = r.num_blocks * r.block_size * r.num_kv_heads * r.head_dim
         capture = r.capture_layer if r.h_pool is not None and r.capture_layer is not None else -1
+        capture = capture if capture < self.num_layers else -1  # a float32 layer's input: captured by the runner
         rc = qkernel.load().q_decode_layers(
-            r.num_layers, self.table.data_ptr(), self.bits, m, self.hidden, r.num_heads, r.num_kv_heads, r.head_dim,
+            self.num_layers, self.table.data_ptr(), self.bits, m, self.hidden, r.num_heads, r.num_kv_heads, r.head_dim,
             self.inter, self.eps, r.scale, x.data_ptr(), cos.data_ptr(), sin.data_ptr(), r.k_pool.data_ptr(),
             r.v_pool.data_ptr(), layer_stride, slots.data_ptr(), tables.data_ptr(), tables.shape[1],
             ctx_lens.data_ptr(), r.block_size, r.h_pool.data_ptr() if capture >= 0 else None, capture,
