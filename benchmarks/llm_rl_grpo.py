@@ -36,6 +36,7 @@ import torch  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
 from echorl_agent.eval.stats import paired_bootstrap, success_text  # noqa: E402
+from echorl_agent.llm.engine.config import SAMPLERS, WEIGHT_DTYPES  # noqa: E402
 
 EASY = {"dataset_kwargs": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}, "max_attempts": 1}
 HELD_OUT = 500_000  # held-out task seeds start here (the same tasks for every seed and stage)
@@ -56,7 +57,8 @@ def run_seed(seed: int, args: argparse.Namespace) -> dict:
 
     torch.manual_seed(seed)
     cfg = GRPOConfig(env_kwargs=EASY, group_size=args.group, prompts_per_step=args.prompts, max_tokens=8,
-                     lr=args.lr, seed=seed, lm=LLMPolicyConfig(lora_rank=8, train_layers=2))
+                     lr=args.lr, seed=seed, sampler=args.sampler,
+                     lm=LLMPolicyConfig(lora_rank=8, train_layers=2, engine_weight_dtype=args.engine_dtype))
     tr = GRPOTrainer(cfg)
     held_out = list(range(HELD_OUT, HELD_OUT + args.eval))
     result: dict = {"seed": seed, "config": {k: v for k, v in vars(args).items() if k != "seeds"}, "wins": {}}
@@ -129,6 +131,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--eval", type=int, default=40, help="held-out tasks")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--engine-dtype", choices=WEIGHT_DTYPES, default="float32",
+                    help="weights of the rollout engine (LLMPolicyConfig.engine_weight_dtype; the trained top layers "
+                         "stay float32); it samples the GRPO groups and answers the evaluation")
+    ap.add_argument("--sampler", choices=SAMPLERS, default="multinomial", help="token sampler (GRPOConfig.sampler)")
     ap.add_argument("--skip-pretrained", action="store_true", help="do not evaluate the pretrained stage")
     ap.add_argument("--out", default="benchmarks/results/llm_rl_grpo")
     ap.add_argument("--summary", action="store_true", help="summarise the seeds in --out instead of running")

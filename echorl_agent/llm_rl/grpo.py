@@ -8,6 +8,12 @@ learner maximises the clipped token-level surrogate with truncated importance we
 ``min(pi_learner_old / pi_rollout, C)`` -- the same learner/rollout split as :class:`~echorl_agent.llm_rl.ppo.LLMPPO`:
 the learner starts from the activations the engine captured while sampling and runs only the trained top layers.
 Groups whose rewards are all equal carry no signal; their fraction is reported (``frac_zero_std``).
+
+Faster sampling (sampling is most of a step on a CPU): ``lm=LLMPolicyConfig(engine_weight_dtype="int8")`` decodes
+on the int8 engine, whose frozen layers reproduce the embedded GGUF's weights exactly and whose trained top layers
+stay float32, so the captured activations and the sampling log-probabilities remain the learner's own (to ~2e-5);
+``sampler="inverse_cdf"`` draws each token with one uniform number instead of ``torch.multinomial``'s one per
+vocabulary entry. ``benchmarks/grpo_step_vs_trl.py --ours float32 int8:inverse_cdf`` times both against TRL.
 """
 
 from __future__ import annotations
