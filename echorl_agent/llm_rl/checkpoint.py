@@ -10,6 +10,9 @@ Layout of a checkpoint::
     optimizer.pt     the optimizer's state (Adam moments and step counts)
     trainer.pt       GiGPO: counters, curve rows, gigpo.csv rows, the trainer's numpy and torch generators, and the
                      global torch / numpy / Python RNG states
+    lm.pt            GRPO: the trained weights (``TrainableLM.trainable_state``; ``adapter/`` too with LoRA)
+    grpo.pt          GRPO: step count, per-step stats, the warm start's losses, the trainer's numpy generator (the
+                     task seeds and the engine's sampling seeds come from it) and the global RNG states
     replay.bin       ``echorl`` with replay: the LLM replay buffer in its own checksummed format (its loader checks it)
     model.zip        PPO methods: SB3's ``save`` (policy with adapters, optimizer, counters)
     ppo.pt           PPO methods: curve rows and the global RNG states
@@ -38,8 +41,9 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["CHECKPOINT", "RESUMABLE_FIELDS", "check_config", "kind_of", "load_gigpo", "load_ppo", "open_checkpoint",
-           "ppo_checkpoint_callback", "read_checkpoint", "rng_state", "save_gigpo", "save_ppo", "set_rng_state"]
+__all__ = ["CHECKPOINT", "RESUMABLE_FIELDS", "check_config", "kind_of", "load_gigpo", "load_grpo", "load_ppo",
+           "open_checkpoint", "ppo_checkpoint_callback", "read_checkpoint", "rng_state", "save_gigpo", "save_grpo",
+           "save_ppo", "set_rng_state"]
 
 CHECKPOINT = "checkpoint"
 """The checkpoint folder's name inside the output folder."""
@@ -172,13 +176,16 @@ def _load_pt(path: Path) -> Any:
 
 
 def kind_of(method: str) -> str:
-    """``"gigpo"`` (GiGPO trainer state) or ``"ppo"`` (SB3 model) for a train method; ValueError for ``grpo``."""
+    """``"gigpo"`` (GiGPO trainer state), ``"ppo"`` (SB3 model) or ``"grpo"`` (GRPO trainer state) for a train
+    method; ValueError for an unknown one."""
     if "gigpo" in method or method == "echorl":
         return "gigpo"
     if method in ("bc", "ppo", "bc+ppo", "echoppo"):
         return "ppo"
-    raise ValueError(f"method {method!r} writes no checkpoint and cannot resume (GiGPO, echorl and the PPO methods "
-                     "can)")
+    if method == "grpo":
+        return "grpo"
+    raise ValueError(f"method {method!r} writes no checkpoint and cannot resume (GiGPO, echorl, GRPO and the PPO "
+                     "methods can)")
 
 
 def open_checkpoint(out: str | Path, cfg: Any) -> tuple[Path, dict[str, Any]]:
@@ -297,6 +304,54 @@ def load_gigpo(trainer: Any, checkpoint: tuple[Path, dict[str, Any]]) -> None:
     trainer.policy.optimizer.load_state_dict(optimizer_state)
     trainer.load_state_dict(state["trainer"])
     set_rng_state(state["rng"])
+
+
+# ------------------------------------------------------------------ GRPO (free-text envs)
+def save_grpo(trainer: Any, cfg: Any, out: str | Path, warm_losses: list[float]) -> Path:
+    """Write ``<out>/checkpoint/`` for a :class:`~echorl_agent.llm_rl.grpo.GRPOTrainer` run of ``cfg`` between two
+    GRPO steps, then empty the engine's prefix cache (keeping its weight version), as a resumed run's is.
+
+    A run resumed from it computes what the uninterrupted run computes after the checkpoint: same weights (bit for
+    bit), optimizer, task seeds and sampling seeds (both drawn from the trainer's generator), engine weight version
+    and an equally empty prefix cache. ``timesteps`` in the manifest counts sampled completions."""
+    per_step = trainer.cfg.group_size * trainer.cfg.prompts_per_step
+
+    def write(folder: Path) -> None:
+        torch.save(trainer.lm.trainable_state(), folder / "lm.pt")
+        if trainer.lm.cfg.lora_rank > 0:
+            trainer.lm.save_adapter(folder / "adapter")
+        torch.save(trainer.optimizer.state_dict(), folder / "optimizer.pt")
+        torch.save({"num_steps": int(trainer.num_steps), "history": json.dumps(trainer.history),
+                    "warm_losses": json.dumps(list(warm_losses)),
+                    "generator": json.dumps(trainer.rng.bit_generator.state), "rng": rng_state()}, folder / "grpo.pt")
+
+    info = {"method": cfg.method, "iteration": int(trainer.num_steps), "timesteps": int(trainer.num_steps) * per_step,
+            "episodes": int(trainer.num_steps) * trainer.cfg.prompts_per_step,
+            "weight_version": trainer.lm.engine.weight_version}
+    path = _write(Path(out), cfg, kind_of(cfg.method), info, write)
+    trainer.lm.engine.reset_prefix_cache()  # the resumed run starts with an empty cache too
+    return path
+
+
+def load_grpo(trainer: Any, checkpoint: tuple[Path, dict[str, Any]]) -> list[float]:
+    """Continue ``trainer`` (a fresh :class:`~echorl_agent.llm_rl.grpo.GRPOTrainer`, no warm start) from
+    ``checkpoint`` (:func:`open_checkpoint`'s result); returns the warm start's losses of the original run.
+
+    Raises:
+        ValueError: a file that does not load.
+    """
+    path, manifest = checkpoint
+    state = _load_pt(path / "grpo.pt")
+    weights = _load_pt(path / "lm.pt")
+    optimizer_state = _load_pt(path / "optimizer.pt")
+    trainer.lm.load_trainable_state(weights)  # also pushes the weights to the rollout engine
+    trainer.lm.engine.reset_prefix_cache(int(manifest["weight_version"]))
+    trainer.optimizer.load_state_dict(optimizer_state)
+    trainer.num_steps = int(state["num_steps"])
+    trainer.history = json.loads(state["history"])
+    trainer.rng.bit_generator.state = json.loads(state["generator"])
+    set_rng_state(state["rng"])
+    return json.loads(state["warm_losses"])
 
 
 # ------------------------------------------------------------------ PPO methods (SB3)

@@ -207,7 +207,7 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None, resume: bool = False):
         if out is None:
             raise ValueError("resume needs the output folder of the run to continue, got out=None")
         opened = ckpt.open_checkpoint(out, cfg)  # fails before any model is loaded
-    elif out is not None and (out / ckpt.CHECKPOINT).is_dir() and cfg.method != "grpo":
+    elif out is not None and (out / ckpt.CHECKPOINT).is_dir():
         warnings.warn(f"{out / ckpt.CHECKPOINT} holds a checkpoint of an earlier run; this fresh run replaces it at its "
                       "first save (pass resume=True, or --resume, to continue that run instead)", stacklevel=2)
     finished = opened is not None and opened[1]["timesteps"] >= cfg.train_steps
@@ -216,7 +216,7 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None, resume: bool = False):
         (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
     torch.manual_seed(cfg.seed)
     if cfg.method == "grpo":
-        return _train_grpo(cfg, out, lm)
+        return _train_grpo(cfg, out, lm, opened)
     if "gigpo" in cfg.method or cfg.method == "echorl":
         return _train_gigpo(cfg, out, lm, opened)
     from stable_baselines3.common.monitor import Monitor
@@ -281,7 +281,8 @@ def _finished(cfg: LLMTrainConfig, timesteps: int, stacklevel: int = 3) -> None:
                   f"{cfg.train_steps} (raise train_steps to train on)", stacklevel=stacklevel)
 
 
-def _train_grpo(cfg: LLMTrainConfig, out: Path | None, lm: Any):
+def _train_grpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = None):
+    from echorl_agent.llm_rl import checkpoint as ckpt
     from echorl_agent.llm_rl.config import LLMPolicyConfig
     from echorl_agent.llm_rl.grpo import GRPOConfig, GRPOTrainer
 
@@ -290,16 +291,28 @@ def _train_grpo(cfg: LLMTrainConfig, out: Path | None, lm: Any):
     gk.setdefault("seed", cfg.seed)
     gk["lm"] = LLMPolicyConfig.from_kwargs(**cfg.policy_kwargs)
     trainer = GRPOTrainer(GRPOConfig(**gk), lm=lm)
-    warm = trainer.warm_start(list(range(20_000 + 1000 * cfg.seed, 20_000 + 1000 * cfg.seed + cfg.bc_episodes)),
-                              epochs=cfg.bc_epochs) if cfg.bc_episodes else []
     per_step = trainer.cfg.group_size * trainer.cfg.prompts_per_step
     steps = max(1, cfg.train_steps // per_step) if cfg.train_steps else 0
-    hist = trainer.train(steps, progress=cfg.progress)
+    if opened is not None:
+        warm = ckpt.load_grpo(trainer, opened)
+        if trainer.num_steps >= steps:
+            _finished(cfg, trainer.num_steps * per_step, stacklevel=4)
+            return trainer
+    else:
+        warm = trainer.warm_start(list(range(20_000 + 1000 * cfg.seed, 20_000 + 1000 * cfg.seed + cfg.bc_episodes)),
+                                  epochs=cfg.bc_epochs) if cfg.bc_episodes else []
+    while trainer.num_steps < steps:
+        chunk = steps - trainer.num_steps
+        if out is not None and cfg.checkpoint_every:
+            chunk = min(chunk, cfg.checkpoint_every - trainer.num_steps % cfg.checkpoint_every)
+        trainer.train(chunk, progress=cfg.progress)
+        if out is not None:
+            ckpt.save_grpo(trainer, cfg, out, warm)
     if out is not None:
         with open(out / "curve.csv", "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["completions", "reward_mean", "frac_zero_std", "loss"])
-            for h in hist:
+            for h in trainer.history:
                 w.writerow([int(h["step"]) * per_step, h["reward_mean"], h["frac_zero_std"], h["loss"]])
         (out / "warm_start.json").write_text(json.dumps({"losses": warm}))
         if trainer.lm.cfg.lora_rank > 0:
