@@ -121,6 +121,8 @@ class PPOReplay:
         """The replayed items of the current update."""
         self.weights = torch.ones(0)
         """Weights of the mixed batch ``[len(fresh) + len(items)]``: 1 for fresh, PER x truncated IS for replayed."""
+        self.per_weights = torch.ones(0)
+        """Prioritized-replay weight ``(N P)^(-beta_is)`` (batch max 1) of each replayed item ``[len(items)]``."""
         self.is_weights = torch.ones(0)
         """``min(pi_old / mu, C)`` of each replayed item ``[len(items)]``."""
         self._slots = np.zeros(0, np.int64)
@@ -137,11 +139,11 @@ class PPOReplay:
         self._minibatches = max(1, -(-len(fresh) // batch_size))
         n = int(round(self.replay_ratio * len(fresh)))
         if n == 0 or len(self.buffer) == 0:
-            self.weights, self.is_weights = torch.ones(len(fresh)), torch.ones(0)
+            self.weights, self.per_weights, self.is_weights = torch.ones(len(fresh)), torch.ones(0), torch.ones(0)
             return
         sample = self.buffer.sample(n, self.rng)
         _, weights, is_replay = mix_batch(fresh, sample)
-        self.items, self._slots = list(sample.items), sample.indices
+        self.items, self._slots, self.per_weights = list(sample.items), sample.indices, weights[is_replay].clone()
         self._records = [StepRecord.from_transition(it) for it in self.items]
         self._old = self._learner_logp(policy, self._records)
         behaviour = torch.stack([it.rollout_logp[it.action] for it in self.items]).float()
