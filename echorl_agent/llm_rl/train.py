@@ -41,6 +41,10 @@ ECHORL_LEARNERS = ("gigpo", "ppo")
 """Learners of ``method="echorl"`` (``LLMTrainConfig.echorl_learner``)."""
 
 
+#: The GiGPO learner options ``LLMTrainConfig.gigpo_kwargs`` may set.
+GIGPO_LEARNER_FIELDS = ("epochs", "minibatch_size", "clip_range", "ent_coef", "normalize", "max_grad_norm", "micro_batch")
+
+
 @dataclass
 class LLMTrainConfig:
     """What ``echorl train-llm`` runs."""
@@ -92,6 +96,10 @@ class LLMTrainConfig:
     """:class:`~echorl_agent.llm_rl.config.LLMPolicyConfig` / PlanningConfig fields."""
     grpo_kwargs: dict[str, Any] = field(default_factory=dict)
     """:class:`~echorl_agent.llm_rl.grpo.GRPOConfig` fields (``grpo``)."""
+    gigpo_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Learner fields of :class:`~echorl_agent.llm_rl.gigpo.GiGPOConfig` (:data:`GIGPO_LEARNER_FIELDS`: ``epochs``,
+    ``minibatch_size``, ``clip_range``, ``ent_coef``, ``normalize``, ``max_grad_norm``, ``micro_batch``) for the
+    GiGPO methods (``gigpo``, ``bc+gigpo``, ``echorl``); the rest of GiGPOConfig comes from the fields above."""
     checkpoint_every: int = 10
     """Write ``<out>/checkpoint/`` every this many iterations (GiGPO iterations, PPO rollout+update rounds) and at
     the end; 0: at the end only. Not for ``grpo``."""
@@ -121,6 +129,13 @@ class LLMTrainConfig:
         elif self.learner == "ppo" and self.method != "bc" and (self.n_steps * self.n_envs) % self.batch_size:
             raise ValueError(f"batch_size must divide n_steps * n_envs, got batch_size={self.batch_size}, "
                              f"n_steps={self.n_steps}, n_envs={self.n_envs}")
+        unknown = sorted(set(self.gigpo_kwargs) - set(GIGPO_LEARNER_FIELDS))
+        if unknown:
+            raise ValueError(f"gigpo_kwargs takes {GIGPO_LEARNER_FIELDS}, got gigpo_kwargs={self.gigpo_kwargs!r} "
+                             f"(unknown: {unknown})")
+        if self.gigpo_kwargs and not ("gigpo" in self.method or self.method == "echorl"):
+            raise ValueError(f"gigpo_kwargs applies to the GiGPO methods, got gigpo_kwargs={self.gigpo_kwargs!r} "
+                             f"with method={self.method!r}")
         if isinstance(self.checkpoint_every, bool) or not isinstance(self.checkpoint_every, int) \
                 or self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be an int >= 0, got checkpoint_every={self.checkpoint_every!r}")
@@ -335,9 +350,10 @@ def _bc_warm_start(cfg: LLMTrainConfig, policy: Any, out: Path | None) -> None:
                                                  "episodes": data.episodes, "expert_wins": data.successes}))
 
 
-def _train_gigpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = None):
-    from echorl_agent.llm_rl import checkpoint as ckpt
-    from echorl_agent.llm_rl.gigpo import GiGPOConfig, GiGPOTrainer
+def gigpo_config(cfg: LLMTrainConfig):
+    """The :class:`~echorl_agent.llm_rl.gigpo.GiGPOConfig` a GiGPO method (``gigpo``, ``bc+gigpo``, ``echorl``) of
+    ``cfg`` trains with, and the policy keyword arguments (``echorl`` adds 2 plan tokens and replay by default)."""
+    from echorl_agent.llm_rl.gigpo import GiGPOConfig
 
     pk = dict(cfg.policy_kwargs)
     replay, kl_coef = None, 0.0
@@ -349,8 +365,16 @@ def _train_gigpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = N
                        groups=max(1, cfg.n_envs // cfg.group_size), step_advantage_weight=cfg.step_advantage_weight,
                        gamma=0.95 if cfg.gamma is None else cfg.gamma, history=cfg.history,
                        max_episode_steps=cfg.max_episode_steps, learning_rate=cfg.learning_rate,
-                       epochs=1, ent_coef=0.0, seed=cfg.seed, kl_coef=kl_coef, replay=replay,
-                       replay_ratio=cfg.replay_ratio, lm=pk)
+                       seed=cfg.seed, kl_coef=kl_coef, replay=replay, replay_ratio=cfg.replay_ratio, lm=pk,
+                       **{"epochs": 1, "ent_coef": 0.0, **cfg.gigpo_kwargs})
+    return gcfg, pk
+
+
+def _train_gigpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = None):
+    from echorl_agent.llm_rl import checkpoint as ckpt
+    from echorl_agent.llm_rl.gigpo import GiGPOTrainer
+
+    gcfg, pk = gigpo_config(cfg)
     policy = None
     if lm is not None:
         from stable_baselines3.common.utils import ConstantSchedule
