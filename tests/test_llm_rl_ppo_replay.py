@@ -195,6 +195,8 @@ def test_config_cli_and_checkpoint_kind_of_the_learner(tmp_path, capsys):
     with pytest.raises(ValueError, match="batch_size must divide n_steps"):  # the PPO learner's rule, not GiGPO's
         LLMTrainConfig(env_id=ENV, method="echorl", echorl_learner="ppo", n_steps=10, batch_size=4)
     LLMTrainConfig(env_id=ENV, method="echorl", echorl_learner="ppo", group_size=1)  # no groups with PPO
+    with pytest.raises(ValueError, match="gigpo_kwargs applies to the GiGPO methods.*echorl_learner='ppo'"):
+        LLMTrainConfig(env_id=ENV, method="echorl", echorl_learner="ppo", gigpo_kwargs={"epochs": 2})
     assert LLMTrainConfig(env_id=ENV, method="echorl").learner == "gigpo"  # the default is unchanged
     assert LLMTrainConfig(env_id=ENV, method="echorl", echorl_learner="ppo").learner == "ppo"
     assert kind_of("echorl") == "gigpo" and kind_of("echorl", "ppo") == "ppo" and kind_of("echoppo") == "ppo"

@@ -133,9 +133,10 @@ class LLMTrainConfig:
         if unknown:
             raise ValueError(f"gigpo_kwargs takes {GIGPO_LEARNER_FIELDS}, got gigpo_kwargs={self.gigpo_kwargs!r} "
                              f"(unknown: {unknown})")
-        if self.gigpo_kwargs and not ("gigpo" in self.method or self.method == "echorl"):
+        if self.gigpo_kwargs and self.learner != "gigpo":
             raise ValueError(f"gigpo_kwargs applies to the GiGPO methods, got gigpo_kwargs={self.gigpo_kwargs!r} "
-                             f"with method={self.method!r}")
+                             f"with method={self.method!r}"
+                             + (f", echorl_learner={self.echorl_learner!r}" if self.method == "echorl" else ""))
         if isinstance(self.checkpoint_every, bool) or not isinstance(self.checkpoint_every, int) \
                 or self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be an int >= 0, got checkpoint_every={self.checkpoint_every!r}")
