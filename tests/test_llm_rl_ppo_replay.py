@@ -14,7 +14,7 @@ import torch
 
 from echorl_agent.llm_rl.policy import StepRecord
 from echorl_agent.replay.llm import LLMReplayBuffer, LLMTransition
-from tests.conftest import small_llm_policy
+from tests.conftest import choice_states, small_llm_policy
 
 ENV = "EchoRL/MiniGrid-Empty-Random-5x5-v0"
 GOTO = "EchoRL/BabyAI-GoToLocal-v0"
@@ -38,16 +38,7 @@ def restore(policy):
 
 
 def _records(policy, n_envs: int, steps: int, seed0: int = 0) -> tuple[list[StepRecord], list[np.ndarray]]:
-    from echorl_agent.llm_rl.rollout import make_choice_env
-
-    rows = []
-    for j in range(n_envs):
-        env = make_choice_env(ENV, history=1, max_episode_steps=20)
-        obs, _ = env.reset(seed=seed0 + j)
-        rows.append(obs)
-        for t in range(steps):
-            obs, *_ = env.step((j + t) % 3)
-            rows.append(obs)
+    rows = choice_states(ENV, 1, n_envs, steps, seed0)
     return policy.record_many(rows), rows
 
 
