@@ -76,7 +76,7 @@ def test_weights_are_one_on_policy_and_per_times_truncated_ratio_for_replayed(po
     assert raw[-1] - raw[0] > 0.05  # the nudge moved pi away from mu
     c = (raw[0] + raw[-1]) / 2  # a truncation some ratios exceed and some do not
 
-    buf = LLMReplayBuffer(64)
+    buf = LLMReplayBuffer(64, beta=1.0, alpha=0.5, td_weight=0.6, td_eps=1e-3)
     buf.add(stored)
     rep = PPOReplay(buf, replay_ratio=1.5, truncation=c, seed=0)
     rep.begin(policy, fresh, batch_size=1)  # 2 minibatches per epoch
@@ -89,10 +89,29 @@ def test_weights_are_one_on_policy_and_per_times_truncated_ratio_for_replayed(po
     torch.testing.assert_close(rep.weights[n:], rep.per_weights * expected, rtol=2e-4, atol=0)
     assert rep.per_weights.max() == 1.0 and (rep.per_weights > 0).all()
     # the items are split over the 2 minibatches of an epoch, every one exactly once, then reshuffled
-    first = [rep.next_minibatch(2) for _ in range(2)]
+    rep_items = list(rep.items)
+    first = [rep.next_minibatch() for _ in range(2)]
     assert sorted(p for mb in first for p in mb.positions.tolist()) == list(range(len(rep.items)))
-    second = [rep.next_minibatch(2) for _ in range(2)]
+    second = [rep.next_minibatch() for _ in range(2)]
     assert sorted(p for mb in second for p in mb.positions.tolist()) == list(range(len(rep.items)))
+    # after the update: replayed items' |delta| = |ret - V(s)| of their latest forward, the fresh items enter the
+    # buffer with |delta| = |ret - value|; P = softmax(alpha |A| + td_weight log(|delta| + eps)) (Eq. 7, beta 1)
+    for mb in first + second:
+        pg, vf = mb.loss_terms(mb.advantages, 0.2)
+        assert pg.shape == vf.shape == (len(mb),) and pg.requires_grad
+    latest = {p: v for mb in second for p, v in zip(mb.positions.tolist(), mb.values.tolist(), strict=True)}
+    slots = rep._slots.copy()
+    rep.end(policy.lm.engine.weight_version)
+    assert len(buf) == len(stored) + len(fresh)
+    delta = [abs(it.ret - it.value) for it in stored + fresh]
+    for p, v in latest.items():
+        delta[int(slots[p])] = abs(rep_items[p].ret - v)
+    adv = np.array([it.advantage for it in stored + fresh], np.float32).astype(np.float64)
+    logits = 0.5 * np.abs(adv) + 0.6 * np.log(np.array(delta, np.float32).astype(np.float64) + 1e-3)
+    want = np.exp(logits - logits.max())
+    got_slots, probs = buf.probabilities()
+    np.testing.assert_array_equal(got_slots, np.arange(len(delta)))
+    np.testing.assert_allclose(probs, want / want.sum(), rtol=1e-5)
 
 
 def test_replayed_item_logprob_equals_a_fresh_forward(policy, restore):
@@ -112,7 +131,7 @@ def test_replayed_item_logprob_equals_a_fresh_forward(policy, restore):
     for buf in (kept, dropped):
         rep = PPOReplay(buf, replay_ratio=2.0, truncation=1.0, seed=1)
         rep.begin(policy, items[:2], batch_size=2)
-        mb = rep.next_minibatch(2)
+        mb = rep.next_minibatch()
         logps, _, _ = policy.learner_scores_many(mb.records)
         for rec, lp in zip(mb.records, logps, strict=True):
             token_only = StepRecord(list(rec.context), rec.num_prompt, [list(c) for c in rec.cands], rec.rollout_logp,

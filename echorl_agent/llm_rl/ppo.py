@@ -73,7 +73,7 @@ class LLMPPO(EchoPPO):
             self.replay.begin(self.policy, fresh, self.batch_size)
 
     def _replay_minibatch(self, n_fresh: int) -> ReplayMinibatch | None:
-        return None if self.replay is None else self.replay.next_minibatch(n_fresh)
+        return None if self.replay is None else self.replay.next_minibatch()
 
     def _pg_weights(self, data: Any) -> th.Tensor:
         return self.policy.importance_weights(data.observations, data.actions).to(data.advantages.device)

@@ -160,18 +160,15 @@ class PPOReplay:
                 out.extend(policy.learner_scores_many(records[lo : lo + _CHUNK])[0])
         return torch.stack([lp[it.action] for lp, it in zip(out, self.items, strict=True)]).float().cpu()
 
-    def next_minibatch(self, n_fresh: int) -> ReplayMinibatch | None:
+    def next_minibatch(self) -> ReplayMinibatch | None:
         """The replayed items of the next PPO minibatch (None when nothing is replayed). The items are split over
-        the update's minibatches and reshuffled each epoch (an epoch has ``ceil(len(fresh) / batch_size)``
-        minibatches)."""
+        the update's ``ceil(len(fresh) / batch_size)`` minibatches and reshuffled each epoch."""
         if not self.items:
             return None
         if not self._queue:
-            order = self.rng.permutation(len(self.items))
-            fresh_w = len(self.fresh)
-            w = self.weights[fresh_w:]
-            for pos in np.array_split(order, self._minibatches):
-                if len(pos) == 0:
+            w = self.weights[len(self.fresh):]
+            for pos in np.array_split(self.rng.permutation(len(self.items)), self._minibatches):
+                if len(pos) == 0:  # fewer replayed items than minibatches
                     continue
                 idx = torch.as_tensor(pos)
                 self._queue.append(ReplayMinibatch(
@@ -179,8 +176,6 @@ class PPOReplay:
                     torch.tensor([self.items[i].advantage for i in pos], dtype=torch.float32),
                     torch.tensor([self.items[i].ret for i in pos], dtype=torch.float32),
                     self._old[idx], w[idx], pos))
-            if not self._queue:
-                return None
         mb = self._queue.pop(0)
         self._issued.append(mb)
         return mb
