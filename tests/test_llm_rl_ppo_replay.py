@@ -6,6 +6,8 @@ replay-off ablation equal to echoppo."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import warnings
 
 import numpy as np
@@ -213,9 +215,8 @@ def test_config_cli_and_checkpoint_kind_of_the_learner(tmp_path, capsys):
     assert LLMTrainConfig(env_id=ENV, method="echorl", replay={"off": True}).replay_kwargs() is None
     assert LLMTrainConfig(env_id=ENV, method="echoppo").replay_kwargs() is None
     # a checkpoint written before echorl_learner existed resumes with the default, and refuses "ppo"
-    saved = {k: v for k, v in __import__("dataclasses").asdict(LLMTrainConfig(env_id=ENV, method="echorl")).items()
-             if k != "echorl_learner"}
-    saved = __import__("json").loads(__import__("json").dumps(saved, default=str))
+    saved = json.loads(json.dumps(dataclasses.asdict(LLMTrainConfig(env_id=ENV, method="echorl")), default=str))
+    del saved["echorl_learner"]
     check_config(saved, LLMTrainConfig(env_id=ENV, method="echorl"), tmp_path)
     with pytest.raises(ValueError, match="echorl_learner differs"):
         check_config(saved, LLMTrainConfig(env_id=ENV, method="echorl", echorl_learner="ppo"), tmp_path)
