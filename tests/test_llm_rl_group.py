@@ -14,7 +14,7 @@ from echorl_agent.llm_rl.advantage import (
     gigpo_advantages,
 )
 from echorl_agent.llm_rl.rollout import Episode, Step
-from tests.conftest import small_llm_policy
+from tests.conftest import choice_states, small_llm_policy
 
 
 def _ep(group: int, rewards: list[float], anchors: list[str]) -> Episode:
@@ -94,17 +94,7 @@ def policy():
 
 
 def _states(n_envs: int, steps: int, seed0: int = 0):
-    from echorl_agent.llm_rl.gigpo import make_choice_env
-
-    rows = []
-    for j in range(n_envs):
-        env = make_choice_env(ENV, history=2, max_episode_steps=20)
-        obs, _ = env.reset(seed=seed0 + j)
-        rows.append(obs)
-        for t in range(steps):
-            obs, *_ = env.step((j + t) % 3)
-            rows.append(obs)
-    return rows
+    return choice_states(ENV, 2, n_envs, steps, seed0)
 
 
 def test_batched_scoring_equals_one_state_at_a_time(policy):

@@ -13,9 +13,11 @@ Layout of a checkpoint::
     lm.pt            GRPO: the trained weights (``TrainableLM.trainable_state``; ``adapter/`` too with LoRA)
     grpo.pt          GRPO: step count, per-step stats, the warm start's losses, the trainer's numpy generator (the
                      task seeds and the engine's sampling seeds come from it) and the global RNG states
-    replay.bin       ``echorl`` with replay: the LLM replay buffer in its own checksummed format (its loader checks it)
+    replay.bin       ``echorl`` with replay (either learner): the LLM replay buffer in its own checksummed format (its
+                     loader checks it)
     model.zip        PPO methods: SB3's ``save`` (policy with adapters, optimizer, counters)
-    ppo.pt           PPO methods: curve rows and the global RNG states
+    ppo.pt           PPO methods: curve rows and the global RNG states (``echorl`` with the PPO learner: and the
+                     replay's sample generator)
 
 A save writes everything into ``<out>/.checkpoint.tmp-<pid>/``, then swaps it in with two renames (the previous
 checkpoint goes to ``checkpoint.old/`` for the instant between them and is then deleted), so a crash leaves one
@@ -157,6 +159,9 @@ def check_config(saved: dict[str, Any], cfg: Any, path: str | Path) -> None:
         ValueError: naming the first differing field (``policy_kwargs['lora_rank']`` for a key inside a dict).
     """
     now = _config_dict(cfg)
+    # a field added after the checkpoint was written (e.g. echorl_learner) had its default value in that run
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg) if f.default is not dataclasses.MISSING}
+    saved = {**json.loads(json.dumps({k: v for k, v in defaults.items() if k not in saved}, default=str)), **saved}
     for name in sorted(set(saved) | set(now)):
         if name in RESUMABLE_FIELDS or saved.get(name) == now.get(name):
             continue
@@ -175,12 +180,12 @@ def _load_pt(path: Path) -> Any:
         raise ValueError(f"checkpoint file {path} cannot be loaded ({type(e).__name__}: {e})") from e
 
 
-def kind_of(method: str) -> str:
+def kind_of(method: str, echorl_learner: str = "gigpo") -> str:
     """``"gigpo"`` (GiGPO trainer state), ``"ppo"`` (SB3 model) or ``"grpo"`` (GRPO trainer state) for a train
-    method; ValueError for an unknown one."""
-    if "gigpo" in method or method == "echorl":
+    method (``echorl``: its learner); ValueError for an unknown one."""
+    if "gigpo" in method or (method == "echorl" and echorl_learner == "gigpo"):
         return "gigpo"
-    if method in ("bc", "ppo", "bc+ppo", "echoppo"):
+    if method in ("bc", "ppo", "bc+ppo", "echoppo", "echorl"):
         return "ppo"
     if method == "grpo":
         return "grpo"
@@ -195,7 +200,7 @@ def open_checkpoint(out: str | Path, cfg: Any) -> tuple[Path, dict[str, Any]]:
         FileNotFoundError: no checkpoint in ``out``.
         ValueError: a corrupt or incomplete checkpoint, another method's, or a different config.
     """
-    kind = kind_of(cfg.method)
+    kind = kind_of(cfg.method, cfg.echorl_learner)
     path, manifest = read_checkpoint(out)
     if manifest.get("kind") != kind:
         raise ValueError(f"{path} is a {manifest.get('kind')!r} checkpoint; method {cfg.method!r} resumes {kind!r} "
@@ -256,6 +261,17 @@ def _load_policy(policy: Any, folder: Path, weight_version: int | None) -> None:
         policy.lm.engine.reset_prefix_cache(weight_version)
 
 
+def _load_replay(replay: Any, checkpoint: tuple[Path, dict[str, Any]]) -> None:
+    """Load ``replay.bin`` into ``replay`` (an ``LLMReplayBuffer`` or None); refuse replay on in one and off in the
+    other. The file's loader verifies it fully before it replaces the buffer's state."""
+    path, manifest = checkpoint
+    if (replay is None) != ("replay.bin" not in manifest["files"]):
+        raise ValueError(f"{path}: replay is {'off' if replay is None else 'on'} now but the checkpoint "
+                         f"{'has' if replay is None else 'lacks'} a replay buffer")
+    if replay is not None:
+        replay.load(str(path / "replay.bin"))  # ReplayFileError (a ValueError) names the file
+
+
 # ------------------------------------------------------------------ GiGPO / echorl
 def save_gigpo(trainer: Any, cfg: Any, out: str | Path) -> Path:
     """Write ``<out>/checkpoint/`` for a :class:`~echorl_agent.llm_rl.gigpo.GiGPOTrainer` run of ``cfg``, then empty
@@ -275,7 +291,7 @@ def save_gigpo(trainer: Any, cfg: Any, out: str | Path) -> Path:
 
     info = {"method": cfg.method, "iteration": trainer.num_iterations, "timesteps": trainer.num_timesteps,
             "episodes": len(trainer.episodes_done), "weight_version": trainer.policy.lm.engine.weight_version}
-    path = _write(Path(out), cfg, kind_of(cfg.method), info, write)
+    path = _write(Path(out), cfg, kind_of(cfg.method, cfg.echorl_learner), info, write)
     if trainer.policy.remote is None:
         # a resumed run starts with an empty prefix cache; so does this one's next iteration, so both compute it
         # identically (KV served from the cache and KV recomputed in another batch shape may differ by rounding)
@@ -295,11 +311,7 @@ def load_gigpo(trainer: Any, checkpoint: tuple[Path, dict[str, Any]]) -> None:
     path, manifest = checkpoint
     state = _load_pt(path / "trainer.pt")
     optimizer_state = _load_pt(path / "optimizer.pt")
-    if (trainer.replay is None) != ("replay.bin" not in manifest["files"]):
-        raise ValueError(f"{path}: replay is {'off' if trainer.replay is None else 'on'} now but the checkpoint "
-                         f"{'has' if trainer.replay is None else 'lacks'} a replay buffer")
-    if trainer.replay is not None:
-        trainer.replay.load(str(path / "replay.bin"))  # ReplayFileError (a ValueError) names the file
+    _load_replay(trainer.replay, checkpoint)
     _load_policy(trainer.policy, path, int(manifest["weight_version"]))
     trainer.policy.optimizer.load_state_dict(optimizer_state)
     trainer.load_state_dict(state["trainer"])
@@ -359,21 +371,26 @@ def save_ppo(model: Any, curve: Any, cfg: Any, out: str | Path) -> Path:
     """Write ``<out>/checkpoint/`` for an :class:`~echorl_agent.llm_rl.ppo.LLMPPO` run, between two rollouts.
 
     What is saved: SB3's ``model.zip`` (policy and adapter weights, optimizer, ``num_timesteps``, update count), the
-    adapter in peft's format, the curve rows and the global RNG states. What is not: the envs' states (the episodes
-    in progress) and SB3's episode-info buffer of the ``rollout/ep_*`` means; the rollout buffer needs nothing, since
-    PPO refills it from scratch before every update.
+    adapter in peft's format, the curve rows and the global RNG states, and with replay (``echorl`` with the PPO
+    learner) the replay buffer (``replay.bin``, as GiGPO's) and its sample generator. What is not: the envs' states
+    (the episodes in progress) and SB3's episode-info buffer of the ``rollout/ep_*`` means; the rollout buffer needs
+    nothing, since PPO refills it from scratch before every update.
     """
+    replay = getattr(model, "replay", None)
 
     def write(folder: Path) -> None:
         model.save(folder / "model.zip")
         if model.policy.cfg.lora_rank > 0:
             model.policy.lm.save_adapter(folder / "adapter")
-        torch.save({"curve": [list(r) for r in curve.rows], "recent": list(curve.recent), "rng": rng_state()},
-                   folder / "ppo.pt")
+        extra = {"curve": [list(r) for r in curve.rows], "recent": list(curve.recent), "rng": rng_state()}
+        if replay is not None:
+            replay.buffer.save(str(folder / "replay.bin"))
+            extra["replay_rng"] = replay.rng.bit_generator.state
+        torch.save(extra, folder / "ppo.pt")
 
     info = {"method": cfg.method, "iteration": int(model._n_updates), "timesteps": int(model.num_timesteps),
             "episodes": len(curve.rows), "weight_version": model.policy.lm.engine.weight_version}
-    return _write(Path(out), cfg, kind_of(cfg.method), info, write)
+    return _write(Path(out), cfg, kind_of(cfg.method, cfg.echorl_learner), info, write)
 
 
 def load_ppo(model: Any, curve: Any, checkpoint: tuple[Path, dict[str, Any]]) -> None:
@@ -390,6 +407,8 @@ def load_ppo(model: Any, curve: Any, checkpoint: tuple[Path, dict[str, Any]]) ->
 
     path, manifest = checkpoint
     extra = _load_pt(path / "ppo.pt")
+    replay = getattr(model, "replay", None)
+    _load_replay(None if replay is None else replay.buffer, checkpoint)
     try:
         data, params, _ = load_from_zip_file(path / "model.zip", device=model.device)
     except Exception as e:
@@ -404,6 +423,8 @@ def load_ppo(model: Any, curve: Any, checkpoint: tuple[Path, dict[str, Any]]) ->
     curve.rows = [(int(s), float(w), float(r)) for s, w, r in extra["curve"]]
     curve.recent.extend(float(x) for x in extra["recent"])
     set_rng_state(extra["rng"])
+    if replay is not None:
+        replay.rng.bit_generator.state = extra["replay_rng"]
     warnings.warn("PPO resumes from its last update but not exactly: the envs' states are not saved, so the episodes "
                   "in progress at the checkpoint start over (their steps stay counted), and the rollout/ep_* means "
                   "restart from the episodes after the resume", stacklevel=3)
