@@ -106,7 +106,8 @@ def run(method: str, seed: int, args) -> None:
         bc_epochs=args.bc_epochs, bc_learning_rate=args.bc_lr, bc_batch_size=args.bc_batch_size, seed=seed, history=args.history, max_episode_steps=args.max_steps,
         n_steps=args.n_steps, batch_size=args.batch_size, n_epochs=args.n_epochs, learning_rate=args.lr,
         n_envs=args.n_envs if "gigpo" in method else 1, group_size=args.group_size,
-        policy_kwargs={**POLICY, **json.loads(args.policy_kwargs or "{}")}, out=str(out))
+        policy_kwargs={**POLICY, **json.loads(args.policy_kwargs or "{}")},
+        gigpo_kwargs=json.loads(args.gigpo_kwargs or "{}") if "gigpo" in method else {}, out=str(out))
     model = train_llm(cfg)
     train_s = time.perf_counter() - t0
     rows = evaluate(model, args, seed)
@@ -222,6 +223,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n-envs", type=int, default=8, help="GiGPO: envs per iteration (groups x group size)")
     ap.add_argument("--group-size", type=int, default=4, help="GiGPO: episodes per seed")
     ap.add_argument("--policy-kwargs", help="JSON LLMPolicy options added to the defaults (e.g. temperature)")
+    ap.add_argument("--gigpo-kwargs", help='JSON GiGPO learner options, e.g. \'{"epochs": 4, "minibatch_size": 32}\'')
     ap.add_argument("--eval-episodes", type=int, default=6)
     ap.add_argument("--out", default="benchmarks/results/llm_rl_learning")
     ap.add_argument("--summary", action="store_true", help="only print the table of what is in --out")

@@ -7,6 +7,7 @@ Loops measured (each a fresh process, alternating A/B/... over ``--rounds``, sam
 * ``ppo-8env``   -- the same PPO with 8 envs (one batched engine call per step, packed learner);
 * ``gigpo-2x4``  -- GiGPO, 2 groups x 4 episodes per iteration (one batched engine call per step); an iteration
   runs whole episodes, so it times at least one iteration (up to 8 x 64 steps);
+* ``gigpo-2x4-lean`` -- the same without the admissible-action list in the prompt (``show_admissible=False``);
 * with ``--baseline-tree DIR`` (a checkout of an older commit, e.g. ``git worktree add /tmp/old 16db19f``), the
   ``ppo-1env`` loop of that tree too (``old-ppo-1env``), so the ratio new / old is measured in one run.
 
@@ -38,6 +39,8 @@ LOOPS = {
     "ppo-1env": dict(method="ppo", n_envs=1, n_steps=64, batch_size=16, n_epochs=2),
     "ppo-8env": dict(method="ppo", n_envs=8, n_steps=8, batch_size=16, n_epochs=2),
     "gigpo-2x4": dict(method="gigpo", n_envs=8, group_size=4),
+    # the same GiGPO without the admissible-action list in every observation turn (the candidates are scored anyway)
+    "gigpo-2x4-lean": dict(method="gigpo", n_envs=8, group_size=4, policy={"show_admissible": False}),
 }
 
 
@@ -62,8 +65,9 @@ def worker(loop: str, steps: int, seed: int) -> dict:
     kw = dict(LOOPS[loop.removeprefix("old-")])
     method = kw.pop("method")
     extra = {"group_size": kw.pop("group_size")} if "group_size" in kw else {}
+    policy = {"lora_rank": 8, "train_layers": 2, **kw.pop("policy", {})}
     common = dict(env_id=ENV, method=method, history=2, max_episode_steps=24, seed=seed, learning_rate=1e-4, bc_episodes=1,
-                  policy_kwargs={"lora_rank": 8, "train_layers": 2}, **kw, **extra)
+                  policy_kwargs=policy, **kw, **extra)
     # warm-up: load the model and run one short loop (not timed)
     t0 = time.perf_counter()
     model = train_llm(LLMTrainConfig(train_steps=0 if method == "gigpo" else kw["n_steps"] * kw["n_envs"],

@@ -254,9 +254,11 @@ def cmd_train_llm(args: argparse.Namespace) -> int:
             bc_epochs=args.bc_epochs, seed=args.seed, history=args.history, max_episode_steps=args.max_steps,
             n_steps=args.n_steps, batch_size=args.batch_size, n_epochs=args.n_epochs,
             learning_rate=args.learning_rate, policy_kwargs=json.loads(args.policy_kwargs or "{}"),
-            grpo_kwargs=json.loads(args.grpo_kwargs or "{}"), env_kwargs=json.loads(args.env_kwargs or "{}"),
+            grpo_kwargs=json.loads(args.grpo_kwargs or "{}"), gigpo_kwargs=json.loads(args.gigpo_kwargs or "{}"),
+            env_kwargs=json.loads(args.env_kwargs or "{}"),
             n_envs=args.n_envs, gamma=args.gamma, group_size=args.group_size,
-            step_advantage_weight=args.step_advantage_weight, checkpoint_every=args.checkpoint_every, out=args.out,
+            step_advantage_weight=args.step_advantage_weight, echorl_learner=args.echorl_learner,
+            checkpoint_every=args.checkpoint_every, out=args.out,
             progress=not args.quiet)
         started = time.time()
         train_llm(cfg, resume=args.resume)
@@ -341,7 +343,7 @@ def _families() -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     from echorl_agent.eval.agents import EVAL_MODES, agent_names
-    from echorl_agent.llm_rl.train import METHODS
+    from echorl_agent.llm_rl.train import ECHORL_LEARNERS, METHODS
 
     p = argparse.ArgumentParser(prog="echorl", description="echorl: text environments and EchoRL agents.",
                                 epilog=__doc__.split("\n\n")[1], formatter_class=HelpFormatter)
@@ -422,6 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--group-size", type=int, default=4, help="GiGPO: episodes per group (one seed)")
     s.add_argument("--step-advantage-weight", type=float, default=1.0,
                    help="GiGPO: omega, weight of the anchor-state step advantage")
+    s.add_argument("--echorl-learner", default="gigpo", choices=list(ECHORL_LEARNERS),
+                   help="echorl: the learner under the plan and the replay (gigpo: critic-free groups; ppo: echoppo "
+                        "with the value head)")
     s.add_argument("--gamma", type=float, default=None, help="discount (default 0.99 PPO, 0.95 GiGPO)")
     s.add_argument("--env-kwargs", help='JSON of extra gym.make arguments, e.g. \'{"env_kwargs": {"max_steps": 32}}\'')
     s.add_argument("--batch-size", type=int, default=16, help="minibatch size")
@@ -429,6 +434,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--learning-rate", type=float, default=1e-4, help="optimizer learning rate")
     s.add_argument("--policy-kwargs", help='JSON LLMPolicy options, e.g. \'{"lora_rank": 8, "train_layers": 2}\'')
     s.add_argument("--grpo-kwargs", help='JSON GRPOConfig options, e.g. \'{"group_size": 8}\'')
+    s.add_argument("--gigpo-kwargs", help='JSON GiGPO learner options (gigpo, bc+gigpo, echorl), e.g. '
+                   '\'{"epochs": 4, "minibatch_size": 32}\'')
     s.add_argument("--out", default="runs/train-llm", help="output folder")
     s.add_argument("--checkpoint-every", type=int, default=10, metavar="N",
                    help="write OUT/checkpoint/ every N iterations (GiGPO iterations, PPO updates) and at the end; "

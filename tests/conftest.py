@@ -99,6 +99,22 @@ def small_llm_policy(env_id: str, history: int, max_episode_steps: int):
         pytest.skip(str(e))
 
 
+def choice_states(env_id: str, history: int, n_envs: int, steps: int, seed0: int = 0) -> list:
+    """Observations of ``n_envs`` episodes of ``env_id``'s wrapped choice env (seeds ``seed0, seed0 + 1, ...``), each
+    its reset and ``steps`` steps of fixed actions ``(j + t) % 3``: consecutive states whose prompts share prefixes."""
+    from echorl_agent.llm_rl.rollout import make_choice_env
+
+    rows = []
+    for j in range(n_envs):
+        env = make_choice_env(env_id, history=history, max_episode_steps=20)
+        obs, _ = env.reset(seed=seed0 + j)
+        rows.append(obs)
+        for t in range(steps):
+            obs, *_ = env.step((j + t) % 3)
+            rows.append(obs)
+    return rows
+
+
 def _in_ci_subset(nodeid: str) -> bool:
     for pattern in CI_SLOW_TESTS:
         if "*" in pattern:

@@ -95,7 +95,7 @@ def test_resume_refuses_a_changed_config_naming_the_field(finished):
         _train(lm, state, _cfg(out, train_steps=4, max_episode_steps=1, policy_kwargs={"lora_rank": 8}), resume=True)
     with pytest.raises(ValueError, match="'gigpo' checkpoint; method 'ppo'"):
         _train(lm, state, _cfg(out, "ppo", n_steps=2, batch_size=2, max_episode_steps=1), resume=True)
-    with pytest.raises(ValueError, match="grpo"):
+    with pytest.raises(ValueError, match="'gigpo' checkpoint; method 'grpo' resumes 'grpo'"):
         _train(lm, state, _cfg(out, train_steps=4, env_id="EchoRL/Arithmetic-v0", method="grpo"), resume=True)
 
 
@@ -236,3 +236,24 @@ def test_cli_resume_without_a_checkpoint_is_a_clear_error(tmp_path, capsys):
     with pytest.raises(SystemExit, match=f"no checkpoint to resume from: {tmp_path / 'checkpoint'} does not exist"):
         cli.main(["train-llm", "--task", ENV, "--method", "gigpo", "--group-size", "2", "--resume",
                   "--out", str(tmp_path)])
+
+
+@pytest.mark.slow
+def test_grpo_resumes_exactly(lm_and_state, tmp_path):
+    # 2 GRPO steps straight vs 1 step, a checkpoint, and a resumed second step: same completions, same weights
+    lm, state = lm_and_state
+    kw = dict(env_id="EchoRL/Arithmetic-v0", method="grpo", bc_episodes=1, bc_epochs=1, checkpoint_every=1, learning_rate=1e-2,
+              grpo_kwargs={"group_size": 2, "prompts_per_step": 1, "max_tokens": 4, "lr": 1e-2})
+    straight = _train(lm, state, _cfg(tmp_path / "a", train_steps=4, **kw))
+    w_straight = {k: v.clone() for k, v in lm.trainable_state().items()}
+    _train(lm, state, _cfg(tmp_path / "b", train_steps=2, **kw))
+    manifest = json.loads((tmp_path / "b" / "checkpoint" / "checkpoint.json").read_text())
+    assert (manifest["kind"], manifest["iteration"], manifest["timesteps"]) == ("grpo", 1, 2)
+    assert {"lm.pt", "optimizer.pt", "grpo.pt", "adapter/adapter_model.safetensors"} <= set(manifest["files"])
+    lm.load_trainable_state({k: v + 0.5 for k, v in state.items()})  # the resume must load the checkpoint's weights
+    resumed = _train(lm, state, _cfg(tmp_path / "b", train_steps=4, **kw), resume=True)
+    assert resumed.num_steps == straight.num_steps == 2
+    assert any(not torch.equal(w_straight[k], state[k]) for k in state)  # the steps really updated the weights
+    assert all(torch.equal(w_straight[k], v) for k, v in lm.trainable_state().items())
+    assert [h["reward_mean"] for h in resumed.history] == [h["reward_mean"] for h in straight.history]
+    assert _rows(tmp_path / "a" / "curve.csv") == _rows(tmp_path / "b" / "curve.csv")

@@ -14,7 +14,7 @@ from echorl_agent.llm_rl.advantage import (
     gigpo_advantages,
 )
 from echorl_agent.llm_rl.rollout import Episode, Step
-from tests.conftest import small_llm_policy
+from tests.conftest import choice_states, small_llm_policy
 
 
 def _ep(group: int, rewards: list[float], anchors: list[str]) -> Episode:
@@ -94,17 +94,7 @@ def policy():
 
 
 def _states(n_envs: int, steps: int, seed0: int = 0):
-    from echorl_agent.llm_rl.gigpo import make_choice_env
-
-    rows = []
-    for j in range(n_envs):
-        env = make_choice_env(ENV, history=2, max_episode_steps=20)
-        obs, _ = env.reset(seed=seed0 + j)
-        rows.append(obs)
-        for t in range(steps):
-            obs, *_ = env.step((j + t) % 3)
-            rows.append(obs)
-    return rows
+    return choice_states(ENV, 2, n_envs, steps, seed0)
 
 
 def test_batched_scoring_equals_one_state_at_a_time(policy):
@@ -184,7 +174,7 @@ def test_group_rollout_shares_the_start_and_detects_unreproducible_seeds(policy)
 
 
 def test_train_config_rejects_bad_input():
-    from echorl_agent.llm_rl.train import LLMTrainConfig
+    from echorl_agent.llm_rl.train import LLMTrainConfig, gigpo_config
 
     with pytest.raises(ValueError, match="free text|does not fit"):
         LLMTrainConfig(env_id="EchoRL/Arithmetic-v0", method="gigpo")
@@ -194,6 +184,23 @@ def test_train_config_rejects_bad_input():
         LLMTrainConfig(env_id=ENV, method="gigpo", n_envs=6, group_size=4)
     with pytest.raises(ValueError, match="batch_size must divide n_steps"):
         LLMTrainConfig(env_id=ENV, method="ppo", n_steps=10, batch_size=4)
+    with pytest.raises(ValueError, match=r"gigpo_kwargs takes .*unknown: \['epoch'\]"):
+        LLMTrainConfig(env_id=ENV, method="gigpo", gigpo_kwargs={"epoch": 4})
+    with pytest.raises(ValueError, match="gigpo_kwargs applies to the GiGPO methods.*method='ppo'"):
+        LLMTrainConfig(env_id=ENV, method="ppo", gigpo_kwargs={"epochs": 4})
+    with pytest.raises(ValueError, match="epochs must be a positive int"):
+        gigpo_config(LLMTrainConfig(env_id=ENV, method="gigpo", gigpo_kwargs={"epochs": 0}))
+
+
+def test_gigpo_learner_options_reach_the_gigpo_config():
+    from echorl_agent.llm_rl.train import LLMTrainConfig, gigpo_config
+
+    default, _ = gigpo_config(LLMTrainConfig(env_id=ENV, method="bc+gigpo", n_envs=8, group_size=4))
+    assert (default.epochs, default.minibatch_size, default.ent_coef, default.groups) == (1, None, 0.0, 2)
+    tuned, pk = gigpo_config(LLMTrainConfig(env_id=ENV, method="echorl", n_envs=8, group_size=4,
+                                            gigpo_kwargs={"epochs": 4, "minibatch_size": 32, "clip_range": 0.1}))
+    assert (tuned.epochs, tuned.minibatch_size, tuned.clip_range, tuned.kl_coef) == (4, 32, 0.1, 0.01)
+    assert pk["plan_tokens"] == 2 and tuned.replay == {"capacity": 4096, "replay_memory_mb": 1024.0}
 
 
 @pytest.mark.parametrize("method", ["ppo", pytest.param("gigpo", marks=pytest.mark.slow),

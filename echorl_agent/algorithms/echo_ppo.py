@@ -143,20 +143,28 @@ class EchoPPO(PPO):
                     data.observations, actions, action_masks=masks
                 )
                 values = values.flatten()
-                advantages = data.advantages
+                n = len(actions)
+                replay = self._replay_minibatch(n)  # LLMPPO: replayed (off-policy) items mixed into this minibatch
+                advantages = data.advantages if replay is None else th.cat([data.advantages, replay.advantages])
                 if self.normalize_advantage and len(advantages) > 1:
                     advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
                 ratio = th.exp(log_prob - data.old_log_prob)
-                surrogate = th.min(advantages * ratio, advantages * th.clamp(ratio, 1 - clip_range, 1 + clip_range))
+                surrogate = th.min(advantages[:n] * ratio, advantages[:n] * th.clamp(ratio, 1 - clip_range, 1 + clip_range))
                 weights = self._pg_weights(data)
-                policy_loss = -(surrogate if weights is None else weights * surrogate).mean()
-                pg_losses.append(policy_loss.item())
+                pg_terms = surrogate if weights is None else weights * surrogate
                 clip_fractions.append(th.mean((th.abs(ratio - 1) > clip_range).float()).item())
                 if clip_range_vf is None:
                     values_pred = values
                 else:
                     values_pred = data.old_values + th.clamp(values - data.old_values, -clip_range_vf, clip_range_vf)
-                value_loss = F.mse_loss(data.returns, values_pred)
+                if replay is None:
+                    value_loss = F.mse_loss(data.returns, values_pred)
+                else:  # one mean over the mixed minibatch; replayed terms carry their weights
+                    replay_pg, replay_vf = replay.loss_terms(advantages[n:], clip_range)
+                    pg_terms = th.cat([pg_terms, replay_pg])
+                    value_loss = th.cat([(data.returns - values_pred) ** 2, replay_vf]).mean()
+                policy_loss = -pg_terms.mean()
+                pg_losses.append(policy_loss.item())
                 value_losses.append(value_loss.item())
                 entropy_loss = -th.mean(entropy)
                 entropy_losses.append(entropy_loss.item())
@@ -204,6 +212,12 @@ class EchoPPO(PPO):
 
     def _pg_weights(self, data: Any) -> th.Tensor | None:
         """Per-sample weights of the policy-gradient term (None: all 1)."""
+        return None
+
+    def _replay_minibatch(self, n_fresh: int) -> Any:
+        """Replayed items to mix into a minibatch of ``n_fresh`` fresh ones (None: none). The result has
+        ``advantages [m]`` and ``loss_terms(advantages, clip_range) -> (surrogate [m], value error [m])``, both
+        already weighted (see :class:`~echorl_agent.llm_rl.ppo_replay.ReplayMinibatch`)."""
         return None
 
     def _after_train(self) -> None:

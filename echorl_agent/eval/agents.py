@@ -78,7 +78,7 @@ AGENTS: dict[str, AgentSpec] = {
                   "step advantages; bc_warm_start option)", "echorl_agent.eval.llm_rl_agents:make_llm_gigpo",
                   ("peft", "echorl_agent.llm_rl.gigpo"), "sb3", learned=True),
         AgentSpec("llm-echorl", "SmolLM2 trained by EchoRL on the LM: GiGPO + latent plan tokens (plan KL) + hot/cold "
-                  "prioritized replay of LLM transitions", "echorl_agent.eval.llm_rl_agents:make_llm_echorl",
+                  "prioritized replay of LLM transitions (echorl_learner=ppo option: echoppo + the replay)", "echorl_agent.eval.llm_rl_agents:make_llm_echorl",
                   ("peft", "echorl_agent.llm_rl.gigpo", "echorl_agent.replay.llm"), "sb3", learned=True),
         AgentSpec("llm-grpo", "SmolLM2 trained by GRPO on free-text envs (oracle warm start, group sampling)",
                   "echorl_agent.eval.llm_rl_agents:make_llm_grpo", ("peft", "echorl_agent.llm_rl.grpo"), "sb3", learned=True),

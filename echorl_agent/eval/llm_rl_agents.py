@@ -122,7 +122,9 @@ def make_llm_gigpo(env_id: str, **kw: Any) -> LLMChoiceAgent:
 
 
 def make_llm_echorl(env_id: str, **kw: Any) -> LLMChoiceAgent:
-    kw.setdefault("n_envs", 8)
+    """EchoRL on the LM; ``echorl_learner="ppo"`` (an agent option) trains it with PPO instead of GiGPO."""
+    if kw.get("echorl_learner", "gigpo") == "gigpo":
+        kw.setdefault("n_envs", 8)  # groups of K episodes
     return LLMChoiceAgent("llm-echorl", env_id, "echorl", **kw)
 
 

@@ -10,9 +10,14 @@ Layout of a checkpoint::
     optimizer.pt     the optimizer's state (Adam moments and step counts)
     trainer.pt       GiGPO: counters, curve rows, gigpo.csv rows, the trainer's numpy and torch generators, and the
                      global torch / numpy / Python RNG states
-    replay.bin       ``echorl`` with replay: the LLM replay buffer in its own checksummed format (its loader checks it)
+    lm.pt            GRPO: the trained weights (``TrainableLM.trainable_state``; ``adapter/`` too with LoRA)
+    grpo.pt          GRPO: step count, per-step stats, the warm start's losses, the trainer's numpy generator (the
+                     task seeds and the engine's sampling seeds come from it) and the global RNG states
+    replay.bin       ``echorl`` with replay (either learner): the LLM replay buffer in its own checksummed format (its
+                     loader checks it)
     model.zip        PPO methods: SB3's ``save`` (policy with adapters, optimizer, counters)
-    ppo.pt           PPO methods: curve rows and the global RNG states
+    ppo.pt           PPO methods: curve rows and the global RNG states (``echorl`` with the PPO learner: and the
+                     replay's sample generator)
 
 A save writes everything into ``<out>/.checkpoint.tmp-<pid>/``, then swaps it in with two renames (the previous
 checkpoint goes to ``checkpoint.old/`` for the instant between them and is then deleted), so a crash leaves one
@@ -38,8 +43,9 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["CHECKPOINT", "RESUMABLE_FIELDS", "check_config", "kind_of", "load_gigpo", "load_ppo", "open_checkpoint",
-           "ppo_checkpoint_callback", "read_checkpoint", "rng_state", "save_gigpo", "save_ppo", "set_rng_state"]
+__all__ = ["CHECKPOINT", "RESUMABLE_FIELDS", "check_config", "kind_of", "load_gigpo", "load_grpo", "load_ppo",
+           "open_checkpoint", "ppo_checkpoint_callback", "read_checkpoint", "rng_state", "save_gigpo", "save_grpo",
+           "save_ppo", "set_rng_state"]
 
 CHECKPOINT = "checkpoint"
 """The checkpoint folder's name inside the output folder."""
@@ -153,6 +159,9 @@ def check_config(saved: dict[str, Any], cfg: Any, path: str | Path) -> None:
         ValueError: naming the first differing field (``policy_kwargs['lora_rank']`` for a key inside a dict).
     """
     now = _config_dict(cfg)
+    # a field added after the checkpoint was written (e.g. echorl_learner) had its default value in that run
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg) if f.default is not dataclasses.MISSING}
+    saved = {**json.loads(json.dumps({k: v for k, v in defaults.items() if k not in saved}, default=str)), **saved}
     for name in sorted(set(saved) | set(now)):
         if name in RESUMABLE_FIELDS or saved.get(name) == now.get(name):
             continue
@@ -171,14 +180,17 @@ def _load_pt(path: Path) -> Any:
         raise ValueError(f"checkpoint file {path} cannot be loaded ({type(e).__name__}: {e})") from e
 
 
-def kind_of(method: str) -> str:
-    """``"gigpo"`` (GiGPO trainer state) or ``"ppo"`` (SB3 model) for a train method; ValueError for ``grpo``."""
-    if "gigpo" in method or method == "echorl":
+def kind_of(method: str, echorl_learner: str = "gigpo") -> str:
+    """``"gigpo"`` (GiGPO trainer state), ``"ppo"`` (SB3 model) or ``"grpo"`` (GRPO trainer state) for a train
+    method (``echorl``: its learner); ValueError for an unknown one."""
+    if "gigpo" in method or (method == "echorl" and echorl_learner == "gigpo"):
         return "gigpo"
-    if method in ("bc", "ppo", "bc+ppo", "echoppo"):
+    if method in ("bc", "ppo", "bc+ppo", "echoppo", "echorl"):
         return "ppo"
-    raise ValueError(f"method {method!r} writes no checkpoint and cannot resume (GiGPO, echorl and the PPO methods "
-                     "can)")
+    if method == "grpo":
+        return "grpo"
+    raise ValueError(f"method {method!r} writes no checkpoint and cannot resume (GiGPO, echorl, GRPO and the PPO "
+                     "methods can)")
 
 
 def open_checkpoint(out: str | Path, cfg: Any) -> tuple[Path, dict[str, Any]]:
@@ -188,7 +200,7 @@ def open_checkpoint(out: str | Path, cfg: Any) -> tuple[Path, dict[str, Any]]:
         FileNotFoundError: no checkpoint in ``out``.
         ValueError: a corrupt or incomplete checkpoint, another method's, or a different config.
     """
-    kind = kind_of(cfg.method)
+    kind = kind_of(cfg.method, cfg.echorl_learner)
     path, manifest = read_checkpoint(out)
     if manifest.get("kind") != kind:
         raise ValueError(f"{path} is a {manifest.get('kind')!r} checkpoint; method {cfg.method!r} resumes {kind!r} "
@@ -249,6 +261,17 @@ def _load_policy(policy: Any, folder: Path, weight_version: int | None) -> None:
         policy.lm.engine.reset_prefix_cache(weight_version)
 
 
+def _load_replay(replay: Any, checkpoint: tuple[Path, dict[str, Any]]) -> None:
+    """Load ``replay.bin`` into ``replay`` (an ``LLMReplayBuffer`` or None); refuse replay on in one and off in the
+    other. The file's loader verifies it fully before it replaces the buffer's state."""
+    path, manifest = checkpoint
+    if (replay is None) != ("replay.bin" not in manifest["files"]):
+        raise ValueError(f"{path}: replay is {'off' if replay is None else 'on'} now but the checkpoint "
+                         f"{'has' if replay is None else 'lacks'} a replay buffer")
+    if replay is not None:
+        replay.load(str(path / "replay.bin"))  # ReplayFileError (a ValueError) names the file
+
+
 # ------------------------------------------------------------------ GiGPO / echorl
 def save_gigpo(trainer: Any, cfg: Any, out: str | Path) -> Path:
     """Write ``<out>/checkpoint/`` for a :class:`~echorl_agent.llm_rl.gigpo.GiGPOTrainer` run of ``cfg``, then empty
@@ -268,7 +291,7 @@ def save_gigpo(trainer: Any, cfg: Any, out: str | Path) -> Path:
 
     info = {"method": cfg.method, "iteration": trainer.num_iterations, "timesteps": trainer.num_timesteps,
             "episodes": len(trainer.episodes_done), "weight_version": trainer.policy.lm.engine.weight_version}
-    path = _write(Path(out), cfg, kind_of(cfg.method), info, write)
+    path = _write(Path(out), cfg, kind_of(cfg.method, cfg.echorl_learner), info, write)
     if trainer.policy.remote is None:
         # a resumed run starts with an empty prefix cache; so does this one's next iteration, so both compute it
         # identically (KV served from the cache and KV recomputed in another batch shape may differ by rounding)
@@ -288,15 +311,59 @@ def load_gigpo(trainer: Any, checkpoint: tuple[Path, dict[str, Any]]) -> None:
     path, manifest = checkpoint
     state = _load_pt(path / "trainer.pt")
     optimizer_state = _load_pt(path / "optimizer.pt")
-    if (trainer.replay is None) != ("replay.bin" not in manifest["files"]):
-        raise ValueError(f"{path}: replay is {'off' if trainer.replay is None else 'on'} now but the checkpoint "
-                         f"{'has' if trainer.replay is None else 'lacks'} a replay buffer")
-    if trainer.replay is not None:
-        trainer.replay.load(str(path / "replay.bin"))  # ReplayFileError (a ValueError) names the file
+    _load_replay(trainer.replay, checkpoint)
     _load_policy(trainer.policy, path, int(manifest["weight_version"]))
     trainer.policy.optimizer.load_state_dict(optimizer_state)
     trainer.load_state_dict(state["trainer"])
     set_rng_state(state["rng"])
+
+
+# ------------------------------------------------------------------ GRPO (free-text envs)
+def save_grpo(trainer: Any, cfg: Any, out: str | Path, warm_losses: list[float]) -> Path:
+    """Write ``<out>/checkpoint/`` for a :class:`~echorl_agent.llm_rl.grpo.GRPOTrainer` run of ``cfg`` between two
+    GRPO steps, then empty the engine's prefix cache (keeping its weight version), as a resumed run's is.
+
+    A run resumed from it computes what the uninterrupted run computes after the checkpoint: same weights (bit for
+    bit), optimizer, task seeds and sampling seeds (both drawn from the trainer's generator), engine weight version
+    and an equally empty prefix cache. ``timesteps`` in the manifest counts sampled completions."""
+    per_step = trainer.cfg.group_size * trainer.cfg.prompts_per_step
+
+    def write(folder: Path) -> None:
+        torch.save(trainer.lm.trainable_state(), folder / "lm.pt")
+        if trainer.lm.cfg.lora_rank > 0:
+            trainer.lm.save_adapter(folder / "adapter")
+        torch.save(trainer.optimizer.state_dict(), folder / "optimizer.pt")
+        torch.save({"num_steps": int(trainer.num_steps), "history": json.dumps(trainer.history),
+                    "warm_losses": json.dumps(list(warm_losses)),
+                    "generator": json.dumps(trainer.rng.bit_generator.state), "rng": rng_state()}, folder / "grpo.pt")
+
+    info = {"method": cfg.method, "iteration": int(trainer.num_steps), "timesteps": int(trainer.num_steps) * per_step,
+            "episodes": int(trainer.num_steps) * trainer.cfg.prompts_per_step,
+            "weight_version": trainer.lm.engine.weight_version}
+    path = _write(Path(out), cfg, kind_of(cfg.method), info, write)
+    trainer.lm.engine.reset_prefix_cache()  # the resumed run starts with an empty cache too
+    return path
+
+
+def load_grpo(trainer: Any, checkpoint: tuple[Path, dict[str, Any]]) -> list[float]:
+    """Continue ``trainer`` (a fresh :class:`~echorl_agent.llm_rl.grpo.GRPOTrainer`, no warm start) from
+    ``checkpoint`` (:func:`open_checkpoint`'s result); returns the warm start's losses of the original run.
+
+    Raises:
+        ValueError: a file that does not load.
+    """
+    path, manifest = checkpoint
+    state = _load_pt(path / "grpo.pt")
+    weights = _load_pt(path / "lm.pt")
+    optimizer_state = _load_pt(path / "optimizer.pt")
+    trainer.lm.load_trainable_state(weights)  # also pushes the weights to the rollout engine
+    trainer.lm.engine.reset_prefix_cache(int(manifest["weight_version"]))
+    trainer.optimizer.load_state_dict(optimizer_state)
+    trainer.num_steps = int(state["num_steps"])
+    trainer.history = json.loads(state["history"])
+    trainer.rng.bit_generator.state = json.loads(state["generator"])
+    set_rng_state(state["rng"])
+    return json.loads(state["warm_losses"])
 
 
 # ------------------------------------------------------------------ PPO methods (SB3)
@@ -304,21 +371,26 @@ def save_ppo(model: Any, curve: Any, cfg: Any, out: str | Path) -> Path:
     """Write ``<out>/checkpoint/`` for an :class:`~echorl_agent.llm_rl.ppo.LLMPPO` run, between two rollouts.
 
     What is saved: SB3's ``model.zip`` (policy and adapter weights, optimizer, ``num_timesteps``, update count), the
-    adapter in peft's format, the curve rows and the global RNG states. What is not: the envs' states (the episodes
-    in progress) and SB3's episode-info buffer of the ``rollout/ep_*`` means; the rollout buffer needs nothing, since
-    PPO refills it from scratch before every update.
+    adapter in peft's format, the curve rows and the global RNG states, and with replay (``echorl`` with the PPO
+    learner) the replay buffer (``replay.bin``, as GiGPO's) and its sample generator. What is not: the envs' states
+    (the episodes in progress) and SB3's episode-info buffer of the ``rollout/ep_*`` means; the rollout buffer needs
+    nothing, since PPO refills it from scratch before every update.
     """
+    replay = getattr(model, "replay", None)
 
     def write(folder: Path) -> None:
         model.save(folder / "model.zip")
         if model.policy.cfg.lora_rank > 0:
             model.policy.lm.save_adapter(folder / "adapter")
-        torch.save({"curve": [list(r) for r in curve.rows], "recent": list(curve.recent), "rng": rng_state()},
-                   folder / "ppo.pt")
+        extra = {"curve": [list(r) for r in curve.rows], "recent": list(curve.recent), "rng": rng_state()}
+        if replay is not None:
+            replay.buffer.save(str(folder / "replay.bin"))
+            extra["replay_rng"] = replay.rng.bit_generator.state
+        torch.save(extra, folder / "ppo.pt")
 
     info = {"method": cfg.method, "iteration": int(model._n_updates), "timesteps": int(model.num_timesteps),
             "episodes": len(curve.rows), "weight_version": model.policy.lm.engine.weight_version}
-    return _write(Path(out), cfg, kind_of(cfg.method), info, write)
+    return _write(Path(out), cfg, kind_of(cfg.method, cfg.echorl_learner), info, write)
 
 
 def load_ppo(model: Any, curve: Any, checkpoint: tuple[Path, dict[str, Any]]) -> None:
@@ -335,6 +407,8 @@ def load_ppo(model: Any, curve: Any, checkpoint: tuple[Path, dict[str, Any]]) ->
 
     path, manifest = checkpoint
     extra = _load_pt(path / "ppo.pt")
+    replay = getattr(model, "replay", None)
+    _load_replay(None if replay is None else replay.buffer, checkpoint)
     try:
         data, params, _ = load_from_zip_file(path / "model.zip", device=model.device)
     except Exception as e:
@@ -349,6 +423,8 @@ def load_ppo(model: Any, curve: Any, checkpoint: tuple[Path, dict[str, Any]]) ->
     curve.rows = [(int(s), float(w), float(r)) for s, w, r in extra["curve"]]
     curve.recent.extend(float(x) for x in extra["recent"])
     set_rng_state(extra["rng"])
+    if replay is not None:
+        replay.rng.bit_generator.state = extra["replay_rng"]
     warnings.warn("PPO resumes from its last update but not exactly: the envs' states are not saved, so the episodes "
                   "in progress at the checkpoint start over (their steps stay counted), and the rollout/ep_* means "
                   "restart from the episodes after the resume", stacklevel=3)

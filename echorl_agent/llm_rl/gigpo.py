@@ -207,9 +207,7 @@ class GiGPOTrainer:
         batch = self.replay.sample(n, self.rng)
         out = []
         for it, w in zip(batch.items, batch.weights.tolist(), strict=True):
-            rec = StepRecord(list(it.context), it.num_prompt, [list(c) for c in it.cands], it.rollout_logp, 0.0,
-                             context_states=it.context_states, cand_states=it.cand_states, window=it.window)
-            out.append(Sample(rec, it.action, it.advantage, weight=float(w)))
+            out.append(Sample(StepRecord.from_transition(it), it.action, it.advantage, weight=float(w)))
         return out
 
     def _remember(self, fresh: list[tuple[int, Sample]], rollout_version: int) -> None:

@@ -61,6 +61,15 @@ class StepRecord:
     learner_logp: torch.Tensor | None = None
     """log pi over the candidates recomputed by the learner before the update (see ``LLMPPO``)."""
 
+    @classmethod
+    def from_transition(cls, item: Any) -> StepRecord:
+        """The record of a replayed :class:`~echorl_agent.replay.llm.LLMTransition` (duck-typed): token ids,
+        rollout distribution, plan window and, when kept, the captured activations (the learner recomputes the
+        frozen layers of an item without them). A critic-free item's value is 0."""
+        return cls(list(item.context), item.num_prompt, [list(c) for c in item.cands], item.rollout_logp,
+                   0.0 if item.value is None else float(item.value), context_states=item.context_states,
+                   cand_states=None if item.cand_states is None else list(item.cand_states), window=item.window)
+
 
 def _merge_prefixes(recs: list[StepRecord]) -> list[tuple[int, list[int]]]:
     """Group records whose context is a prefix of a longer one's: ``[(head, members)]``, head = the longest."""

@@ -4,7 +4,8 @@ Methods (choice envs): ``bc`` (behaviour cloning on the expert), ``ppo`` (LLM-PP
 ``bc+ppo`` (BC warm start, then PPO), ``echoppo`` (BC warm start, then PPO with the latent plan and its KL term;
 ``plan_tokens`` > 0), ``gigpo`` (critic-free group RL from the pretrained LM, :mod:`echorl_agent.llm_rl.gigpo`),
 ``bc+gigpo`` (BC warm start, then GiGPO), ``echorl`` (EchoRL on the LM: GiGPO + latent plan tokens with their KL
-term + hot/cold prioritized replay of LLM transitions; ablate with ``plan_tokens=0`` or ``replay=None``). Free-text envs: ``grpo`` (oracle-answer warm start, then GRPO). Used by
+term + hot/cold prioritized replay of LLM transitions; ablate with ``plan_tokens=0`` or ``replay={"off": True}``;
+``echorl_learner="ppo"``: echoppo -- BC warm start, PPO, plan tokens and KL -- plus the same replay). Free-text envs: ``grpo`` (oracle-answer warm start, then GRPO). Used by
 ``echorl train-llm`` and by the bench agents ``llm-bc``, ``llm-ppo``, ``llm-echoppo``, ``llm-gigpo``, ``llm-grpo``.
 
 Every choice env trains with its own step limit unless ``max_episode_steps`` caps it: the final observation of a
@@ -31,11 +32,17 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LLMTrainConfig", "METHODS", "train_llm", "make_llm_env"]
+__all__ = ["ECHORL_LEARNERS", "LLMTrainConfig", "METHODS", "train_llm", "make_llm_env"]
 
 log = logging.getLogger(__name__)
 
 METHODS = ("bc", "ppo", "bc+ppo", "echoppo", "gigpo", "bc+gigpo", "echorl", "grpo")
+ECHORL_LEARNERS = ("gigpo", "ppo")
+"""Learners of ``method="echorl"`` (``LLMTrainConfig.echorl_learner``)."""
+
+
+#: The GiGPO learner options ``LLMTrainConfig.gigpo_kwargs`` may set.
+GIGPO_LEARNER_FIELDS = ("epochs", "minibatch_size", "clip_range", "ent_coef", "normalize", "max_grad_norm", "micro_batch")
 
 
 @dataclass
@@ -82,13 +89,20 @@ class LLMTrainConfig:
     activations); ``{"off": True}`` disables replay (the plan-only ablation)."""
     replay_ratio: float = 1.0
     """``echorl``: replayed samples per fresh sample in each update."""
+    echorl_learner: str = "gigpo"
+    """``echorl``: the learner under the plan and the replay, one of :data:`ECHORL_LEARNERS`: "gigpo" (critic-free
+    groups of K episodes) or "ppo" (echoppo: BC warm start, PPO with the value head, plan tokens and KL)."""
     policy_kwargs: dict[str, Any] = field(default_factory=dict)
     """:class:`~echorl_agent.llm_rl.config.LLMPolicyConfig` / PlanningConfig fields."""
     grpo_kwargs: dict[str, Any] = field(default_factory=dict)
     """:class:`~echorl_agent.llm_rl.grpo.GRPOConfig` fields (``grpo``)."""
+    gigpo_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Learner fields of :class:`~echorl_agent.llm_rl.gigpo.GiGPOConfig` (:data:`GIGPO_LEARNER_FIELDS`: ``epochs``,
+    ``minibatch_size``, ``clip_range``, ``ent_coef``, ``normalize``, ``max_grad_norm``, ``micro_batch``) for the
+    GiGPO methods (``gigpo``, ``bc+gigpo``, ``echorl``); the rest of GiGPOConfig comes from the fields above."""
     checkpoint_every: int = 10
     """Write ``<out>/checkpoint/`` every this many iterations (GiGPO iterations, PPO rollout+update rounds) and at
-    the end; 0: at the end only. Not for ``grpo``."""
+    the end; 0: at the end only (``grpo``: every this many GRPO steps)."""
     out: str | None = None
     progress: bool = False
 
@@ -99,20 +113,30 @@ class LLMTrainConfig:
             hint = difflib.get_close_matches(self.method, METHODS, n=1)
             raise ValueError(f"method must be one of {METHODS}, got method={self.method!r}"
                              + (f"; did you mean {hint[0]!r}?" if hint else ""))
+        if self.echorl_learner not in ECHORL_LEARNERS:
+            raise ValueError(f"echorl_learner must be one of {ECHORL_LEARNERS}, got echorl_learner={self.echorl_learner!r}")
         for name in ("train_steps", "bc_episodes", "n_envs", "n_steps", "batch_size", "n_epochs", "group_size"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "train_steps" else 1):
                 raise ValueError(f"{name} must be a positive int, got {name}={v!r}")
-        if "gigpo" in self.method or self.method == "echorl":
+        if self.learner == "gigpo":
             if self.group_size < 2:
                 raise ValueError(f"group_size must be >= 2 (GiGPO compares the episodes of a group), "
                                  f"got group_size={self.group_size}")
             if self.n_envs > 1 and self.n_envs % self.group_size:
                 raise ValueError(f"n_envs must be a multiple of group_size (groups of K envs), got n_envs={self.n_envs}, "
                                  f"group_size={self.group_size}")
-        elif self.method in ("ppo", "bc+ppo", "echoppo") and (self.n_steps * self.n_envs) % self.batch_size:
+        elif self.learner == "ppo" and self.method != "bc" and (self.n_steps * self.n_envs) % self.batch_size:
             raise ValueError(f"batch_size must divide n_steps * n_envs, got batch_size={self.batch_size}, "
                              f"n_steps={self.n_steps}, n_envs={self.n_envs}")
+        unknown = sorted(set(self.gigpo_kwargs) - set(GIGPO_LEARNER_FIELDS))
+        if unknown:
+            raise ValueError(f"gigpo_kwargs takes {GIGPO_LEARNER_FIELDS}, got gigpo_kwargs={self.gigpo_kwargs!r} "
+                             f"(unknown: {unknown})")
+        if self.gigpo_kwargs and self.learner != "gigpo":
+            raise ValueError(f"gigpo_kwargs applies to the GiGPO methods, got gigpo_kwargs={self.gigpo_kwargs!r} "
+                             f"with method={self.method!r}"
+                             + (f", echorl_learner={self.echorl_learner!r}" if self.method == "echorl" else ""))
         if isinstance(self.checkpoint_every, bool) or not isinstance(self.checkpoint_every, int) \
                 or self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be an int >= 0, got checkpoint_every={self.checkpoint_every!r}")
@@ -123,7 +147,24 @@ class LLMTrainConfig:
         kind = echorl_envs.entry(self.env_id).action_type
         if (self.method == "grpo") != (kind != "choice"):
             raise ValueError(f"method {self.method!r} does not fit env_id={self.env_id!r} ({kind} actions): use grpo "
-                             "for free-text envs and bc/ppo/bc+ppo/echoppo/gigpo/bc+gigpo for choice envs")
+                             "for free-text envs and bc/ppo/bc+ppo/echoppo/gigpo/bc+gigpo/echorl for choice envs")
+
+    @property
+    def learner(self) -> str:
+        """What trains: "grpo", "gigpo" (GiGPOTrainer) or "ppo" (LLMPPO; ``bc`` too, with no PPO step)."""
+        if self.method == "grpo":
+            return "grpo"
+        if "gigpo" in self.method or (self.method == "echorl" and self.echorl_learner == "gigpo"):
+            return "gigpo"
+        return "ppo"
+
+    def replay_kwargs(self) -> dict[str, Any] | None:
+        """``echorl``'s :class:`~echorl_agent.replay.llm.LLMReplayBuffer` arguments (None: other methods, or
+        ``replay={"off": True}``)."""
+        if self.method != "echorl":
+            return None
+        replay = {"capacity": 4096, "replay_memory_mb": 1024.0} if self.replay is None else dict(self.replay)
+        return None if replay.pop("off", False) else replay
 
 
 def make_llm_env(env_id: str, history: int, max_episode_steps: int | None = None, seed: int | None = None,
@@ -192,7 +233,7 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None, resume: bool = False):
         if out is None:
             raise ValueError("resume needs the output folder of the run to continue, got out=None")
         opened = ckpt.open_checkpoint(out, cfg)  # fails before any model is loaded
-    elif out is not None and (out / ckpt.CHECKPOINT).is_dir() and cfg.method != "grpo":
+    elif out is not None and (out / ckpt.CHECKPOINT).is_dir():
         warnings.warn(f"{out / ckpt.CHECKPOINT} holds a checkpoint of an earlier run; this fresh run replaces it at its "
                       "first save (pass resume=True, or --resume, to continue that run instead)", stacklevel=2)
     finished = opened is not None and opened[1]["timesteps"] >= cfg.train_steps
@@ -200,9 +241,9 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None, resume: bool = False):
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
     torch.manual_seed(cfg.seed)
-    if cfg.method == "grpo":
-        return _train_grpo(cfg, out, lm)
-    if "gigpo" in cfg.method or cfg.method == "echorl":
+    if cfg.learner == "grpo":
+        return _train_grpo(cfg, out, lm, opened)
+    if cfg.learner == "gigpo":
         return _train_gigpo(cfg, out, lm, opened)
     from stable_baselines3.common.monitor import Monitor
     from stable_baselines3.common.vec_env import DummyVecEnv
@@ -210,7 +251,7 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None, resume: bool = False):
     from echorl_agent.llm_rl.ppo import LLMPPO
 
     pk = dict(cfg.policy_kwargs)
-    if cfg.method == "echoppo":
+    if cfg.method in ("echoppo", "echorl"):  # echorl with the PPO learner: echoppo + replay
         pk.setdefault("plan_tokens", 2)
         pk.setdefault("kl_coef", 0.01)
     if lm is not None:
@@ -224,12 +265,13 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None, resume: bool = False):
     tb = str(out / "tb") if out is not None else None
     model = LLMPPO("LLMPolicy", vec, n_steps=cfg.n_steps, batch_size=cfg.batch_size, n_epochs=cfg.n_epochs,
                     learning_rate=cfg.learning_rate, ent_coef=cfg.ent_coef, seed=cfg.seed, verbose=0,
-                    gamma=0.99 if cfg.gamma is None else cfg.gamma, tensorboard_log=tb, policy_kwargs=pk)
+                    gamma=0.99 if cfg.gamma is None else cfg.gamma, tensorboard_log=tb, policy_kwargs=pk,
+                    replay=cfg.replay_kwargs(), replay_ratio=cfg.replay_ratio)
     curve = _Curve(out / "curve.csv" if out is not None else None)
     if opened is not None:
         ckpt.load_ppo(model, curve, opened)
         vec.seed(cfg.seed + model.num_timesteps)  # new episodes, not a replay of the run's first ones
-    elif cfg.method in ("bc", "bc+ppo", "echoppo"):
+    elif cfg.method in ("bc", "bc+ppo", "echoppo", "echorl"):
         _bc_warm_start(cfg, model.policy, out)  # PPO's own schedule sets the learning rate again at every update
     todo = 0 if cfg.method == "bc" else cfg.train_steps - model.num_timesteps
     if opened is not None and todo <= 0:
@@ -266,7 +308,8 @@ def _finished(cfg: LLMTrainConfig, timesteps: int, stacklevel: int = 3) -> None:
                   f"{cfg.train_steps} (raise train_steps to train on)", stacklevel=stacklevel)
 
 
-def _train_grpo(cfg: LLMTrainConfig, out: Path | None, lm: Any):
+def _train_grpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = None):
+    from echorl_agent.llm_rl import checkpoint as ckpt
     from echorl_agent.llm_rl.config import LLMPolicyConfig
     from echorl_agent.llm_rl.grpo import GRPOConfig, GRPOTrainer
 
@@ -275,16 +318,28 @@ def _train_grpo(cfg: LLMTrainConfig, out: Path | None, lm: Any):
     gk.setdefault("seed", cfg.seed)
     gk["lm"] = LLMPolicyConfig.from_kwargs(**cfg.policy_kwargs)
     trainer = GRPOTrainer(GRPOConfig(**gk), lm=lm)
-    warm = trainer.warm_start(list(range(20_000 + 1000 * cfg.seed, 20_000 + 1000 * cfg.seed + cfg.bc_episodes)),
-                              epochs=cfg.bc_epochs) if cfg.bc_episodes else []
     per_step = trainer.cfg.group_size * trainer.cfg.prompts_per_step
     steps = max(1, cfg.train_steps // per_step) if cfg.train_steps else 0
-    hist = trainer.train(steps, progress=cfg.progress)
+    if opened is not None:
+        warm = ckpt.load_grpo(trainer, opened)
+        if trainer.num_steps >= steps:
+            _finished(cfg, trainer.num_steps * per_step, stacklevel=4)
+            return trainer
+    else:
+        warm = trainer.warm_start(list(range(20_000 + 1000 * cfg.seed, 20_000 + 1000 * cfg.seed + cfg.bc_episodes)),
+                                  epochs=cfg.bc_epochs) if cfg.bc_episodes else []
+    while trainer.num_steps < steps:
+        chunk = steps - trainer.num_steps
+        if out is not None and cfg.checkpoint_every:
+            chunk = min(chunk, cfg.checkpoint_every - trainer.num_steps % cfg.checkpoint_every)
+        trainer.train(chunk, progress=cfg.progress)
+        if out is not None:
+            ckpt.save_grpo(trainer, cfg, out, warm)
     if out is not None:
         with open(out / "curve.csv", "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["completions", "reward_mean", "frac_zero_std", "loss"])
-            for h in hist:
+            for h in trainer.history:
                 w.writerow([int(h["step"]) * per_step, h["reward_mean"], h["frac_zero_std"], h["loss"]])
         (out / "warm_start.json").write_text(json.dumps({"losses": warm}))
         if trainer.lm.cfg.lora_rank > 0:
@@ -309,24 +364,31 @@ def _bc_warm_start(cfg: LLMTrainConfig, policy: Any, out: Path | None) -> None:
                                                  "episodes": data.episodes, "expert_wins": data.successes}))
 
 
-def _train_gigpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = None):
-    from echorl_agent.llm_rl import checkpoint as ckpt
-    from echorl_agent.llm_rl.gigpo import GiGPOConfig, GiGPOTrainer
+def gigpo_config(cfg: LLMTrainConfig):
+    """The :class:`~echorl_agent.llm_rl.gigpo.GiGPOConfig` a GiGPO method (``gigpo``, ``bc+gigpo``, ``echorl``) of
+    ``cfg`` trains with, and the policy keyword arguments (``echorl`` adds 2 plan tokens and replay by default)."""
+    from echorl_agent.llm_rl.gigpo import GiGPOConfig
 
     pk = dict(cfg.policy_kwargs)
     replay, kl_coef = None, 0.0
     if cfg.method == "echorl":
         pk.setdefault("plan_tokens", 2)
         kl_coef = float(pk.pop("kl_coef", 0.01))
-        replay = {"capacity": 4096, "replay_memory_mb": 1024.0} if cfg.replay is None else dict(cfg.replay)
-        if replay.pop("off", False):
-            replay = None
+        replay = cfg.replay_kwargs()
     gcfg = GiGPOConfig(env_id=cfg.env_id, env_kwargs=cfg.env_kwargs, group_size=cfg.group_size,
                        groups=max(1, cfg.n_envs // cfg.group_size), step_advantage_weight=cfg.step_advantage_weight,
                        gamma=0.95 if cfg.gamma is None else cfg.gamma, history=cfg.history,
                        max_episode_steps=cfg.max_episode_steps, learning_rate=cfg.learning_rate,
-                       epochs=1, ent_coef=0.0, seed=cfg.seed, kl_coef=kl_coef, replay=replay,
-                       replay_ratio=cfg.replay_ratio, lm=pk)
+                       seed=cfg.seed, kl_coef=kl_coef, replay=replay, replay_ratio=cfg.replay_ratio, lm=pk,
+                       **{"epochs": 1, "ent_coef": 0.0, **cfg.gigpo_kwargs})
+    return gcfg, pk
+
+
+def _train_gigpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = None):
+    from echorl_agent.llm_rl import checkpoint as ckpt
+    from echorl_agent.llm_rl.gigpo import GiGPOTrainer
+
+    gcfg, pk = gigpo_config(cfg)
     policy = None
     if lm is not None:
         from stable_baselines3.common.utils import ConstantSchedule
