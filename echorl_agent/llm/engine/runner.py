@@ -216,7 +216,8 @@ class ModelRunner:
         """True when decoder layers ``0..stop-1`` compute what the float32 model computes, up to float summation
         order: always in float32 mode; with int8/int4, when every packed projection of those layers dequantizes to
         exactly the model's float weight (:meth:`QuantizedLinear.reproduces`; the embedded SmolLM2 GGUF's layers
-        do). Activations captured entering layer ``stop`` are then valid for a float32 learner of the layers above.
+        do; int4 also rounds activations to int16, ~1e-5 of a group's largest input). Activations captured entering
+        layer ``stop`` are then valid for a float32 learner of the layers above.
         """
         prefixes = tuple(f"model.layers.{i}." for i in range(stop))
         return all(q.reproduces(self.model.get_submodule(name).weight)
