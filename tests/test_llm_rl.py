@@ -280,7 +280,7 @@ def test_grpo_on_the_int8_engine_samples_what_the_learner_computes():
 
     cfg = GRPOConfig(group_size=4, prompts_per_step=1, max_tokens=8, sampler="inverse_cdf", lm=lm8.cfg)
     tr = GRPOTrainer(cfg, lm=lm8)
-    for step, rewards in enumerate(([1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 1.0, 0.0])):
+    for rewards in [1.0, 0.0, 0.0, 1.0], [0.0, 1.0, 1.0, 0.0]:
         g = tr.sample_group(seed=3)
         assert all(o.states is not None for o in g.completions)
         packed = tr.group_logprobs(g.prompt, g.completions)
