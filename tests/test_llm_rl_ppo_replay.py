@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import warnings
 
 import numpy as np
@@ -76,12 +77,19 @@ def test_weights_are_one_on_policy_and_per_times_truncated_ratio_for_replayed(po
         by_context[(tuple(it.context), it.action)] = (lp[it.action] - it.rollout_logp[it.action]).exp().item()
     raw = sorted(by_context.values())
     assert raw[-1] - raw[0] > 0.05  # the nudge moved pi away from mu
-    c = (raw[0] + raw[-1]) / 2  # a truncation some ratios exceed and some do not
 
     buf = LLMReplayBuffer(64, beta=1.0, alpha=0.5, td_weight=0.6, td_eps=1e-3)
     buf.add(stored)
+    # which items seed 0 replays does not depend on C: find them, then put C between their smallest and largest
+    # ratio (geometric mean: the ratios span orders of magnitude), so both sides of the truncation occur
+    probe = PPOReplay(buf, replay_ratio=1.5, truncation=math.inf, seed=0)
+    probe.begin(policy, fresh, batch_size=1)
+    picked = sorted(by_context[(tuple(it.context), it.action)] for it in probe.items)
+    assert picked[0] < picked[-1]
+    c = math.sqrt(picked[0] * picked[-1])
     rep = PPOReplay(buf, replay_ratio=1.5, truncation=c, seed=0)
     rep.begin(policy, fresh, batch_size=1)  # 2 minibatches per epoch
+    assert [it.context for it in rep.items] == [it.context for it in probe.items]
     n = len(fresh)
     assert len(rep.items) == round(1.5 * n) == len(rep.weights) - n
     assert rep.weights[:n].tolist() == [1.0] * n  # on-policy: exactly 1
