@@ -200,7 +200,7 @@ def open_checkpoint(out: str | Path, cfg: Any) -> tuple[Path, dict[str, Any]]:
         FileNotFoundError: no checkpoint in ``out``.
         ValueError: a corrupt or incomplete checkpoint, another method's, or a different config.
     """
-    kind = kind_of(cfg.method, cfg.echorl_learner)
+    kind = cfg.learner
     path, manifest = read_checkpoint(out)
     if manifest.get("kind") != kind:
         raise ValueError(f"{path} is a {manifest.get('kind')!r} checkpoint; method {cfg.method!r} resumes {kind!r} "
@@ -291,7 +291,7 @@ def save_gigpo(trainer: Any, cfg: Any, out: str | Path) -> Path:
 
     info = {"method": cfg.method, "iteration": trainer.num_iterations, "timesteps": trainer.num_timesteps,
             "episodes": len(trainer.episodes_done), "weight_version": trainer.policy.lm.engine.weight_version}
-    path = _write(Path(out), cfg, kind_of(cfg.method, cfg.echorl_learner), info, write)
+    path = _write(Path(out), cfg, cfg.learner, info, write)
     if trainer.policy.remote is None:
         # a resumed run starts with an empty prefix cache; so does this one's next iteration, so both compute it
         # identically (KV served from the cache and KV recomputed in another batch shape may differ by rounding)
@@ -340,7 +340,7 @@ def save_grpo(trainer: Any, cfg: Any, out: str | Path, warm_losses: list[float])
     info = {"method": cfg.method, "iteration": int(trainer.num_steps), "timesteps": int(trainer.num_steps) * per_step,
             "episodes": int(trainer.num_steps) * trainer.cfg.prompts_per_step,
             "weight_version": trainer.lm.engine.weight_version}
-    path = _write(Path(out), cfg, kind_of(cfg.method), info, write)
+    path = _write(Path(out), cfg, cfg.learner, info, write)
     trainer.lm.engine.reset_prefix_cache()  # the resumed run starts with an empty cache too
     return path
 
@@ -390,7 +390,7 @@ def save_ppo(model: Any, curve: Any, cfg: Any, out: str | Path) -> Path:
 
     info = {"method": cfg.method, "iteration": int(model._n_updates), "timesteps": int(model.num_timesteps),
             "episodes": len(curve.rows), "weight_version": model.policy.lm.engine.weight_version}
-    return _write(Path(out), cfg, kind_of(cfg.method, cfg.echorl_learner), info, write)
+    return _write(Path(out), cfg, cfg.learner, info, write)
 
 
 def load_ppo(model: Any, curve: Any, checkpoint: tuple[Path, dict[str, Any]]) -> None:

@@ -151,12 +151,11 @@ class LLMTrainConfig:
 
     @property
     def learner(self) -> str:
-        """What trains: "grpo", "gigpo" (GiGPOTrainer) or "ppo" (LLMPPO; ``bc`` too, with no PPO step)."""
-        if self.method == "grpo":
-            return "grpo"
-        if "gigpo" in self.method or (self.method == "echorl" and self.echorl_learner == "gigpo"):
-            return "gigpo"
-        return "ppo"
+        """What trains: "grpo", "gigpo" (GiGPOTrainer) or "ppo" (LLMPPO; ``bc`` too, with no PPO step) -- also the
+        kind of checkpoint the run writes (:func:`~echorl_agent.llm_rl.checkpoint.kind_of`, the one rule)."""
+        from echorl_agent.llm_rl.checkpoint import kind_of
+
+        return kind_of(self.method, self.echorl_learner)
 
     def replay_kwargs(self) -> dict[str, Any] | None:
         """``echorl``'s :class:`~echorl_agent.replay.llm.LLMReplayBuffer` arguments (None: other methods, or
