@@ -3,6 +3,8 @@ packed learner, group rollouts from one seed, truncation-safe training."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -262,5 +264,17 @@ def test_echorl_on_the_lm_replays_llm_transitions_with_plan_kl(policy):
         stored = {tuple(r.context): r for r in recs}
         for s in replayed:
             torch.testing.assert_close(s.record.rollout_logp, stored[tuple(s.record.context)].rollout_logp)
+        # after the pass, a replayed item's |delta| is |A| min(pi/mu, C) (1 - pi) under the updated weights (by hand
+        # from a fresh forward), no longer the |A| it entered with: learned items cool down
+        tr._reprioritize(replayed)
+        with torch.no_grad():
+            lps = planned.learner_scores_many([s.record for s in replayed])[0]
+        want = []
+        for s, lp in zip(replayed, lps, strict=True):
+            p, mu = math.exp(float(lp[s.action])), math.exp(float(s.record.rollout_logp[s.action]))
+            want.append(abs(s.advantage) * min(p / mu, planned.cfg.is_truncation) * (1 - p))
+        got = tr.replay.index.hot_td.reshape(-1)[tr._replay_slots]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+        assert np.all(got < 1.0)  # every item entered with |A| = 1
     finally:
         policy.lm.load_trainable_state(state)

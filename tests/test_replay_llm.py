@@ -383,3 +383,17 @@ def test_smollm2_dropped_activations_are_recomputed_from_the_frozen_layers():
             x = run_layers(parts, torch.cat([it.context_states, *it.cand_states]), pb, b, lm.num_layers)
             lp, _ = candidate_logprobs(parts, x, pb)
         torch.testing.assert_close(lp.double(), engine_logp[k], atol=1e-4, rtol=0)
+
+
+def test_critic_free_priority_by_hand():
+    # |A| * min(pi/mu, C) * (1 - pi): the gradient of the item's surrogate on its action's logit
+    from echorl_agent.replay import critic_free_priority
+
+    lp = torch.log(torch.tensor([0.5, 1.0, 1e-9, 0.2]))
+    mu = torch.log(torch.tensor([0.25, 0.5, 0.5, 0.4]))
+    adv = torch.tensor([2.0, 1.0, -3.0, -1.0])
+    got = critic_free_priority(lp, mu, adv, truncation=1.0)
+    want = torch.tensor([2.0 * 1.0 * 0.5, 0.0, 3.0 * 2e-9 * 1.0, 1.0 * 0.5 * 0.8])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-8)
+    # untruncated: the first item's ratio 2 counts in full
+    assert float(critic_free_priority(lp[:1], mu[:1], adv[:1], truncation=None)) == pytest.approx(2.0 * 2.0 * 0.5)

@@ -137,6 +137,7 @@ class GiGPOTrainer:
         self.episodes_done: list[tuple[int, bool, float]] = []
         """(env steps so far, won, return) per finished training episode."""
         self.replay = None
+        self._replay_slots = np.zeros(0, np.int64)
         if cfg.replay is not None:
             from echorl_agent.replay.llm import LLMReplayBuffer
 
@@ -168,6 +169,7 @@ class GiGPOTrainer:
         if samples or replayed:
             self.policy.sync_engine()
         if self.replay is not None:
+            self._reprioritize(replayed)
             self._remember(fresh, rollout_version)
         t2 = time.perf_counter()
         steps = sum(len(e.steps) for e in episodes)
@@ -205,10 +207,29 @@ class GiGPOTrainer:
         if self.replay is None or len(self.replay) == 0 or n == 0:
             return []
         batch = self.replay.sample(n, self.rng)
+        self._replay_slots = batch.indices
         out = []
         for it, w in zip(batch.items, batch.weights.tolist(), strict=True):
             out.append(Sample(StepRecord.from_transition(it), it.action, it.advantage, weight=float(w)))
         return out
+
+    def _reprioritize(self, replayed: list[Sample]) -> None:
+        """New ``|delta|`` of the replayed items after the update (:func:`~echorl_agent.replay.llm.critic_free_priority`
+        under the updated weights: one no-grad learner pass over them), so items the policy has learned cool down."""
+        if not replayed:
+            return
+        from echorl_agent.replay.llm import critic_free_priority
+
+        lps = []
+        with torch.no_grad():
+            for lo in range(0, len(replayed), self.cfg.micro_batch):
+                lps += self.policy.learner_scores_many([s.record for s in replayed[lo : lo + self.cfg.micro_batch]])[0]
+        acts = [min(s.action, len(s.record.cands) - 1) for s in replayed]
+        learner = torch.stack([lp[a] for lp, a in zip(lps, acts, strict=True)]).float().cpu()
+        behaviour = torch.stack([s.record.rollout_logp[a] for s, a in zip(replayed, acts, strict=True)]).float().cpu()
+        adv = torch.tensor([s.advantage for s in replayed], dtype=torch.float32)
+        td = critic_free_priority(learner, behaviour, adv, self.policy.cfg.is_truncation)
+        self.replay.update_priorities(self._replay_slots, td.numpy())
 
     def _remember(self, fresh: list[tuple[int, Sample]], rollout_version: int) -> None:
         from echorl_agent.replay.llm import LLMTransition

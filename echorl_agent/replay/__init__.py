@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from echorl_agent.replay.buffer import HotColdReplayBuffer
 from echorl_agent.replay.cold import ColdStore
-from echorl_agent.replay.llm import LLMReplayBuffer, LLMReplaySample, mix_batch, off_policy_ratio
+from echorl_agent.replay.llm import (
+    LLMReplayBuffer,
+    LLMReplaySample,
+    critic_free_priority,
+    mix_batch,
+    off_policy_ratio,
+)
 from echorl_agent.replay.llm_items import LLMTransition
 from echorl_agent.replay.samples import HotColdReplayBufferSamples
 from echorl_agent.replay.serialization import ReplayFileError
@@ -20,6 +26,7 @@ __all__ = [
     "LLMReplayBuffer",
     "LLMReplaySample",
     "LLMTransition",
+    "critic_free_priority",
     "mix_batch",
     "off_policy_ratio",
     "SumTree",

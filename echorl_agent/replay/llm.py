@@ -39,7 +39,8 @@ from echorl_agent.replay.buffer import HotColdReplayBuffer
 from echorl_agent.replay.llm_items import LLMTransition
 from echorl_agent.replay.llm_persistence import COUNTERS, LLMPersistenceMixin
 
-__all__ = ["LLMReplayBuffer", "LLMReplaySample", "LLMTransition", "Recompute", "Rescore", "off_policy_ratio", "mix_batch"]
+__all__ = ["LLMReplayBuffer", "LLMReplaySample", "LLMTransition", "Recompute", "Rescore", "critic_free_priority",
+           "off_policy_ratio", "mix_batch"]
 
 Recompute = Callable[[LLMTransition], tuple[torch.Tensor, list[torch.Tensor]]]
 """``item -> (context_states [len(context), hidden], [cand_states [len(cand_i), hidden] ...])`` from the frozen layers."""
@@ -78,6 +79,21 @@ def off_policy_ratio(learner_logp: torch.Tensor, behaviour_logp: torch.Tensor,
     """
     ratio = torch.exp(learner_logp - behaviour_logp)
     return ratio if truncation is None else ratio.clamp(max=truncation)
+
+
+def critic_free_priority(learner_logp: torch.Tensor, behaviour_logp: torch.Tensor, advantage: torch.Tensor,
+                         truncation: float | None = 1.0) -> torch.Tensor:
+    """The ``|delta|`` of a replayed critic-free (GRPO/GiGPO) item after a learner pass: how much it still teaches.
+
+    ``|A| * min(pi_theta(a|s) / mu(a|s), C) * (1 - pi_theta(a|s))`` -- the magnitude of the gradient of the item's
+    importance-weighted surrogate ``w * A * pi_theta(a|s) / pi_old(a|s)`` with respect to the taken action's logit,
+    at ``pi_old = pi_theta``. It falls to 0 once the policy has taken the lesson in: a good action (A > 0) whose
+    probability reached 1, or a bad one (A < 0) whose probability fell to 0 (the truncated ratio goes to 0). There is
+    no critic to give a TD error, and ``|A|`` alone never changes, so without this a learned item stays hot forever.
+    All arguments are per item ``[n]``: log-probs of the taken action under the learner and the behaviour policy.
+    """
+    p = learner_logp.exp()
+    return advantage.abs() * off_policy_ratio(learner_logp, behaviour_logp, truncation) * (1 - p)
 
 
 def mix_batch(fresh: list[LLMTransition], replayed: LLMReplaySample) -> tuple[list[LLMTransition], torch.Tensor,
