@@ -54,6 +54,7 @@ class TRLTextEnvironment:
         won: whether the current episode was won.
         done: whether the current episode is over (terminated or truncated).
         num_steps: ``act`` calls that reached the env in the current episode.
+        num_invalid: those of them the env judged invalid (``info["invalid_action"]``: not an admissible action).
     """
 
     env_id: str = ""
@@ -72,6 +73,7 @@ class TRLTextEnvironment:
         self.won = False
         self.done = False
         self.num_steps = 0
+        self.num_invalid = 0
 
     def reset(self, **row: Any) -> str:
         """Start an episode for one dataset row; returns the text TRL appends to the user message.
@@ -93,6 +95,7 @@ class TRLTextEnvironment:
         self.won = bool(self.info.get("won", False))
         self.done = False
         self.num_steps = 0
+        self.num_invalid = 0
         return f"{obs}{self._choices()}\n\nCall the `act` tool with your action."
 
     def act(self, action: str) -> str:  # docstring set per environment by make_trl_environment
@@ -100,6 +103,7 @@ class TRLTextEnvironment:
             return "The episode is over; no further actions are taken."
         obs, reward, terminated, truncated, self.info = self._env.step(str(action))
         self.num_steps += 1
+        self.num_invalid += bool(self.info.get("invalid_action", False))
         self.total_reward += float(reward)
         self.won = bool(self.info.get("won", False))
         self.done = bool(terminated or truncated)
