@@ -15,6 +15,13 @@ Both sides, each round:
   layers (the same ``peft.LoraConfig`` as ``grpo_step_vs_trl.py``), lr 1e-4, clip 0.2, gradient-norm clip 1.0, one
   optimizer step, no reference model.
 
+Warm start (untimed, ``--warm-start-episodes``, default 8 expert episodes x 3 passes, lr 1e-3): SmolLM2-135M-Instruct
+as it ships emits no tool call in TRL's (Qwen2.5) format nor in SmolLM2's own (0 of 16 samples each, temperature 1,
+also with a format example or a one-shot demo turn in the prompt), so TRL's rollouts would never reach the env and
+every group would have zero reward variance. Both sides therefore first learn from the same expert episodes: TRL's
+model copy by SFT on the expert's tool calls (LoRA r=16 on every layer, merged; cached in ``<echorl cache>/bench/``),
+ours by behaviour cloning (its own LoRA). ``--warm-start-episodes 0`` runs both as they ship.
+
 Ours: :class:`~echorl_agent.llm_rl.gigpo.GiGPOTrainer` as the ``gigpo-2x4-lean`` loop of ``llm_rl_loop_speed.py``
 but with history 0 (2 groups x K=4, ``show_admissible=False``); one ``iteration()`` = 8 episodes of rollouts +
 advantages + the update + the weight sync to the engine.
@@ -34,7 +41,7 @@ that failed in TRL -- unknown tool or bad arguments -- and the env steps whose a
 turns, prompt tokens prefilled and tokens generated (TRL: summed over its ``model.generate`` calls, which re-prefill
 the whole conversation every turn; ours: the engine's prefilled tokens, it generates none), episode returns.
 
-Run: ``python benchmarks/gigpo_iteration_vs_trl.py --rounds 2 --threads 1``. Prints a table and appends one JSON
+Run: ``python benchmarks/gigpo_iteration_vs_trl.py --rounds 2 --threads 1`` (a TRL iteration takes minutes). Prints a table and appends one JSON
 line to ``benchmarks/results/gigpo_iteration_vs_trl.jsonl``.
 """
 
@@ -65,7 +72,7 @@ SYSTEM = ("You are an agent in a text game. In every turn, call the `act` tool w
           "actions, until the episode is over.")
 """System message of TRL's prompt (ours keeps :class:`LLMPolicyConfig`'s: it scores actions, it does not call tools)."""
 SFT_SEED, SFT_LR = 100_000, 1e-3
-"""Seeds of the expert episodes TRL's model copy is fine-tuned on (far from the benchmark's) and its LoRA lr."""
+"""Seeds of the warm-start expert episodes (far from the benchmark's) and the warm-start lr of both sides."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -77,16 +84,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-completion-tokens", type=int, default=2048,
                     help="TRL's max_completion_length: the whole multi-turn completion, tool results included")
     ap.add_argument("--max-turn-tokens", type=int, default=64, help="TRL: new tokens per generate turn")
-    ap.add_argument("--trl-sft-episodes", type=int, default=16,
-                    help="expert episodes TRL's model copy is fine-tuned on first to call the tool (0: the model as "
-                         "it ships, which calls no tool)")
-    ap.add_argument("--trl-sft-epochs", type=int, default=2, help="passes over those episodes")
+    ap.add_argument("--warm-start-episodes", type=int, default=8,
+                    help="expert episodes both sides learn from first (untimed): ours by behaviour cloning, TRL's "
+                         "model copy by SFT on the tool calls; 0: both as they ship (TRL's model then calls no tool)")
+    ap.add_argument("--warm-start-epochs", type=int, default=3, help="passes over those episodes")
     ap.add_argument("--out", type=Path, default=OUT, help="JSON-lines file the run is appended to")
     args = ap.parse_args(argv)
     for name in ("rounds", "threads", "max_completion_tokens", "max_turn_tokens"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for name in ("warmup", "trl_sft_episodes", "trl_sft_epochs"):
+    for name in ("warmup", "warm_start_episodes", "warm_start_epochs"):
         if getattr(args, name) < 0:
             ap.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     return args
@@ -172,13 +179,47 @@ def sft_tool_calls(model: Any, tokenizer: Any, episodes: int, epochs: int) -> tu
             loss.backward()
             opt.step()
             opt.zero_grad()
-            losses.append(float(loss))
+            losses.append(loss.item())
     model = peft.merge_and_unload()
     model.eval()
     model.requires_grad_(False)
     return model, {"episodes": episodes, "epochs": epochs, "tokens": sum(len(r["input_ids"]) for r in rows),
                    "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
                    "s": time.perf_counter() - t}
+
+
+def behaviour_clone_ours(ours: Any, episodes: int, epochs: int) -> dict[str, Any]:
+    """Our warm start: behaviour cloning of the same expert episodes (:func:`expert_conversations`' seeds) at the
+    warm-start lr, then the GiGPO lr again."""
+    from echorl_agent.llm_rl.bc import behaviour_clone, collect_expert_states
+    from echorl_agent.llm_rl.rollout import make_choice_env
+
+    t = time.perf_counter()
+    cfg = ours.cfg
+    data = collect_expert_states(lambda: make_choice_env(ENV_ID, cfg.history, MAX_STEPS), episodes, seed=SFT_SEED)
+    for g in ours.policy.optimizer.param_groups:
+        g["lr"] = SFT_LR
+    losses = behaviour_clone(ours.policy, data, epochs=epochs, seed=cfg.seed)
+    for g in ours.policy.optimizer.param_groups:
+        g["lr"] = cfg.learning_rate
+    return {"losses": losses, "transitions": len(data.actions), "s": time.perf_counter() - t}
+
+
+def cached_sft(model: Any, tokenizer: Any, episodes: int, epochs: int) -> tuple[Any, dict[str, Any]]:
+    """:func:`sft_tool_calls`, its weights kept in echorl's cache (``<cache>/bench/``) so a re-run loads them."""
+    from safetensors.torch import load_model, save_model
+
+    from echorl_agent.llm.models import cache_dir
+
+    path = cache_dir() / "bench" / f"smollm2-135m-act-tool-sft-{episodes}x{epochs}-seed{SFT_SEED}-lr{SFT_LR:g}"
+    if (path / "stats.json").exists():
+        load_model(model, str(path / "model.safetensors"))
+        return model, {**json.loads((path / "stats.json").read_text()), "cached": True}
+    model, stats = sft_tool_calls(model, tokenizer, episodes, epochs)
+    path.mkdir(parents=True, exist_ok=True)
+    save_model(model, str(path / "model.safetensors"))
+    (path / "stats.json").write_text(json.dumps(stats))
+    return model, {**stats, "cached": False}
 
 
 def trl_episode_counts(envs: list[Any]) -> dict[str, Any]:
@@ -206,11 +247,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg = ours.cfg
     base = load_model(cfg.lm.model)  # TRL's own float32 copy of the same weights
     tokenizer = prepare_tokenizer(base.tokenizer)
-    trl_model, sft = base.model, None
-    if args.trl_sft_episodes:
-        trl_model, sft = sft_tool_calls(base.model, tokenizer, args.trl_sft_episodes, args.trl_sft_epochs)
-        print(f"TRL's model fine-tuned on {sft['episodes']} expert episodes ({sft['tokens']} tokens) x {sft['epochs']}: "
-              f"loss {sft['first_loss']:.3f} -> {sft['last_loss']:.3f}, {sft['s']:.0f} s", flush=True)
+    trl_model, sft, bc = base.model, None, None
+    if args.warm_start_episodes:
+        bc = behaviour_clone_ours(ours, args.warm_start_episodes, args.warm_start_epochs)
+        trl_model, sft = cached_sft(base.model, tokenizer, args.warm_start_episodes, args.warm_start_epochs)
+        print(f"warm start on {args.warm_start_episodes} expert episodes x {args.warm_start_epochs}: ours BC loss "
+              f"{bc['losses'][0]:.3f} -> {bc['losses'][-1]:.3f} ({bc['s']:.0f} s); TRL SFT ({sft['tokens']} tokens) "
+              f"loss {sft['first_loss']:.3f} -> {sft['last_loss']:.3f} ({sft['s']:.0f} s"
+              f"{', loaded from the cache' if sft['cached'] else ''})", flush=True)
     n_rounds = args.warmup + args.rounds
     dataset = make_trl_dataset(ENV_ID, GROUPS * n_rounds, seed=args.seed, system_prompt=SYSTEM)
 
@@ -243,7 +287,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return {"s": s, "env_steps": steps, "env_steps_per_s": steps / s, "rollout_s": it["rollout_s"],
                 "learner_s": it["learner_s"], "prefilled_tokens": st.num_computed_tokens - computed0,
                 "cached_tokens": st.num_cached_tokens - cached0, "return_mean": it["return_mean"],
-                "success_rate": it["success_rate"], "frac_zero_std": it["frac_zero_std"]}
+                "success_rate": it["success_rate"], "frac_zero_std": it["frac_zero_std"],
+                "updated_samples": int(it["num_samples"])}
 
     class Alternate(TrainerCallback):
         def on_step_begin(self, a, state, control, **kw):
@@ -293,7 +338,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         trl.train()
     if len(rounds) != n_rounds or any("trl" not in r or "tool_calls" not in r["trl"] for r in rounds):
         raise AssertionError(f"expected {n_rounds} complete rounds, got {rounds}")
-    return {"rounds": rounds, "sft": sft}
+    return {"rounds": rounds, "sft": sft, "bc": bc}
 
 
 # ---------------------------------------------------------------------------------------------- the report
@@ -348,7 +393,8 @@ def main(argv: list[str] | None = None) -> None:
           f"{[round(statistics.mean(r['trl']['returns']), 3) for r in timed]}")
     line = {"date": time.strftime("%Y-%m-%d %H:%M"), "threads": args.threads, "rounds": args.rounds,
             "warmup": args.warmup, "seed": args.seed, "max_completion_tokens": args.max_completion_tokens,
-            "max_turn_tokens": args.max_turn_tokens, "sft": res["sft"], "load_before": list(load_before), "load_after": list(load_after),
+            "max_turn_tokens": args.max_turn_tokens, "warm_start_episodes": args.warm_start_episodes,
+            "warm_start_epochs": args.warm_start_epochs, "sft": res["sft"], "bc": res["bc"], "load_before": list(load_before), "load_after": list(load_after),
             "wall_s": time.perf_counter() - t, "median": med, "warmup_rounds": rows[:args.warmup], "per_round": timed,
             "argv": sys.argv[1:]}
     args.out.parent.mkdir(parents=True, exist_ok=True)

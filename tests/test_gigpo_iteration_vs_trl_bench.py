@@ -82,3 +82,37 @@ def test_summary_medians_and_ratios():
     assert med["ours"]["s"] == 50.0 and med["trl"]["s"] == 300.0 and med["trl"]["trl_over_s"] == 6.0
     assert med["ours"]["env_steps_per_s"] == 3.0 and med["trl"]["ours_over_rate"] == pytest.approx(30.0)
     assert med["ours"]["generated_tokens"] == 0 and med["trl"]["per_round"] == [400.0, 200.0]
+
+
+def test_warm_start_conversations_are_expert_episodes_and_only_tool_calls_are_trained():
+    import json
+
+    convs, act = bench.expert_conversations(2)
+    env = bench.trl_environment()()
+    for i, msgs in enumerate(convs):  # replaying the calls in a fresh env gives the same replies and a won episode
+        assert msgs[0] == {"role": "system", "content": bench.SYSTEM}
+        assert msgs[1]["content"] == env.reset(seed=bench.SFT_SEED + i)
+        calls = [m for m in msgs if m.get("tool_calls")]
+        replies = [m["content"] for m in msgs if m["role"] == "tool"]
+        assert [env.act(c["tool_calls"][0]["function"]["arguments"]["action"]) for c in calls] == replies
+        assert env.won and env.num_invalid == 0 and "The episode is over." in replies[-1]
+        assert msgs[-1] == {"role": "assistant", "content": "The episode is over."}
+
+    from echorl_agent.llm.models import cache_dir
+
+    folder = cache_dir() / "models" / "smollm2-135m"
+    if not (folder / "tokenizer.json").exists():
+        pytest.skip("the SmolLM2 safetensors cache is not built yet (load_model('smollm2-135m') builds it)")
+    pytest.importorskip("trl")
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import get_training_chat_template
+
+    from echorl_envs.integrations.trl import prepare_tokenizer
+
+    tok = prepare_tokenizer(AutoTokenizer.from_pretrained(str(folder)))
+    row = tok.apply_chat_template(convs[0], tools=[act], chat_template=get_training_chat_template(tok),
+                                  tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    trained = tok.decode([t for t, m in zip(row["input_ids"], row["assistant_masks"], strict=True) if m])
+    calls = [m["tool_calls"][0]["function"] for m in convs[0] if m.get("tool_calls")]
+    assert trained.count("<tool_call>") == len(calls) and "Mission" not in trained and "[reward" not in trained
+    assert all(json.dumps({"name": "act", "arguments": c["arguments"]}) in trained for c in calls)
