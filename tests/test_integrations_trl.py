@@ -48,7 +48,7 @@ def test_invalid_action_is_feedback_and_success_reward_mode():
     env = make_trl_environment("EchoRL/Arithmetic-v0", reward="success", max_attempts=2)()
     env.reset(seed=1)
     out = env.act("not a number")
-    assert env.num_steps == 1 and not env.done and env.get_reward() == 0.0
+    assert env.num_steps == 1 and env.num_invalid == 1 and not env.done and env.get_reward() == 0.0
     assert env.info["invalid_action"] is True and out
     out = env.act(env.info["expert_action"])
     assert out.startswith("Correct!") and env.get_reward() == 1.0
