@@ -306,12 +306,11 @@ def main(argv: list[str] | None = None) -> None:
             target_table(args)
         return
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    done = set()
     path = Path(args.out) / "episodes.jsonl"
-    if path.exists():
-        done = {(d["method"], d["seed"]) for d in map(json.loads, open(path))}
     for seed in args.seeds:
         for method in args.methods:
+            # read again before every run: another process on the same --out may have finished it meanwhile
+            done = {(d["method"], d["seed"]) for d in map(json.loads, open(path))} if path.exists() else set()
             if (method, seed) not in done:
                 run(method, seed, args)
     summary(args)
