@@ -11,6 +11,10 @@ step budget, stochastic (sampled actions) and deterministic (argmax):
 * ``echoppo`` -- BC, then LLM-EchoPPO (m soft plan tokens + lambda_KL plan KL): the plan ablation of ``bc+ppo``;
 * ``gigpo``   -- GiGPO from the pretrained LM (``--group-size`` episodes per seed, ``--n-envs`` envs per step);
 * ``bc+gigpo`` -- BC, then GiGPO.
+* ``bc+gigpo+plan`` / ``bc+gigpo+replay`` / ``bc+echorl`` -- EchoRL on the LM (``method="echorl"``,
+  ``bc_warm_start=True``) with only the latent plan (2 plan tokens, lambda_KL 0.01), only the hot/cold replay
+  of LLM transitions (capacity 4096, 1024 MB, one replayed per fresh sample), or both: the ablations of
+  ``bc+gigpo`` for EchoRL's claim (issue 26; ``--target`` prints env steps to a training success).
 
 Results go to ``--out`` (one JSON line per evaluated episode in ``episodes.jsonl``, a run folder per
 method/seed with curve.csv, model.zip, adapter/, tb/), and ``--summary`` prints the table with Wilson 95% CIs
@@ -44,10 +48,16 @@ from tabulate import tabulate  # noqa: E402
 
 import echorl_envs  # noqa: E402,F401
 from echorl_agent.eval.report import wilson_interval as wilson  # noqa: E402
-from echorl_agent.eval.stats import mcnemar_exact, paired_bootstrap  # noqa: E402
+from echorl_agent.eval.stats import mcnemar_exact, paired_bootstrap, ratio_bootstrap  # noqa: E402
 from echorl_agent.llm_rl.train import LLMTrainConfig, make_llm_env, train_llm  # noqa: E402
 
-METHODS = ("frozen", "bc", "ppo", "bc+ppo", "echoppo", "gigpo", "bc+gigpo")
+METHODS = ("frozen", "bc", "ppo", "bc+ppo", "echoppo", "gigpo", "bc+gigpo", "bc+gigpo+plan", "bc+gigpo+replay",
+           "bc+echorl")
+ECHORL_ARMS = {"bc+gigpo+plan": {"replay": {"off": True}},
+               "bc+gigpo+replay": {"policy_kwargs": {"plan_tokens": 0}},
+               "bc+echorl": {}}
+"""EchoRL arms: ``method="echorl"`` (GiGPO learner, 2 plan tokens + replay by default) after the BC warm start."""
+GROUP_METHODS = ("gigpo", "bc+gigpo", *ECHORL_ARMS)
 POLICY = {"length_norm": True, "show_admissible": False, "lora_rank": 8, "train_layers": 2}
 
 
@@ -100,14 +110,18 @@ def trace(args) -> None:
 def run(method: str, seed: int, args) -> None:
     out = Path(args.out) / f"{method}-seed{seed}"
     t0 = time.perf_counter()
+    arm = ECHORL_ARMS.get(method)
+    group = method in GROUP_METHODS
     cfg = LLMTrainConfig(
-        env_id=args.env, method="ppo" if method == "frozen" else method,
+        env_id=args.env, method="ppo" if method == "frozen" else "echorl" if arm is not None else method,
         train_steps=0 if method in ("frozen", "bc") else args.train_steps, bc_episodes=args.bc_episodes,
-        bc_epochs=args.bc_epochs, bc_learning_rate=args.bc_lr, bc_batch_size=args.bc_batch_size, seed=seed, history=args.history, max_episode_steps=args.max_steps,
+        bc_epochs=args.bc_epochs, bc_learning_rate=args.bc_lr, bc_batch_size=args.bc_batch_size, seed=seed,
+        history=args.history, max_episode_steps=args.max_steps,
         n_steps=args.n_steps, batch_size=args.batch_size, n_epochs=args.n_epochs, learning_rate=args.lr,
-        n_envs=args.n_envs if "gigpo" in method else 1, group_size=args.group_size,
-        policy_kwargs={**POLICY, **json.loads(args.policy_kwargs or "{}")},
-        gigpo_kwargs=json.loads(args.gigpo_kwargs or "{}") if "gigpo" in method else {}, out=str(out))
+        n_envs=args.n_envs if group else 1, group_size=args.group_size,
+        policy_kwargs={**POLICY, **json.loads(args.policy_kwargs or "{}"), **(arm or {}).get("policy_kwargs", {})},
+        gigpo_kwargs=json.loads(args.gigpo_kwargs or "{}") if group else {},
+        bc_warm_start=arm is not None, replay=(arm or {}).get("replay"), out=str(out))
     model = train_llm(cfg)
     train_s = time.perf_counter() - t0
     rows = evaluate(model, args, seed)
@@ -127,6 +141,53 @@ def steps_to(curve: Path, target: float) -> float | None:
             if float(row["success_rate"]) >= target:
                 return float(row["timesteps"])
     return None
+
+
+def steps_to_target(curve: Path, target: float, window: int = 20) -> tuple[float | None, float] | None:
+    """``(env steps at which the training success over the last ``window`` episodes first reached ``target``, or
+    None if it never did; the run's final env steps)`` from a GiGPO ``curve.csv`` (its ``success_rate`` is the mean
+    over the last 20 finished episodes; rows before the ``window``-th episode are skipped, so one lucky first
+    episode is no crossing). None when the run has no curve."""
+    if not curve.exists():
+        return None
+    rows = list(csv.DictReader(open(curve)))
+    if not rows:
+        return None
+    for i, row in enumerate(rows):
+        if i + 1 >= window and float(row["success_rate"]) >= target:
+            return float(row["timesteps"]), float(rows[-1]["timesteps"])
+    return None, float(rows[-1]["timesteps"])
+
+
+def target_table(args) -> None:
+    """Env steps to ``--target`` training success, every group method vs ``--target-reference`` (issue 26's claim:
+    the ratio's 95% bootstrap CI over seeds must lie below 0.7). A run that never reaches the target counts with
+    its final env steps (censored: the ratio is then a bound, reported with the number of censored runs)."""
+    ref = args.target_reference
+    runs = {}
+    for method in GROUP_METHODS:
+        for d in sorted(Path(args.out).glob(f"{method}-seed*")):
+            if d.name.rsplit("-seed", 1)[0] != method:
+                continue
+            got = steps_to_target(d / "curve.csv", args.target)
+            if got is not None:
+                runs[method, int(d.name.rsplit("seed", 1)[1])] = got
+    lines = []
+    for method in GROUP_METHODS:
+        seeds = sorted(s for m, s in runs if m == method and (ref, s) in runs)
+        if method == ref or not seeds:
+            continue
+        steps = [runs[method, s][0] if runs[method, s][0] is not None else runs[method, s][1] for s in seeds]
+        base = [runs[ref, s][0] if runs[ref, s][0] is not None else runs[ref, s][1] for s in seeds]
+        ratio, lo, hi = ratio_bootstrap(steps, base)
+        lines.append([f"{method} ÷ {ref}", len(seeds), f"{ratio:.2f} [{lo:.2f}, {hi:.2f}]",
+                      sum(runs[method, s][0] is None for s in seeds), sum(runs[ref, s][0] is None for s in seeds),
+                      "holds" if hi < 0.7 else "not established",
+                      ", ".join(f"{s}: {a:.0f}/{b:.0f}" for s, a, b in zip(seeds, steps, base, strict=True))])
+    print(f"\nenv steps to a training success >= {args.target} over the last 20 episodes, vs {ref} "
+          "(censored runs count with their final env steps):")
+    print(tabulate(lines, headers=["ratio", "seeds", "steps ratio [95% CI over seeds]", "censored", f"{ref} censored",
+                                   "claim (CI < 0.7)", "per seed: steps / reference steps"], tablefmt="github"))
 
 
 def paired(data: list[dict], method: str, reference: str, mode: str) -> dict | None:
@@ -229,6 +290,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--summary", action="store_true", help="only print the table of what is in --out")
     ap.add_argument("--reference", default=None, choices=METHODS,
                     help="also print every method's paired success difference to this method")
+    ap.add_argument("--target", type=float, default=None,
+                    help="also print env steps to this training success (last 20 episodes) vs --target-reference")
+    ap.add_argument("--target-reference", default="bc+gigpo", choices=GROUP_METHODS)
     ap.add_argument("--trace", nargs=2, metavar=("METHOD", "SEED"),
                     help="replay --eval-episodes greedy evaluation episodes of a saved run, printing its actions")
     args = ap.parse_args(argv)
@@ -238,14 +302,15 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.summary:
         summary(args)
+        if args.target is not None:
+            target_table(args)
         return
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    done = set()
     path = Path(args.out) / "episodes.jsonl"
-    if path.exists():
-        done = {(d["method"], d["seed"]) for d in map(json.loads, open(path))}
     for seed in args.seeds:
         for method in args.methods:
+            # read again before every run: another process on the same --out may have finished it meanwhile
+            done = {(d["method"], d["seed"]) for d in map(json.loads, open(path))} if path.exists() else set()
             if (method, seed) not in done:
                 run(method, seed, args)
     summary(args)

@@ -4,7 +4,9 @@ Left: MiniGrid-Empty-Random-5x5, GiGPO from the pretrained SmolLM2 (``benchmarks
 study §5): the rolling training success of each seed's ``curve.csv`` on a common env-step grid, and the held-out
 evaluation of frozen and GiGPO (both modes) as points with CIs over seeds. Right: single-turn GRPO on Arithmetic
 (``benchmarks/llm_rl_grpo.py``, §6): the training group reward per step (one env step = one judged completion) and
-the held-out success (the env's judge) of the start (pretrained, or SFT) and after GRPO in both modes.
+the held-out success (the env's judge) of the start (pretrained, or SFT) and after GRPO in both modes. Third:
+BabyAI-GoToLocal (§7): GiGPO from the pretrained LM and from BC on 2 demonstrations, with the held-out evaluation of
+frozen, BC, GiGPO and BC + GiGPO (the number of seeds each has so far is in the legend).
 
 Run: ``python benchmarks/plot_reward_teaches_lm.py`` (reads the committed results, writes ``docs/figures/reward_teaches_lm.png``).
 """
@@ -39,34 +41,44 @@ def on_grid(steps: list[float], values: list[float], grid: np.ndarray) -> np.nda
     return np.asarray(values)[np.clip(idx, 0, len(values) - 1)]
 
 
-def gigpo_panel(ax, folder: Path) -> None:
-    curves = []
-    for f in sorted(folder.glob("gigpo-seed*/curve.csv")):
-        rows = list(csv.DictReader(f.open()))
-        if rows:
-            curves.append(([float(r["timesteps"]) for r in rows], [float(r["success_rate"]) for r in rows]))
-    if not curves:
-        ax.set_title(f"no GiGPO curves in {folder}")
+def group_rl_panel(ax, folder: Path, title: str, trained: tuple[str, ...] = ("gigpo",),
+                   starts: tuple[str, ...] = ("frozen",)) -> None:
+    """Rolling training success of each ``trained`` method (mean and CI over its seeds) and the held-out evaluation
+    of every method in ``starts + trained`` (both modes) as points with CIs over seeds."""
+    colors = {m: f"C{i}" for i, m in enumerate(starts + trained)}
+    x_end = 0.0
+    for method in trained:
+        curves = []
+        for f in sorted(folder.glob(f"{method}-seed*/curve.csv")):
+            rows = list(csv.DictReader(f.open()))
+            if rows and f.parent.name.rsplit("-seed", 1)[0] == method:
+                curves.append(([float(r["timesteps"]) for r in rows], [float(r["success_rate"]) for r in rows]))
+        if not curves:
+            continue
+        grid = np.linspace(16, min(c[0][-1] for c in curves), 40)
+        x_end = max(x_end, grid[-1])
+        m, lo, hi = mean_ci(np.stack([on_grid(s, v, grid) for s, v in curves]))
+        ax.plot(grid, m, color=colors[method], label=f"{method} training (rolling, sampled), {len(curves)} seeds")
+        ax.fill_between(grid, lo, hi, color=colors[method], alpha=0.2)
+    if x_end == 0:
+        ax.set_title(f"no curves of {', '.join(trained)} in {folder}")
         return
-    grid = np.linspace(16, min(c[0][-1] for c in curves), 40)
-    m, lo, hi = mean_ci(np.stack([on_grid(s, v, grid) for s, v in curves]))
-    ax.plot(grid, m, color="C1", label=f"GiGPO training (rolling, sampled), {len(curves)} seeds")
-    ax.fill_between(grid, lo, hi, color="C1", alpha=0.2)
     evals: dict[tuple[str, str], dict[int, list[bool]]] = defaultdict(lambda: defaultdict(list))
     for line in (folder / "episodes.jsonl").open():
         e = json.loads(line)
-        evals[(e["method"], e["mode"])][e["seed"]].append(bool(e["won"]))
-    x_end = grid[-1]
+        if e["method"] in colors:
+            evals[(e["method"], e["mode"])][e["seed"]].append(bool(e["won"]))
+    dx = x_end / 80
     for (method, mode), by_seed in sorted(evals.items()):
         per_seed = [np.mean(w) for w in by_seed.values()]
         mu, a, b = paired_bootstrap(per_seed)
-        x = 0 if method == "frozen" else x_end
-        x += 6 if mode == "deterministic" else -6
+        x = (0 if method in starts else x_end) + (starts + trained).index(method) * dx
+        x += dx / 2 if mode == "deterministic" else -dx / 2
         ax.errorbar([x], [mu], yerr=[[mu - a], [b - mu]], fmt="o" if mode == "stochastic" else "s", capsize=3,
-                    color="C0" if method == "frozen" else "C1", label=f"{method} held-out, {mode}")
+                    color=colors[method], label=f"{method} held-out, {mode} ({len(per_seed)} seeds)")
     ax.set_xlabel("env steps (training)")
     ax.set_ylabel("success")
-    ax.set_title("MiniGrid-Empty-Random-5x5: GiGPO from the pretrained LM", fontsize=9)
+    ax.set_title(title, fontsize=9)
     ax.legend(fontsize=6)
 
 
@@ -99,6 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gigpo", default=str(ROOT / "benchmarks/results/llm_rl_gigpo_s930"))
     ap.add_argument("--grpo", default=str(ROOT / "benchmarks/results/llm_rl_grpo_s940"))
+    ap.add_argument("--gotolocal", default=str(ROOT / "benchmarks/results/llm_rl_gotolocal_s950"))
     ap.add_argument("--out", default=str(ROOT / "docs/figures/reward_teaches_lm.png"))
     args = ap.parse_args(argv)
     import matplotlib
@@ -106,9 +119,11 @@ def main(argv: list[str] | None = None) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    gigpo_panel(axes[0], Path(args.gigpo))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.4))
+    group_rl_panel(axes[0], Path(args.gigpo), "MiniGrid-Empty-Random-5x5: GiGPO from the pretrained LM (§5)")
     grpo_panel(axes[1], Path(args.grpo))
+    group_rl_panel(axes[2], Path(args.gotolocal), "BabyAI-GoToLocal, 24-step budget (§7)",
+                   trained=("gigpo", "bc+gigpo"), starts=("frozen", "bc"))
     fig.suptitle("Reward teaches the LM (SmolLM2-135M, LoRA r=8 top 2 layers, CPU): mean and 95% CI over seeds",
                  fontsize=10)
     fig.tight_layout()

@@ -258,7 +258,7 @@ def cmd_train_llm(args: argparse.Namespace) -> int:
             env_kwargs=json.loads(args.env_kwargs or "{}"),
             n_envs=args.n_envs, gamma=args.gamma, group_size=args.group_size,
             step_advantage_weight=args.step_advantage_weight, echorl_learner=args.echorl_learner,
-            checkpoint_every=args.checkpoint_every, out=args.out,
+            bc_warm_start=args.bc_warm_start, checkpoint_every=args.checkpoint_every, out=args.out,
             progress=not args.quiet)
         started = time.time()
         train_llm(cfg, resume=args.resume)
@@ -427,6 +427,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--echorl-learner", default="gigpo", choices=list(ECHORL_LEARNERS),
                    help="echorl: the learner under the plan and the replay (gigpo: critic-free groups; ppo: echoppo "
                         "with the value head)")
+    s.add_argument("--bc-warm-start", action="store_true",
+                   help="echorl with the gigpo learner: behaviour-clone --bc-episodes expert episodes first")
     s.add_argument("--gamma", type=float, default=None, help="discount (default 0.99 PPO, 0.95 GiGPO)")
     s.add_argument("--env-kwargs", help='JSON of extra gym.make arguments, e.g. \'{"env_kwargs": {"max_steps": 32}}\'')
     s.add_argument("--batch-size", type=int, default=16, help="minibatch size")

@@ -3,6 +3,7 @@ packed learner, group rollouts from one seed, truncation-safe training."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -190,6 +191,12 @@ def test_train_config_rejects_bad_input():
         LLMTrainConfig(env_id=ENV, method="gigpo", gigpo_kwargs={"epoch": 4})
     with pytest.raises(ValueError, match="gigpo_kwargs applies to the GiGPO methods.*method='ppo'"):
         LLMTrainConfig(env_id=ENV, method="ppo", gigpo_kwargs={"epochs": 4})
+    with pytest.raises(ValueError, match="bc_warm_start applies to method='echorl'.*method='gigpo'"):
+        LLMTrainConfig(env_id=ENV, method="gigpo", bc_warm_start=True)
+    with pytest.raises(ValueError, match="bc_warm_start applies.*echorl_learner='ppo'"):
+        LLMTrainConfig(env_id=ENV, method="echorl", echorl_learner="ppo", bc_warm_start=True)
+    with pytest.raises(ValueError, match="bc_warm_start must be True or False, got bc_warm_start='yes'"):
+        LLMTrainConfig(env_id=ENV, method="echorl", bc_warm_start="yes")
     with pytest.raises(ValueError, match="epochs must be a positive int"):
         gigpo_config(LLMTrainConfig(env_id=ENV, method="gigpo", gigpo_kwargs={"epochs": 0}))
 
@@ -216,7 +223,7 @@ def test_train_llm_on_gotolocal_through_the_envs_own_truncation(policy, tmp_path
         cfg = LLMTrainConfig(env_id="EchoRL/BabyAI-GoToLocal-v0", method=method, train_steps=6, n_envs=2,
                              group_size=2, n_steps=3, batch_size=6, n_epochs=1, history=1,
                              env_kwargs={"env_kwargs": {"max_steps": 3}}, policy_kwargs={"lora_rank": 4},
-                             out=str(tmp_path))
+                             bc_episodes=1, bc_epochs=1, bc_warm_start=method == "echorl", out=str(tmp_path))
         train_llm(cfg, lm=policy.lm)
     finally:
         policy.lm.load_trainable_state(state)
@@ -225,6 +232,11 @@ def test_train_llm_on_gotolocal_through_the_envs_own_truncation(policy, tmp_path
     assert len(rows) - 1 >= 2  # both envs finished (truncated) episodes of 3 steps
     assert {int(r.split(",")[0]) % 3 for r in rows[1:]} == {0}
     assert (tmp_path / "adapter").is_dir()
+    if method == "echorl":  # bc_warm_start: BC on the expert's (truncated) episode ran before GiGPO
+        bc = json.loads((tmp_path / "bc.json").read_text())
+        assert bc["episodes"] == 1 and 1 <= bc["transitions"] <= 3 and len(bc["losses"]) == 1
+    elif method == "gigpo":
+        assert not (tmp_path / "bc.json").exists()
 
 
 @pytest.mark.slow

@@ -55,7 +55,8 @@ class LLMTrainConfig:
     train_steps: int = 512
     """PPO env steps (choice envs) or GRPO sampled completions (free text)."""
     bc_episodes: int = 8
-    """Expert episodes for the BC warm start (``bc``, ``bc+ppo``, ``echoppo``); oracle answers for ``grpo``."""
+    """Expert episodes for the BC warm start (``bc``, ``bc+ppo``, ``echoppo``, ``bc+gigpo``, ``echorl`` with
+    ``bc_warm_start``); oracle answers for ``grpo``."""
     bc_epochs: int = 3
     bc_learning_rate: float | None = None
     """Learning rate of the BC warm start (None: ``learning_rate``)."""
@@ -92,6 +93,9 @@ class LLMTrainConfig:
     echorl_learner: str = "gigpo"
     """``echorl``: the learner under the plan and the replay, one of :data:`ECHORL_LEARNERS`: "gigpo" (critic-free
     groups of K episodes) or "ppo" (echoppo: BC warm start, PPO with the value head, plan tokens and KL)."""
+    bc_warm_start: bool = False
+    """``echorl`` with the GiGPO learner: behaviour-clone ``bc_episodes`` expert episodes first (as ``bc+gigpo``
+    does for ``gigpo``); False starts from the pretrained LM. The PPO learner always warm-starts (as ``echoppo``)."""
     policy_kwargs: dict[str, Any] = field(default_factory=dict)
     """:class:`~echorl_agent.llm_rl.config.LLMPolicyConfig` / PlanningConfig fields."""
     grpo_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -137,6 +141,13 @@ class LLMTrainConfig:
             raise ValueError(f"gigpo_kwargs applies to the GiGPO methods, got gigpo_kwargs={self.gigpo_kwargs!r} "
                              f"with method={self.method!r}"
                              + (f", echorl_learner={self.echorl_learner!r}" if self.method == "echorl" else ""))
+        if not isinstance(self.bc_warm_start, bool):
+            raise ValueError(f"bc_warm_start must be True or False, got bc_warm_start={self.bc_warm_start!r}")
+        if self.bc_warm_start and not (self.method == "echorl" and self.learner == "gigpo"):
+            raise ValueError(f"bc_warm_start applies to method='echorl' with echorl_learner='gigpo' (the other methods "
+                             f"name their warm start: bc+gigpo, bc+ppo, echoppo), got bc_warm_start=True with "
+                             f"method={self.method!r}" + (f", echorl_learner={self.echorl_learner!r}"
+                                                           if self.method == "echorl" else ""))
         if isinstance(self.checkpoint_every, bool) or not isinstance(self.checkpoint_every, int) \
                 or self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be an int >= 0, got checkpoint_every={self.checkpoint_every!r}")
@@ -402,7 +413,7 @@ def _train_gigpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = N
         if trainer.num_timesteps >= cfg.train_steps:
             _finished(cfg, trainer.num_timesteps, stacklevel=4)
             return trainer
-    elif cfg.method == "bc+gigpo":
+    elif cfg.method == "bc+gigpo" or cfg.bc_warm_start:
         _bc_warm_start(cfg, trainer.policy, out)
     writer = None
     if out is not None:
