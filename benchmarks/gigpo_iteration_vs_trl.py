@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grpo_step_vs_trl import lora_config  # noqa: E402  (the same LoRA on both sides as the GRPO step bench)
+from grpo_step_vs_trl import lora_config, set_environ  # noqa: E402  (the GRPO step bench's LoRA and run environment)
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "gigpo_iteration_vs_trl.jsonl"
@@ -363,9 +363,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    for k, v in {"OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-                 "TRL_EXPERIMENTAL_SILENCE": "1"}.items():
-        os.environ.setdefault(k, v)
+    set_environ(args.threads)
     from tabulate import tabulate
 
     load_before = os.getloadavg()

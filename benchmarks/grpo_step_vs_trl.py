@@ -323,11 +323,16 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    for k, v in {"OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+def set_environ(threads: int) -> None:
+    """Environment of a TRL comparison run (unless already set): ``threads`` OpenMP threads, offline, quiet TRL."""
+    for k, v in {"OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
                  "TRL_EXPERIMENTAL_SILENCE": "1"}.items():
         os.environ.setdefault(k, v)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    set_environ(args.threads)
     from tabulate import tabulate
 
     load_before = os.getloadavg()
