@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -59,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grpo_step_vs_trl import lora_config, set_environ  # noqa: E402  (the GRPO step bench's LoRA and run environment)
+from grpo_step_vs_trl import append_record, lora_config, measured  # noqa: E402  (shared with the GRPO step bench)
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "gigpo_iteration_vs_trl.jsonl"
@@ -366,16 +365,12 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    set_environ(args.threads)
+    res, common = measured(run, args)
     from tabulate import tabulate
 
-    load_before = os.getloadavg()
-    t = time.perf_counter()
-    res = run(args)
     rows = res["rounds"]
     timed = rows[args.warmup:]
     med = summarize(timed)
-    load_after = os.getloadavg()
     o, tr = med["ours"], med["trl"]
     table = [["ours GiGPO", f"{o['s']:.1f}", f"{o['env_steps']:.0f}", f"{o['env_steps_per_s']:.2f}",
               f"{o['prefilled_tokens']:.0f}", "0", "1", "1", ", ".join(f"{v:.1f}" for v in o["per_round"])],
@@ -386,21 +381,16 @@ def main(argv: list[str] | None = None) -> None:
     steps = sum(r["trl"]["env_steps"] for r in timed)
     invalid = sum(r["trl"]["invalid_actions"] for r in timed)
     print(f"One iteration = {GROUPS} seeds x {K} episodes of <= {MAX_STEPS} steps on {ENV_ID} + one update, "
-          f"{args.threads} thread(s), load average {load_before[0]:.2f} -> {load_after[0]:.2f} (medians of "
-          f"{args.rounds} rounds)")
+          f"{args.threads} thread(s), load average {common['load_before'][0]:.2f} -> {common['load_after'][0]:.2f} "
+          f"(medians of {args.rounds} rounds)")
     print(tabulate(table, headers=HEADERS, tablefmt="github"))
     print(f"TRL over the timed rounds: {calls} tool calls, {steps} reached the env, {steps - invalid} of them "
           f"admissible actions; returns ours {[round(r['ours']['return_mean'], 3) for r in timed]}, TRL "
           f"{[round(statistics.mean(r['trl']['returns']), 3) for r in timed]}")
-    line = {"date": time.strftime("%Y-%m-%d %H:%M"), "threads": args.threads, "rounds": args.rounds,
-            "warmup": args.warmup, "seed": args.seed, "max_completion_tokens": args.max_completion_tokens,
-            "max_turn_tokens": args.max_turn_tokens, "warm_start_episodes": args.warm_start_episodes,
-            "warm_start_epochs": args.warm_start_epochs, "sft": res["sft"], "bc": res["bc"], "load_before": list(load_before), "load_after": list(load_after),
-            "wall_s": time.perf_counter() - t, "median": med, "warmup_rounds": rows[:args.warmup], "per_round": timed,
-            "argv": sys.argv[1:]}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "a") as f:
-        f.write(json.dumps(line) + "\n")
+    append_record(args.out, {**common, "warmup": args.warmup, "max_completion_tokens": args.max_completion_tokens,
+                             "max_turn_tokens": args.max_turn_tokens, "warm_start_episodes": args.warm_start_episodes,
+                             "warm_start_epochs": args.warm_start_epochs, "sft": res["sft"], "bc": res["bc"],
+                             "median": med, "warmup_rounds": rows[:args.warmup], "per_round": timed})
 
 
 if __name__ == "__main__":

@@ -330,17 +330,31 @@ def set_environ(threads: int) -> None:
         os.environ.setdefault(k, v)
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+def measured(run_fn, args) -> tuple[dict, dict]:
+    """``run_fn(args)`` with the run's environment set; returns its result and the record's common fields."""
     set_environ(args.threads)
-    from tabulate import tabulate
-
     load_before = os.getloadavg()
     t = time.perf_counter()
-    res = run(args)
+    res = run_fn(args)
+    return res, {"date": time.strftime("%Y-%m-%d %H:%M"), "threads": args.threads, "rounds": args.rounds,
+                 "seed": args.seed, "load_before": list(load_before), "load_after": list(os.getloadavg()),
+                 "wall_s": time.perf_counter() - t, "argv": sys.argv[1:]}
+
+
+def append_record(path: Path, record: dict) -> None:
+    """Append one JSON line to the results file ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    res, common = measured(run, args)
+    from tabulate import tabulate
+
     timed = res["rounds"][1:]
     med = summarize(timed)
-    load_after = os.getloadavg()
 
     def cell(v: float | None) -> str:
         return "-" if v is None else f"{v:.2f}"
@@ -348,19 +362,13 @@ def main(argv: list[str] | None = None) -> None:
     table = [[side, cell(m["s"]), cell(m["first_s"]), cell(m["second_s"]), cell(m["trl_over"]),
               ", ".join(cell(v) for v in m["per_round"])] for side, m in med.items()]
     print(f"GRPO step, 1 prompt ({res['prompt_tokens']} tokens) x {args.group} completions x {args.max_tokens} tokens, "
-          f"{args.threads} thread(s), load average {load_before[0]:.2f} -> {load_after[0]:.2f} (medians of "
-          f"{args.rounds} rounds; ours: sample + update, TRL: generate + rest)")
+          f"{args.threads} thread(s), load average {common['load_before'][0]:.2f} -> {common['load_after'][0]:.2f} "
+          f"(medians of {args.rounds} rounds; ours: sample + update, TRL: generate + rest)")
     print(tabulate(table, headers=HEADERS, tablefmt="github"))
-    line = {"date": time.strftime("%Y-%m-%d %H:%M"), "threads": args.threads, "rounds": args.rounds,
-            "group": args.group, "max_tokens": args.max_tokens, "task_seed": args.task_seed, "seed": args.seed,
-            "trl_gradient_checkpointing": args.trl_gradient_checkpointing, "ours": [variant_name(v) for v in
-                                                                                     args.variants],
-            "prompt_tokens": res["prompt_tokens"],
-            "load_before": list(load_before), "load_after": list(load_after), "wall_s": time.perf_counter() - t,
-            "median": med, "warmup": res["rounds"][0], "per_round": timed, "argv": sys.argv[1:]}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "a") as f:
-        f.write(json.dumps(line) + "\n")
+    append_record(args.out, {**common, "group": args.group, "max_tokens": args.max_tokens,
+                             "task_seed": args.task_seed, "trl_gradient_checkpointing": args.trl_gradient_checkpointing,
+                             "ours": [variant_name(v) for v in args.variants], "prompt_tokens": res["prompt_tokens"],
+                             "median": med, "warmup": res["rounds"][0], "per_round": timed})
 
 
 if __name__ == "__main__":

@@ -91,3 +91,24 @@ def test_summary_is_the_median_of_each_column_and_the_ratio_of_medians():
     assert med["TRL"]["first_s"] == 6.0 and med["TRL"]["second_s"] == 3.5  # rounds without a reading are left out
     assert med["ours float32"]["trl_over"] == 3.0  # median TRL ÷ median ours, not the median of the per-round ratios
     assert med["ours int8"]["trl_over"] == 6.0 and med["ours int8"]["per_round"] == [1.0, 3.0, 1.5]
+
+
+def test_measured_run_records_its_setting_and_appends_one_line(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.delenv("TRL_EXPERIMENTAL_SILENCE", raising=False)
+    args = bench.parse_args(["--rounds", "2", "--seed", "7", "--out", str(tmp_path / "r" / "x.jsonl")])
+    seen = {}
+
+    def fake_run(a):
+        seen["silenced"] = bench.os.environ.get("TRL_EXPERIMENTAL_SILENCE")
+        return {"value": a.seed}
+
+    res, common = bench.measured(fake_run, args)
+    assert res == {"value": 7} and seen["silenced"] == "1"  # the run sees the comparison's environment
+    assert (common["threads"], common["rounds"], common["seed"]) == (1, 2, 7)
+    assert common["wall_s"] >= 0 and len(common["load_before"]) == len(common["load_after"]) == 3
+    bench.append_record(args.out, {**common, "k": 1})
+    bench.append_record(args.out, {"k": 2})
+    lines = [json.loads(x) for x in args.out.read_text().splitlines()]
+    assert [x["k"] for x in lines] == [1, 2] and lines[0]["seed"] == 7
