@@ -6,7 +6,8 @@ evaluation of frozen and GiGPO (both modes) as points with CIs over seeds. Right
 (``benchmarks/llm_rl_grpo.py``, §6): the training group reward per step (one env step = one judged completion) and
 the held-out success (the env's judge) of the start (pretrained, or SFT) and after GRPO in both modes. Third:
 BabyAI-GoToLocal (§7): GiGPO from the pretrained LM and from BC on 2 demonstrations, with the held-out evaluation of
-frozen, BC, GiGPO and BC + GiGPO (the number of seeds each has so far is in the legend).
+frozen, BC, GiGPO and BC + GiGPO. Fourth: ALFWorld-PickAndPlace (§9): GiGPO from BC on 8 demonstrations, with
+frozen and BC. The number of seeds each method has so far is in the legend.
 
 Run: ``python benchmarks/plot_reward_teaches_lm.py`` (reads the committed results, writes ``docs/figures/reward_teaches_lm.png``).
 """
@@ -112,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gigpo", default=str(ROOT / "benchmarks/results/llm_rl_gigpo_s930"))
     ap.add_argument("--grpo", default=str(ROOT / "benchmarks/results/llm_rl_grpo_s940"))
     ap.add_argument("--gotolocal", default=str(ROOT / "benchmarks/results/llm_rl_gotolocal_s950"))
+    ap.add_argument("--alfworld", default=str(ROOT / "benchmarks/results/llm_rl_alfworld_s970"))
     ap.add_argument("--out", default=str(ROOT / "docs/figures/reward_teaches_lm.png"))
     args = ap.parse_args(argv)
     import matplotlib
@@ -119,11 +121,14 @@ def main(argv: list[str] | None = None) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.4))
+    fig, axes = plt.subplots(2, 2, figsize=(13, 8.8))
+    axes = axes.ravel()
     group_rl_panel(axes[0], Path(args.gigpo), "MiniGrid-Empty-Random-5x5: GiGPO from the pretrained LM (§5)")
     grpo_panel(axes[1], Path(args.grpo))
     group_rl_panel(axes[2], Path(args.gotolocal), "BabyAI-GoToLocal, 24-step budget (§7)",
                    trained=("gigpo", "bc+gigpo"), starts=("frozen", "bc"))
+    group_rl_panel(axes[3], Path(args.alfworld), "ALFWorld-PickAndPlace, 30-step budget, BC on 8 demos (§9)",
+                   trained=("bc+gigpo",), starts=("frozen", "bc"))
     fig.suptitle("Reward teaches the LM (SmolLM2-135M, LoRA r=8 top 2 layers, CPU): mean and 95% CI over seeds",
                  fontsize=10)
     fig.tight_layout()
