@@ -25,7 +25,7 @@ the number of seeds where the method beat / tied / lost to the reference.
 
 Run: ``python benchmarks/llm_rl_learning.py --methods frozen bc ppo bc+ppo echoppo --seeds 0 1 2`` then
 ``python benchmarks/llm_rl_learning.py --summary``. Runs already in ``episodes.jsonl`` are skipped (resumable;
-several processes can take different methods).
+several processes can share ``--out``: each run is claimed by one process with a ``<method>-seed<seed>.claim`` file).
 """
 
 from __future__ import annotations
@@ -265,6 +265,39 @@ def summary(args) -> None:
         print(tabulate(lines, headers=["method", "steps"], tablefmt="github"))
 
 
+def claim(out: Path, method: str, seed: int) -> bool:
+    """Claim the run ``(method, seed)`` in ``out`` for this process: True if it may run it.
+
+    Processes sharing ``--out`` each create ``<method>-seed<seed>.claim`` with O_EXCL, so only one runs a given pair.
+    A claim whose process is gone (a crash or a killed session) is taken over, so an interrupted study resumes.
+    """
+    path = out / f"{method}-seed{seed}.claim"
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                pid = int(path.read_text() or 0)
+            except (OSError, ValueError):
+                pid = 0
+            if pid == os.getpid():
+                return True
+            try:
+                if pid > 0:
+                    os.kill(pid, 0)
+                    return False  # another live process runs it
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                return False  # alive, owned by someone else
+            path.unlink(missing_ok=True)  # stale: its process is gone
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return True
+    return False
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--env", default="EchoRL/MiniGrid-Empty-Random-5x5-v0")
@@ -309,10 +342,13 @@ def main(argv: list[str] | None = None) -> None:
     path = Path(args.out) / "episodes.jsonl"
     for seed in args.seeds:
         for method in args.methods:
-            # read again before every run: another process on the same --out may have finished it meanwhile
+            if not claim(Path(args.out), method, seed):
+                continue  # another process on the same --out runs it now
+            # read after claiming: another process on the same --out may have finished it meanwhile
             done = {(d["method"], d["seed"]) for d in map(json.loads, open(path))} if path.exists() else set()
             if (method, seed) not in done:
                 run(method, seed, args)
+            (Path(args.out) / f"{method}-seed{seed}.claim").unlink(missing_ok=True)
     summary(args)
 
 

@@ -45,3 +45,35 @@ def test_paired_all_wins_gives_a_ci_above_zero_and_a_small_p():
     p = bench.paired(data, "bc", "frozen", "deterministic")
     assert p["diff"] == 1.0 and p["seed_ci"] == (1.0, 1.0) and p["episode_ci"] == (1.0, 1.0)
     assert p["better"] == 15 and p["mcnemar_p"] == pytest.approx(2 * 0.5**60)
+
+
+def test_claim_gives_a_run_to_one_live_process_and_takes_over_stale_claims(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    assert bench.claim(tmp_path, "bc+gigpo", 974)  # free: this process claims it
+    assert (tmp_path / "bc+gigpo-seed974.claim").read_text() == str(os.getpid())
+    assert bench.claim(tmp_path, "bc+gigpo", 974)  # its own claim
+    (tmp_path / "bc-seed1.claim").write_text(str(os.getppid()))  # a live process holds it
+    assert not bench.claim(tmp_path, "bc", 1)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / "bc-seed2.claim").write_text(str(dead.pid))  # its process is gone: taken over
+    assert bench.claim(tmp_path, "bc", 2)
+    assert (tmp_path / "bc-seed2.claim").read_text() == str(os.getpid())
+    (tmp_path / "bc-seed3.claim").write_text("")  # unreadable pid: stale
+    assert bench.claim(tmp_path, "bc", 3)
+
+
+def test_main_skips_a_run_another_process_holds(tmp_path, monkeypatch):
+    import os
+
+    ran = []
+    monkeypatch.setattr(bench, "run", lambda method, seed, args: ran.append((method, seed)))
+    monkeypatch.setattr(bench, "summary", lambda args: None)
+    (tmp_path / "bc-seed5.claim").write_text(str(os.getppid()))
+    bench.main(["--methods", "frozen", "bc", "--seeds", "5", "--out", str(tmp_path)])
+    assert ran == [("frozen", 5)]
+    assert not (tmp_path / "frozen-seed5.claim").exists()  # released after the run
+    assert (tmp_path / "bc-seed5.claim").exists()  # the other process's claim is left alone
