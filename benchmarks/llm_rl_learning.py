@@ -50,6 +50,7 @@ import echorl_envs  # noqa: E402,F401
 from echorl_agent.eval.report import wilson_interval as wilson  # noqa: E402
 from echorl_agent.eval.stats import mcnemar_exact, paired_bootstrap, ratio_bootstrap  # noqa: E402
 from echorl_agent.llm_rl.train import LLMTrainConfig, make_llm_env, train_llm  # noqa: E402
+from echorl_agent.replay.serialization import pid_alive  # noqa: E402
 
 METHODS = ("frozen", "bc", "ppo", "bc+ppo", "echoppo", "gigpo", "bc+gigpo", "bc+gigpo+plan", "bc+gigpo+replay",
            "bc+echorl")
@@ -265,8 +266,9 @@ def summary(args) -> None:
         print(tabulate(lines, headers=["method", "steps"], tablefmt="github"))
 
 
-def claim(out: Path, method: str, seed: int) -> bool:
-    """Claim the run ``(method, seed)`` in ``out`` for this process: True if it may run it.
+def claim(out: Path, method: str, seed: int) -> Path | None:
+    """Claim the run ``(method, seed)`` in ``out`` for this process: the claim file to remove after the run, or None
+    if another live process holds it.
 
     Processes sharing ``--out`` each create ``<method>-seed<seed>.claim`` with O_EXCL, so only one runs a given pair.
     A claim whose process is gone (a crash or a killed session) is taken over, so an interrupted study resumes.
@@ -281,21 +283,15 @@ def claim(out: Path, method: str, seed: int) -> bool:
             except (OSError, ValueError):
                 pid = 0
             if pid == os.getpid():
-                return True
-            try:
-                if pid > 0:
-                    os.kill(pid, 0)
-                    return False  # another live process runs it
-            except ProcessLookupError:
-                pass
-            except PermissionError:
-                return False  # alive, owned by someone else
+                return path
+            if pid > 0 and pid_alive(pid):
+                return None
             path.unlink(missing_ok=True)  # stale: its process is gone
             continue
         with os.fdopen(fd, "w") as f:
             f.write(str(os.getpid()))
-        return True
-    return False
+        return path
+    return None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -342,13 +338,14 @@ def main(argv: list[str] | None = None) -> None:
     path = Path(args.out) / "episodes.jsonl"
     for seed in args.seeds:
         for method in args.methods:
-            if not claim(Path(args.out), method, seed):
+            held = claim(Path(args.out), method, seed)
+            if held is None:
                 continue  # another process on the same --out runs it now
             # read after claiming: another process on the same --out may have finished it meanwhile
             done = {(d["method"], d["seed"]) for d in map(json.loads, open(path))} if path.exists() else set()
             if (method, seed) not in done:
                 run(method, seed, args)
-            (Path(args.out) / f"{method}-seed{seed}.claim").unlink(missing_ok=True)
+            held.unlink(missing_ok=True)
     summary(args)
 
 

@@ -43,6 +43,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from echorl_agent.replay.serialization import pid_alive
+
 __all__ = ["CHECKPOINT", "RESUMABLE_FIELDS", "check_config", "kind_of", "load_gigpo", "load_grpo", "load_ppo",
            "open_checkpoint", "ppo_checkpoint_callback", "read_checkpoint", "rng_state", "save_gigpo", "save_grpo",
            "save_ppo", "set_rng_state"]
@@ -66,16 +68,6 @@ def _digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _config_dict(cfg: Any) -> dict[str, Any]:
     """The config as ``checkpoint.json`` stores it (JSON types: tuples become lists)."""
     return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
@@ -86,7 +78,7 @@ def _write(out: Path, cfg: Any, kind: str, info: dict[str, Any], write_files: Ca
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob(".checkpoint.tmp-*"):  # left by a killed save
         pid = stale.name.rsplit("-", 1)[-1]
-        if not pid.isdigit() or int(pid) == os.getpid() or not _pid_alive(int(pid)):
+        if not pid.isdigit() or int(pid) == os.getpid() or not pid_alive(int(pid)):
             shutil.rmtree(stale, ignore_errors=True)
     tmp = out / f".checkpoint.tmp-{os.getpid()}"
     tmp.mkdir()

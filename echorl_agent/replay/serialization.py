@@ -87,7 +87,8 @@ def tmp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{_HOST}-{os.getpid()}.{uuid.uuid4().hex}.tmp")
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (one owned by another user counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -115,7 +116,7 @@ def remove_orphans(path: str | os.PathLike[str]) -> list[Path]:
         if not name.startswith(prefix):
             continue
         m = _TMP_RE.match(name[len(prefix):])
-        if m is None or m["host"] != _HOST or _pid_alive(int(m["pid"])):
+        if m is None or m["host"] != _HOST or pid_alive(int(m["pid"])):
             continue
         tmp = path.parent / name
         try:
