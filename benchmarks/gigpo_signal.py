@@ -1,0 +1,177 @@
+"""Does GiGPO's advantage point the right way, and does the policy move toward the expert? A diagnostic, not a study.
+
+Held-out success on a handful of episodes is too noisy to tell a GiGPO recipe that learns slowly from one that does
+not learn (preregistered.md §7: 6 episodes per seed and mode). BabyAI's envs name the expert's (the BabyAI bot's)
+action at every state (``info["expert_action"]``), which gives two lower-variance instruments:
+
+* **signal alignment** of an iteration's advantages: ``sum_i A_i * s_i / sum_i |A_i|`` over the learner's samples,
+  with ``s_i = +1`` if the action taken was the expert's and ``-1`` otherwise. +1: every unit of advantage pushes
+  toward the expert; 0: the advantages are unrelated to the expert's choice. (The expert is one good policy, not the
+  only one, so this is a proxy.) Also the mean advantage of expert and non-expert actions.
+* **probe**: a fixed set of states the starting policy visits on held-out seeds (sampled actions), scored after every
+  iteration: the mean probability the policy gives the expert's action, and the share of states whose argmax is the
+  expert's action.
+
+One run = one seed and one recipe (BC warm start as ``benchmarks/llm_rl_learning.py``, then GiGPO iterations); one
+JSON line per iteration to ``--out``. Example (the setting of preregistered.md §7)::
+
+    python benchmarks/gigpo_signal.py --seed 8 --iterations 12 --lr 1e-3 --epochs 4 --minibatch-size 32 \
+        --out benchmarks/results/gigpo_signal.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import gymnasium as gym  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import echorl_agent.llm_rl.gigpo as gigpo_mod  # noqa: E402
+from echorl_agent.llm_rl.advantage import gigpo_advantages  # noqa: E402
+from echorl_agent.llm_rl.train import LLMTrainConfig, _bc_warm_start, gigpo_config  # noqa: E402
+from echorl_envs.wrappers.llm import decode_llm_obs  # noqa: E402
+
+POLICY = {"length_norm": True, "show_admissible": False, "lora_rank": 8, "train_layers": 2}
+
+
+class ExpertTrace(gym.Wrapper):
+    """Keeps the episode's observation rows and the expert's action text at each of them."""
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        self.rows, self.experts = [obs], [info.get("expert_action")]
+        return obs, info
+
+    def step(self, action):
+        obs, r, term, trunc, info = self.env.step(action)
+        self.rows.append(obs)
+        self.experts.append(info.get("expert_action"))
+        return obs, r, term, trunc, info
+
+
+def expert_index(row: np.ndarray, expert: str | None) -> int | None:
+    adm = decode_llm_obs(row).get("admissible") or []
+    return adm.index(expert) if expert in adm else None
+
+
+def probe_states(trainer, seeds: list[int], n: int, rng: np.random.Generator) -> tuple[list[np.ndarray], list[int]]:
+    """Up to ``n`` (row, expert slot) pairs from sampled episodes of the current policy on ``seeds``."""
+    pool = []
+    for lo in range(0, len(seeds), len(trainer.envs)):
+        chunk = seeds[lo : lo + len(trainer.envs)]
+        eps = gigpo_mod.collect_groups(trainer.policy, trainer.envs[: len(chunk)], chunk, 1, trainer.generator)
+        for env, ep in zip(trainer.envs, eps, strict=False):
+            for t in range(len(ep.steps)):
+                k = expert_index(env.rows[t], env.experts[t])
+                if k is not None:
+                    pool.append((env.rows[t], k))
+    pick = rng.choice(len(pool), size=min(n, len(pool)), replace=False)
+    return [pool[i][0] for i in pick], [pool[i][1] for i in pick]
+
+
+def probe(policy, rows: list[np.ndarray], experts: list[int]) -> tuple[float, float]:
+    """(mean pi(expert | s), share of states whose argmax is the expert's action) under the current weights."""
+    policy.clear_store()
+    recs = policy.record_many(rows)
+    p = [float(r.rollout_logp[k].exp()) for r, k in zip(recs, experts, strict=True)]
+    top = [int(torch.argmax(r.rollout_logp)) == k for r, k in zip(recs, experts, strict=True)]
+    return float(np.mean(p)), float(np.mean(top))
+
+
+def alignment(episodes, envs, adv) -> dict[str, float]:
+    num, den, a_exp, a_other = 0.0, 0.0, [], []
+    for env, ep, ea in zip(envs, episodes, adv, strict=True):
+        for t, (step, a) in enumerate(zip(ep.steps, ea, strict=True)):
+            k = expert_index(env.rows[t], env.experts[t])
+            if k is None or abs(a) < 1e-12:
+                continue
+            s = 1.0 if step.action == k else -1.0
+            num, den = num + a * s, den + abs(a)
+            (a_exp if s > 0 else a_other).append(a)
+    return {"alignment": num / den if den else 0.0, "adv_expert": float(np.mean(a_exp)) if a_exp else 0.0,
+            "adv_other": float(np.mean(a_other)) if a_other else 0.0, "n_expert": len(a_exp),
+            "n_other": len(a_other)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--env", default="EchoRL/BabyAI-GoToLocal-v0")
+    ap.add_argument("--seed", type=int, default=8)
+    ap.add_argument("--bc-episodes", type=int, default=2)
+    ap.add_argument("--max-steps", type=int, default=24)
+    ap.add_argument("--history", type=int, default=0)
+    ap.add_argument("--iterations", type=int, default=12)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--groups", type=int, default=2)
+    ap.add_argument("--group-size", type=int, default=4)
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--minibatch-size", type=int, default=32)
+    ap.add_argument("--ent-coef", type=float, default=0.0)
+    ap.add_argument("--omega", type=float, default=1.0, help="step_advantage_weight")
+    ap.add_argument("--normalize", default="std", choices=("std", "mean"))
+    ap.add_argument("--probe-seeds", type=int, default=8, help="held-out episodes whose states form the probe")
+    ap.add_argument("--probe-states", type=int, default=64)
+    ap.add_argument("--label", default="", help="recipe name written with every row")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    cfg = LLMTrainConfig(env_id=args.env, method="bc+gigpo", train_steps=1, bc_episodes=args.bc_episodes,
+                         bc_epochs=20, bc_learning_rate=2e-3, bc_batch_size=8, seed=args.seed, history=args.history,
+                         max_episode_steps=args.max_steps, learning_rate=args.lr,
+                         n_envs=args.groups * args.group_size, group_size=args.group_size, policy_kwargs=dict(POLICY),
+                         step_advantage_weight=args.omega,
+                         gigpo_kwargs={"epochs": args.epochs, "minibatch_size": args.minibatch_size,
+                                       "ent_coef": args.ent_coef, "normalize": args.normalize})
+    gcfg, _ = gigpo_config(cfg)
+    torch.manual_seed(args.seed)
+    trainer = gigpo_mod.GiGPOTrainer(gcfg)
+    _bc_warm_start(cfg, trainer.policy, None)
+    trainer.envs = [ExpertTrace(e) for e in trainer.envs]
+    rng = np.random.default_rng(args.seed)
+    seeds = [300_000 + 1000 * args.seed + i for i in range(args.probe_seeds)]
+    rows, experts = probe_states(trainer, seeds, args.probe_states, rng)
+    captured = {}
+    real_collect = gigpo_mod.collect_groups
+
+    def collect(*a, **kw):
+        captured["episodes"] = real_collect(*a, **kw)
+        return captured["episodes"]
+
+    gigpo_mod.collect_groups = collect
+    p0, top0 = probe(trainer.policy, rows, experts)
+    base = {"label": args.label, "seed": args.seed, **{k: v for k, v in vars(args).items() if k not in ("out",)}}
+    with open(args.out, "a") as f:
+        f.write(json.dumps({**base, "iteration": 0, "timesteps": 0, "probe_p_expert": p0, "probe_top_expert": top0,
+                            "probe_n": len(rows)}) + "\n")
+    print(f"it 0: probe p(expert) {p0:.3f}, argmax = expert {top0:.2f} ({len(rows)} states)", flush=True)
+    for _ in range(args.iterations):
+        t0 = time.perf_counter()
+        s = trainer.iteration()
+        eps = captured["episodes"]
+        adv = gigpo_advantages(eps, gcfg.gamma, gcfg.step_advantage_weight, gcfg.normalize)
+        al = alignment(eps, trainer.envs, adv)
+        p, top = probe(trainer.policy, rows, experts)
+        row = {**base, **{k: s[k] for k in ("iteration", "timesteps", "success_rate", "frac_zero_std", "entropy",
+                                             "clip_fraction", "num_samples")},
+               **al, "probe_p_expert": p, "probe_top_expert": top, "probe_n": len(rows),
+               "seconds": time.perf_counter() - t0}
+        with open(args.out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(f"it {int(s['iteration'])} ({int(s['timesteps'])} steps): success {s['success_rate']:.2f}, "
+              f"alignment {al['alignment']:+.2f} (A expert {al['adv_expert']:+.2f} n={al['n_expert']}, "
+              f"other {al['adv_other']:+.2f} n={al['n_other']}), probe p(expert) {p:.3f}, argmax {top:.2f}, "
+              f"{row['seconds']:.0f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
