@@ -36,6 +36,9 @@ def _cfg(out, method="gigpo", **kw):
 
     base = dict(env_id=ENV, method=method, train_steps=32, n_envs=2, group_size=2, history=1, max_episode_steps=4,
                 learning_rate=1e-2, seed=SEED, policy_kwargs={"lora_rank": 4}, out=None if out is None else str(out))
+    if method == "gigpo+ref":  # the KL to the start: the reference taken before the interruption must come back
+        method = "gigpo"
+        base.update(method=method, gigpo_kwargs={"ref_kl_coef": 0.5})
     if method == "echorl":  # replay + KL, no plan tokens (they change the prompts, and so the seed's trajectories)
         base.update(policy_kwargs={"lora_rank": 4, "plan_tokens": 0}, replay={"capacity": 64, "replay_memory_mb": 64.0})
     base.update(kw)
@@ -162,11 +165,12 @@ def _assert_same_history(a, b):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("method", "stop"), [("gigpo", 8), ("echorl", 16)])
+@pytest.mark.parametrize(("method", "stop"), [("gigpo", 8), ("echorl", 16), ("gigpo+ref", 16)])
 def test_interrupted_and_resumed_run_equals_the_uninterrupted_one(lm_and_state, tmp_path, method, stop):
     # gigpo: interrupted after iteration 1 (no update yet), so the update of iteration 2 runs after the resume;
     # echorl: interrupted after iteration 2's update, so the resumed run's updates replay the buffer's items with the
-    # restored Adam moments. The uninterrupted run checkpoints at the same iteration (a save empties the prefix
+    # restored Adam moments; gigpo+ref: interrupted after iteration 2's update, so a resumed run that took its
+    # reference from the checkpoint's weights (not the start's) would learn differently. The uninterrupted run checkpoints at the same iteration (a save empties the prefix
     # cache as a resume does; see checkpoint.save_gigpo).
     lm, state = lm_and_state
     every = stop // 8
@@ -186,6 +190,9 @@ def test_interrupted_and_resumed_run_equals_the_uninterrupted_one(lm_and_state, 
     assert any(not torch.equal(at_checkpoint[k], wb[k]) for k in wb)  # and the resumed part did learn
     for sa, sb in zip(opt_a["state"].values(), b.policy.optimizer.state_dict()["state"].values(), strict=True):
         assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    if method == "gigpo+ref":
+        assert all(torch.equal(x, y) for x, y in zip(a.ref_params, b.ref_params, strict=True))
+        assert sum(h["ref_kl"] > 0 for h in b.history[2:]) > 0  # the resumed updates moved away from the start
     if method == "echorl":
         assert b.replay.stats() == pytest.approx(a.replay.stats(), nan_ok=True) and len(b.replay) == len(a.replay) > 0
         assert sum(h["replayed"] for h in b.history[2:]) > 0

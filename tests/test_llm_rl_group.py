@@ -85,6 +85,8 @@ def test_gigpo_config_rejects_bad_input():
         GiGPOConfig(gamma=1.5)
     with pytest.raises(ValueError, match="normalize"):
         GiGPOConfig(normalize="max")
+    with pytest.raises(ValueError, match="ref_kl_coef"):
+        GiGPOConfig(ref_kl_coef=-0.1)
 
 
 # ------------------------------------------------------------------ with the real LM
@@ -207,9 +209,49 @@ def test_gigpo_learner_options_reach_the_gigpo_config():
     default, _ = gigpo_config(LLMTrainConfig(env_id=ENV, method="bc+gigpo", n_envs=8, group_size=4))
     assert (default.epochs, default.minibatch_size, default.ent_coef, default.groups) == (1, None, 0.0, 2)
     tuned, pk = gigpo_config(LLMTrainConfig(env_id=ENV, method="echorl", n_envs=8, group_size=4,
-                                            gigpo_kwargs={"epochs": 4, "minibatch_size": 32, "clip_range": 0.1}))
+                                            gigpo_kwargs={"epochs": 4, "minibatch_size": 32, "clip_range": 0.1,
+                                                          "ref_kl_coef": 0.05}))
     assert (tuned.epochs, tuned.minibatch_size, tuned.clip_range, tuned.kl_coef) == (4, 32, 0.1, 0.01)
+    assert tuned.ref_kl_coef == 0.05 and default.ref_kl_coef == 0.0
     assert pk["plan_tokens"] == 2 and tuned.replay == {"capacity": 4096, "replay_memory_mb": 1024.0}
+
+
+def test_reference_kl_is_exact_and_pulls_the_policy_back(policy):
+    # KL(pi || pi_ref) over the candidates: 0 at the reference, equal to a hand computation from two forwards
+    # away from it, and (with zero advantages) an update on it alone brings the policy back toward the reference
+    from echorl_agent.llm_rl.learner import Sample, trainable_snapshot, update_policy
+
+    recs = policy.record_many(_states(2, 2, seed0=3))
+    samples = [Sample(r, 0, 0.0) for r in recs]
+    state = policy.lm.trainable_state()
+    try:
+        with pytest.raises(ValueError, match="ref_params"):
+            update_policy(policy, samples, ref_kl_coef=0.1)
+        with pytest.raises(ValueError, match="ref_kl_coef must be >= 0"):
+            update_policy(policy, samples, ref_kl_coef=-1.0)
+        ref = trainable_snapshot(policy)
+        with torch.no_grad():
+            ref_lp = policy.learner_scores_many(recs)[0]
+        at_ref = update_policy(policy, samples, ref_kl_coef=1.0, ref_params=ref)
+        assert at_ref["ref_kl"] == pytest.approx(0.0, abs=1e-6)
+        gen = torch.Generator().manual_seed(0)
+        with torch.no_grad():  # move away from the reference
+            for p in policy.parameters():
+                if p.requires_grad:
+                    p.add_(0.05 * torch.randn(p.shape, generator=gen))
+            far_lp = policy.learner_scores_many(recs)[0]
+        want = np.mean([float((a.exp() * (a - b)).sum()) for a, b in zip(far_lp, ref_lp, strict=True)])
+        assert want > 1e-3
+        for g in policy.optimizer.param_groups:
+            g["lr"] = 1e-3
+        first = update_policy(policy, samples, ref_kl_coef=1.0, ref_params=ref)
+        assert first["ref_kl"] == pytest.approx(want, rel=1e-3)
+        # the reference pass restored the trained weights: the loss saw pi_theta, not pi_ref
+        for _ in range(5):
+            last = update_policy(policy, samples, ref_kl_coef=1.0, ref_params=ref)
+        assert last["ref_kl"] < 0.8 * first["ref_kl"]
+    finally:
+        policy.lm.load_trainable_state(state)
 
 
 @pytest.mark.parametrize("method", ["ppo", pytest.param("gigpo", marks=pytest.mark.slow),

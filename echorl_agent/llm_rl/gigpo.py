@@ -28,7 +28,7 @@ import torch
 import echorl_envs
 from echorl_agent.llm_rl.advantage import anchor_groups, gigpo_advantages
 from echorl_agent.llm_rl.config import LLMPolicyConfig
-from echorl_agent.llm_rl.learner import Sample, update_policy
+from echorl_agent.llm_rl.learner import Sample, trainable_snapshot, update_policy
 from echorl_agent.llm_rl.policy import LLMPolicy, StepRecord
 from echorl_agent.llm_rl.rollout import Episode, collect_groups, make_choice_env
 
@@ -69,6 +69,10 @@ class GiGPOConfig:
     seed: int = 0
     kl_coef: float = 0.0
     """lambda_KL of the KL between consecutive plans (with ``lm.plan_tokens > 0``; EchoRL's plan term)."""
+    ref_kl_coef: float = 0.0
+    """beta of KL(pi || pi_ref) over the admissible actions of every visited state, pi_ref = the policy when RL
+    started (after any BC warm start); 0: off. With it on, every step of an iteration is learned from, including
+    steps whose advantage is 0 (they still carry the KL term)."""
     replay: dict[str, Any] | None = None
     """Hot/cold prioritized replay of LLM transitions (:class:`~echorl_agent.replay.llm.LLMReplayBuffer` keyword
     arguments, e.g. ``{"capacity": 4096, "replay_memory_mb": 1024}``); None: no replay."""
@@ -96,6 +100,8 @@ class GiGPOConfig:
             self.lm = LLMPolicyConfig.from_kwargs(**self.lm)
         if self.kl_coef < 0:
             raise ValueError(f"kl_coef must be >= 0, got kl_coef={self.kl_coef!r}")
+        if not self.ref_kl_coef >= 0:
+            raise ValueError(f"ref_kl_coef must be >= 0, got ref_kl_coef={self.ref_kl_coef!r}")
         if not self.replay_ratio >= 0:
             raise ValueError(f"replay_ratio must be >= 0, got replay_ratio={self.replay_ratio!r}")
         if self.replay is not None and not isinstance(self.replay, dict):
@@ -136,6 +142,8 @@ class GiGPOTrainer:
         self.history: list[dict[str, float]] = []
         self.episodes_done: list[tuple[int, bool, float]] = []
         """(env steps so far, won, return) per finished training episode."""
+        self.ref_params: list[torch.Tensor] | None = None
+        """The reference weights of ``ref_kl_coef`` (taken at the first iteration, so after a BC warm start)."""
         self.replay = None
         self._replay_slots = np.zeros(0, np.int64)
         if cfg.replay is not None:
@@ -152,6 +160,8 @@ class GiGPOTrainer:
     def iteration(self) -> dict[str, float]:
         """Collect ``groups`` groups, compute GiGPO advantages, update, sync the engine; returns statistics."""
         cfg = self.cfg
+        if cfg.ref_kl_coef > 0 and self.ref_params is None:
+            self.ref_params = trainable_snapshot(self.policy)
         stats0 = self.policy.lm.engine.stats
         cached0, computed0 = stats0.num_cached_tokens, stats0.num_computed_tokens
         rollout_version = self.policy.lm.engine.weight_version
@@ -160,12 +170,13 @@ class GiGPOTrainer:
         t1 = time.perf_counter()
         adv = gigpo_advantages(episodes, cfg.gamma, cfg.step_advantage_weight, cfg.normalize)
         fresh = [(e.group, Sample(s.record, s.action, float(a))) for e, ea in zip(episodes, adv, strict=True)
-                 for s, a in zip(e.steps, ea, strict=True) if cfg.ent_coef > 0 or abs(a) > 1e-12]
+                 for s, a in zip(e.steps, ea, strict=True) if cfg.ent_coef > 0 or cfg.ref_kl_coef > 0 or abs(a) > 1e-12]
         samples = [smp for _, smp in fresh]
         replayed = self._replayed(len(samples))
         upd = update_policy(self.policy, samples + replayed, clip_range=cfg.clip_range,
                             epochs=cfg.epochs, minibatch_size=cfg.minibatch_size, micro_batch=cfg.micro_batch,
-                            ent_coef=cfg.ent_coef, max_grad_norm=cfg.max_grad_norm, kl_coef=cfg.kl_coef, rng=self.rng)
+                            ent_coef=cfg.ent_coef, max_grad_norm=cfg.max_grad_norm, kl_coef=cfg.kl_coef,
+                            ref_kl_coef=cfg.ref_kl_coef, ref_params=self.ref_params, rng=self.rng)
         if samples or replayed:
             self.policy.sync_engine()
         if self.replay is not None:
@@ -252,7 +263,8 @@ class GiGPOTrainer:
         weights, the optimizer and the replay buffer."""
         return {"num_iterations": self.num_iterations, "num_timesteps": self.num_timesteps,
                 "history": [dict(h) for h in self.history], "episodes_done": [list(e) for e in self.episodes_done],
-                "rng": self.rng.bit_generator.state, "generator": self.generator.get_state()}
+                "rng": self.rng.bit_generator.state, "generator": self.generator.get_state(),
+                "ref_params": self.ref_params}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict`'s output."""
@@ -261,6 +273,7 @@ class GiGPOTrainer:
         self.episodes_done = [(int(s), bool(w), float(r)) for s, w, r in state["episodes_done"]]
         self.rng.bit_generator.state = state["rng"]
         self.generator.set_state(state["generator"])
+        self.ref_params = state.get("ref_params")
 
     def train(self, total_timesteps: int, progress: bool = False, callback: Any = None) -> list[dict[str, float]]:
         """Iterate until ``total_timesteps`` env steps were collected since the start (counting a resumed run's

@@ -8,6 +8,11 @@ distribution (other kernels, or quantized weights) -- the same correction as :cl
 ``pi`` is the policy's softmax over the admissible actions, so the ratio is per action (the action's tokens are
 scored together); ``- ent_coef * entropy`` is added.
 
+With ``ref_kl_coef > 0``, ``ref_kl_coef`` times the exact KL(pi_theta || pi_ref) over the admissible actions is added
+for every sample: ``pi_ref`` is the policy under ``ref_params`` (a :func:`trainable_snapshot`, e.g. the weights when
+RL started, after any BC warm start), computed in one no-grad pass with those weights swapped in -- the KL penalty
+of GRPO (TRL's ``beta``) and of GiGPO's recipe, which keeps RL near its start.
+
 With a latent plan (``plan_tokens > 0``) ``kl_coef`` times the KL between consecutive plan Gaussians (EchoRL's plan
 consistency term, as in EchoPPO) is added. A sample's ``weight`` multiplies its term: 1 for fresh samples, the
 prioritized-replay importance weight for replayed ones (whose truncated IS weight ``w`` then also corrects for the
@@ -22,7 +27,8 @@ episode, the K episodes of a group before they part) run their shared context th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,7 +37,7 @@ import torch
 from echorl_agent.llm_rl.plan import gaussian_kl
 from echorl_agent.llm_rl.policy import LLMPolicy, StepRecord
 
-__all__ = ["Sample", "update_policy"]
+__all__ = ["Sample", "trainable_snapshot", "update_policy"]
 
 
 @dataclass
@@ -45,6 +51,29 @@ class Sample:
     """Multiplies the sample's loss term (prioritized-replay importance weight; 1 for fresh samples)."""
 
 
+def trainable_snapshot(policy: LLMPolicy) -> list[torch.Tensor]:
+    """Detached copies of the policy's trainable parameters, in :meth:`LLMPolicy.parameters` order (a reference
+    policy for ``update_policy(..., ref_params=...)``)."""
+    return [p.detach().clone() for p in policy.parameters() if p.requires_grad]
+
+
+@contextmanager
+def _swapped(params: list[torch.nn.Parameter], values: Sequence[torch.Tensor]) -> Iterator[None]:
+    """Copy ``values`` into ``params`` for the block, then restore (in place: optimizer state stays attached)."""
+    if len(values) != len(params):
+        raise ValueError(f"ref_params has {len(values)} tensors, the policy {len(params)} trainable parameters")
+    saved = [p.detach().clone() for p in params]
+    with torch.no_grad():
+        for p, v in zip(params, values, strict=True):
+            p.copy_(v)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for p, v in zip(params, saved, strict=True):
+                p.copy_(v)
+
+
 def _micro(samples: Sequence[Sample], size: int) -> list[list[Sample]]:
     """Consecutive micro-batches (samples are kept in rollout order, so prefixes of one episode meet)."""
     return [list(samples[i : i + size]) for i in range(0, len(samples), size)]
@@ -52,17 +81,27 @@ def _micro(samples: Sequence[Sample], size: int) -> list[list[Sample]]:
 
 def update_policy(policy: LLMPolicy, samples: Sequence[Sample], *, clip_range: float = 0.2, epochs: int = 1,
                   minibatch_size: int | None = None, micro_batch: int = 16, ent_coef: float = 0.0,
-                  max_grad_norm: float = 1.0, kl_coef: float = 0.0,
+                  max_grad_norm: float = 1.0, kl_coef: float = 0.0, ref_kl_coef: float = 0.0,
+                  ref_params: Sequence[torch.Tensor] | None = None,
                   rng: np.random.Generator | None = None) -> dict[str, float]:
     """Clipped-surrogate update of the policy's trainable parameters on ``samples``; returns statistics.
 
     Args:
         minibatch_size: samples per optimizer step (None: the whole batch, one step per epoch).
         micro_batch: samples per learner forward/backward (gradients accumulate over micro-batches).
+        ref_kl_coef: weight of KL(pi || pi_ref) per sample (0: no reference pass).
+        ref_params: the reference weights (:func:`trainable_snapshot`); required when ``ref_kl_coef > 0``.
+
+    Raises:
+        ValueError: ``ref_kl_coef < 0``, or ``ref_kl_coef > 0`` without ``ref_params`` (or with the wrong count).
     """
+    if ref_kl_coef < 0:
+        raise ValueError(f"ref_kl_coef must be >= 0, got ref_kl_coef={ref_kl_coef!r}")
+    if ref_kl_coef > 0 and ref_params is None:
+        raise ValueError("ref_kl_coef > 0 needs ref_params (trainable_snapshot of the reference policy)")
     if not samples:
         return {"loss": 0.0, "is_weight_mean": 1.0, "clip_fraction": 0.0, "entropy": 0.0, "num_samples": 0.0,
-                "plan_kl": 0.0}
+                "plan_kl": 0.0, "ref_kl": 0.0}
     n = len(samples)
     mb = minibatch_size or n
     single = epochs == 1 and mb >= n
@@ -73,8 +112,13 @@ def update_policy(policy: LLMPolicy, samples: Sequence[Sample], *, clip_range: f
             for chunk in _micro(samples, micro_batch):
                 for s, lp in zip(chunk, policy.learner_scores_many([s.record for s in chunk])[0], strict=True):
                     s.record.learner_logp = lp.detach()
+    if ref_kl_coef > 0:  # pi_ref: the same learner pass with the reference weights swapped in
+        with torch.no_grad(), _swapped(params, ref_params):
+            for chunk in _micro(samples, micro_batch):
+                for s, lp in zip(chunk, policy.learner_scores_many([s.record for s in chunk])[0], strict=True):
+                    s.record.ref_logp = lp.detach()
     rng = rng or np.random.default_rng(0)
-    losses, weights, clips, ents, kls = [], [], [], [], []
+    losses, weights, clips, ents, kls, ref_kls = [], [], [], [], [], []
     for _ in range(epochs):
         order = np.arange(n) if single else rng.permutation(n)
         for lo in range(0, n, mb):
@@ -93,7 +137,12 @@ def update_policy(policy: LLMPolicy, samples: Sequence[Sample], *, clip_range: f
                     adv = float(s.advantage)
                     surrogate = torch.min(ratio * adv, ratio.clamp(1 - clip_range, 1 + clip_range) * adv)
                     entropy = -(lp.exp() * lp).sum()
-                    terms.append(s.weight * (-(w * surrogate) - ent_coef * entropy))
+                    term = -(w * surrogate) - ent_coef * entropy
+                    if ref_kl_coef > 0:
+                        ref_kl = (lp.exp() * (lp - s.record.ref_logp)).sum()
+                        term = term + ref_kl_coef * ref_kl
+                        ref_kls.append(float(ref_kl.detach()))
+                    terms.append(s.weight * term)
                     weights.append(float(w.detach()))
                     clips.append(float(abs(float(ratio.detach()) - 1) > clip_range))
                     ents.append(float(entropy.detach()))
@@ -109,4 +158,4 @@ def update_policy(policy: LLMPolicy, samples: Sequence[Sample], *, clip_range: f
             losses.append(total)
     return {"loss": float(np.mean(losses)), "is_weight_mean": float(np.mean(weights)),
             "clip_fraction": float(np.mean(clips)), "entropy": float(np.mean(ents)), "num_samples": float(n),
-            "plan_kl": float(np.mean(kls)) if kls else 0.0}
+            "plan_kl": float(np.mean(kls)) if kls else 0.0, "ref_kl": float(np.mean(ref_kls)) if ref_kls else 0.0}

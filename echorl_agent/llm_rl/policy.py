@@ -60,6 +60,8 @@ class StepRecord:
     """Plan features of steps t-k-1..t, ``[k + 2, hidden]``."""
     learner_logp: torch.Tensor | None = None
     """log pi over the candidates recomputed by the learner before the update (see ``LLMPPO``)."""
+    ref_logp: torch.Tensor | None = None
+    """log pi_ref over the candidates under the reference weights (``ref_kl_coef`` of the group learner)."""
 
     @classmethod
     def from_transition(cls, item: Any) -> StepRecord:
