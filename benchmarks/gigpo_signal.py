@@ -117,6 +117,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--minibatch-size", type=int, default=32)
     ap.add_argument("--ent-coef", type=float, default=0.0)
+    ap.add_argument("--ref-kl-coef", type=float, default=0.0, help="KL(pi || pi_ref) to the policy after BC")
+    ap.add_argument("--temperature", type=float, default=1.0, help="policy temperature (rollouts and learner)")
     ap.add_argument("--omega", type=float, default=1.0, help="step_advantage_weight")
     ap.add_argument("--normalize", default="std", choices=("std", "mean"))
     ap.add_argument("--probe-seeds", type=int, default=8, help="held-out episodes whose states form the probe")
@@ -128,10 +130,12 @@ def main(argv: list[str] | None = None) -> None:
     cfg = LLMTrainConfig(env_id=args.env, method="bc+gigpo", train_steps=1, bc_episodes=args.bc_episodes,
                          bc_epochs=20, bc_learning_rate=2e-3, bc_batch_size=8, seed=args.seed, history=args.history,
                          max_episode_steps=args.max_steps, learning_rate=args.lr,
-                         n_envs=args.groups * args.group_size, group_size=args.group_size, policy_kwargs=dict(POLICY),
+                         n_envs=args.groups * args.group_size, group_size=args.group_size,
+                         policy_kwargs={**POLICY, "temperature": args.temperature},
                          step_advantage_weight=args.omega,
                          gigpo_kwargs={"epochs": args.epochs, "minibatch_size": args.minibatch_size,
-                                       "ent_coef": args.ent_coef, "normalize": args.normalize})
+                                       "ent_coef": args.ent_coef, "normalize": args.normalize,
+                                       "ref_kl_coef": args.ref_kl_coef})
     gcfg, _ = gigpo_config(cfg)
     torch.manual_seed(args.seed)
     trainer = gigpo_mod.GiGPOTrainer(gcfg)
@@ -162,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
         al = alignment(eps, trainer.envs, adv)
         p, top = probe(trainer.policy, rows, experts)
         row = {**base, **{k: s[k] for k in ("iteration", "timesteps", "success_rate", "frac_zero_std", "entropy",
-                                             "clip_fraction", "num_samples")},
+                                             "clip_fraction", "num_samples", "ref_kl")},
                **al, "probe_p_expert": p, "probe_top_expert": top, "probe_n": len(rows),
                "seconds": time.perf_counter() - t0}
         with open(args.out, "a") as f:
