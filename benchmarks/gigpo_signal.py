@@ -12,11 +12,14 @@ action at every state (``info["expert_action"]``), which gives two lower-varianc
   iteration: the mean probability the policy gives the expert's action, and the share of states whose argmax is the
   expert's action.
 
-One run = one seed and one recipe (BC warm start as ``benchmarks/llm_rl_learning.py``, then GiGPO iterations); one
-JSON line per iteration to ``--out``. Example (the setting of preregistered.md §7)::
+One run = one seed and one recipe (``--label``): BC warm start as ``benchmarks/llm_rl_learning.py``, held-out
+episodes (``--eval-episodes`` per mode), the probe, GiGPO iterations (one JSON line each, with the probe after the
+update), the same held-out episodes again; ``--summary`` pairs after with before over seeds. A seed already done for
+a label is skipped (resumable). Example (the setting of preregistered.md §7)::
 
-    python benchmarks/gigpo_signal.py --seed 8 --iterations 12 --lr 1e-3 --epochs 4 --minibatch-size 32 \
-        --out benchmarks/results/gigpo_signal.jsonl
+    python benchmarks/gigpo_signal.py --seeds 8 --iterations 12 --lr 1e-3 --epochs 4 --minibatch-size 32 \
+        --eval-episodes 20 --out benchmarks/results/gigpo_signal.jsonl
+    python benchmarks/gigpo_signal.py --summary --out benchmarks/results/gigpo_signal.jsonl
 """
 
 from __future__ import annotations
@@ -103,14 +106,146 @@ def alignment(episodes, envs, adv) -> dict[str, float]:
             "n_other": len(a_other)}
 
 
+VARIANTS = {"gigpo": (0.95, 1.0, "std"), "episode-only (GRPO)": (0.95, 0.0, "std"), "mean-centred": (0.95, 1.0, "mean"),
+            "gamma 0.8": (0.8, 1.0, "std"), "gamma 0.99": (0.99, 1.0, "std"), "step x2": (0.95, 2.0, "std")}
+"""Advantage variants (gamma, omega, normalize) whose alignment is also computed on every iteration's episodes (the
+same rollouts: only the training run's own variant shapes the policy)."""
+
+
+def evaluate(trainer, seed: int, episodes: int, phase: str) -> list[dict]:
+    """Held-out success, sampled and greedy, on the episode seeds of ``benchmarks/llm_rl_learning.py``
+    (``100000 + 1000 * seed + ep``): the same episodes before and after GiGPO, so they pair up."""
+    seeds = [100_000 + 1000 * seed + ep for ep in range(episodes)]
+    rows = []
+    for mode in ("stochastic", "deterministic"):
+        for s, ep in zip(seeds, trainer.evaluate(seeds, deterministic=mode == "deterministic"), strict=True):
+            rows.append({"kind": "episode", "phase": phase, "mode": mode, "episode_seed": s, "won": bool(ep.won),
+                         "return": ep.ret, "steps": len(ep.steps)})
+    return rows
+
+
+def run_seed(args, seed: int) -> None:
+    cfg = LLMTrainConfig(env_id=args.env, method="bc+gigpo", train_steps=1, bc_episodes=args.bc_episodes,
+                         bc_epochs=20, bc_learning_rate=2e-3, bc_batch_size=8, seed=seed, history=args.history,
+                         max_episode_steps=args.max_steps, learning_rate=args.lr,
+                         n_envs=args.groups * args.group_size, group_size=args.group_size,
+                         policy_kwargs={**POLICY, "temperature": args.temperature},
+                         step_advantage_weight=args.omega,
+                         gigpo_kwargs={"epochs": args.epochs, "minibatch_size": args.minibatch_size,
+                                       "ent_coef": args.ent_coef, "normalize": args.normalize,
+                                       "ref_kl_coef": args.ref_kl_coef})
+    gcfg, _ = gigpo_config(cfg)
+    torch.manual_seed(seed)
+    trainer = gigpo_mod.GiGPOTrainer(gcfg)
+    _bc_warm_start(cfg, trainer.policy, None)
+    trainer.envs = [ExpertTrace(e) for e in trainer.envs]
+    rng = np.random.default_rng(seed)
+    probe_file = args.probe_file.format(seed=seed) if args.probe_file else None
+    if probe_file and Path(probe_file).exists():
+        saved = np.load(probe_file)
+        rows, experts = list(saved["rows"]), [int(k) for k in saved["experts"]]
+    else:
+        rows, experts = probe_states(trainer, [300_000 + 1000 * seed + i for i in range(args.probe_seeds)],
+                                     args.probe_states, rng)
+        if probe_file:
+            np.savez_compressed(probe_file, rows=np.stack(rows), experts=np.array(experts))
+    captured = {}
+    real_collect = gigpo_mod.collect_groups
+
+    def collect(*a, **kw):
+        captured["episodes"] = real_collect(*a, **kw)
+        return captured["episodes"]
+
+    base = {"label": args.label, **{k: v for k, v in vars(args).items() if k not in ("out", "seeds", "summary")},
+            "seed": seed}
+
+    def write(row: dict) -> None:
+        with open(args.out, "a") as f:
+            f.write(json.dumps({**base, **row}) + "\n")
+
+    t_start = time.perf_counter()
+    if args.eval_episodes:
+        for r in evaluate(trainer, seed, args.eval_episodes, "before"):
+            write(r)
+    p0, top0 = probe(trainer.policy, rows, experts)
+    write({"kind": "iteration", "iteration": 0, "timesteps": 0, "probe_p_expert": p0, "probe_top_expert": top0,
+           "probe_n": len(rows)})
+    print(f"seed {seed} it 0: probe p(expert) {p0:.3f}, argmax = expert {top0:.2f} ({len(rows)} states)", flush=True)
+    gigpo_mod.collect_groups = collect
+    try:
+        while trainer.num_iterations < args.iterations and trainer.num_timesteps < args.train_steps:
+            t0 = time.perf_counter()
+            s = trainer.iteration()
+            eps = captured["episodes"]
+            adv = gigpo_advantages(eps, gcfg.gamma, gcfg.step_advantage_weight, gcfg.normalize)
+            al = alignment(eps, trainer.envs, adv)
+            others = {name: alignment(eps, trainer.envs, gigpo_advantages(eps, *v))["alignment"]
+                      for name, v in VARIANTS.items()}
+            p, top = probe(trainer.policy, rows, experts)
+            row = {"kind": "iteration", **{k: s[k] for k in ("iteration", "timesteps", "success_rate", "frac_zero_std",
+                                                             "entropy", "clip_fraction", "num_samples", "ref_kl")},
+                   **al, "alignment_variants": others, "probe_p_expert": p, "probe_top_expert": top,
+                   "probe_n": len(rows), "seconds": time.perf_counter() - t0}
+            write(row)
+            print(f"seed {seed} it {int(s['iteration'])} ({int(s['timesteps'])} steps): success "
+                  f"{s['success_rate']:.2f}, alignment {al['alignment']:+.2f} (A expert {al['adv_expert']:+.2f} "
+                  f"n={al['n_expert']}, other {al['adv_other']:+.2f} n={al['n_other']}), probe p(expert) {p:.3f}, "
+                  f"argmax {top:.2f}, {row['seconds']:.0f}s", flush=True)
+    finally:
+        gigpo_mod.collect_groups = real_collect
+    if args.eval_episodes:
+        for r in evaluate(trainer, seed, args.eval_episodes, "after"):
+            write(r)
+    write({"kind": "done", "timesteps": trainer.num_timesteps, "iterations": trainer.num_iterations,
+           "seconds": time.perf_counter() - t_start})
+
+
+def summary(args) -> None:
+    """Per label: paired (after − before) differences over seeds -- probe p(expert), probe argmax agreement and
+    held-out success per mode -- each with a 95% percentile bootstrap CI over seeds."""
+    from tabulate import tabulate
+
+    from echorl_agent.eval.stats import paired_bootstrap
+
+    data = [json.loads(line) for line in open(args.out)]
+    done = {(d["label"], d["seed"]) for d in data if d.get("kind") == "done"}
+    lines = []
+    for label in sorted({lab for lab, _ in done}):
+        seeds = sorted(s for lab, s in done if lab == label)
+        its = {s: sorted((d for d in data if d.get("kind") == "iteration" and d["label"] == label and d["seed"] == s),
+                         key=lambda d: d["iteration"]) for s in seeds}
+        for name, key in (("probe p(expert)", "probe_p_expert"), ("probe argmax = expert", "probe_top_expert")):
+            diffs = [its[s][-1][key] - its[s][0][key] for s in seeds]
+            m, lo, hi = paired_bootstrap(diffs)
+            lines.append([label, name, len(seeds), f"{np.mean([its[s][0][key] for s in seeds]):.3f}",
+                          f"{np.mean([its[s][-1][key] for s in seeds]):.3f}", f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]",
+                          "holds" if lo > 0 else "not established"])
+        for mode in ("stochastic", "deterministic"):
+            per_seed = []
+            for s in seeds:
+                eps = {ph: [d["won"] for d in data if d.get("kind") == "episode" and d["label"] == label
+                            and d["seed"] == s and d["mode"] == mode and d["phase"] == ph] for ph in ("before", "after")}
+                if eps["before"] and eps["after"]:
+                    per_seed.append((np.mean(eps["before"]), np.mean(eps["after"])))
+            if per_seed:
+                m, lo, hi = paired_bootstrap([a - b for b, a in per_seed])
+                lines.append([label, f"success ({mode})", len(per_seed), f"{np.mean([b for b, _ in per_seed]):.3f}",
+                              f"{np.mean([a for _, a in per_seed]):.3f}", f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]",
+                              "holds" if lo > 0 else "not established"])
+    print(tabulate(lines, headers=["recipe", "measure", "seeds", "before (BC)", "after (BC + GiGPO)",
+                                   "after − before [95% CI over seeds]", "CI above 0"], tablefmt="github"))
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--env", default="EchoRL/BabyAI-GoToLocal-v0")
-    ap.add_argument("--seed", type=int, default=8)
+    ap.add_argument("--seeds", nargs="+", type=int, default=[8])
     ap.add_argument("--bc-episodes", type=int, default=2)
     ap.add_argument("--max-steps", type=int, default=24)
     ap.add_argument("--history", type=int, default=0)
-    ap.add_argument("--iterations", type=int, default=12)
+    ap.add_argument("--iterations", type=int, default=12, help="GiGPO iterations (at most)")
+    ap.add_argument("--train-steps", type=int, default=10**9,
+                    help="stop at the end of the first iteration at or past this many env steps")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--groups", type=int, default=2)
     ap.add_argument("--group-size", type=int, default=4)
@@ -123,58 +258,25 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--normalize", default="std", choices=("std", "mean"))
     ap.add_argument("--probe-seeds", type=int, default=8, help="held-out episodes whose states form the probe")
     ap.add_argument("--probe-states", type=int, default=64)
+    ap.add_argument("--probe-file", help="load the probe states from this .npz if it exists, else save them to it "
+                    "('{seed}' is replaced; to score another start, e.g. more demonstrations, on the same states)")
+    ap.add_argument("--eval-episodes", type=int, default=0,
+                    help="held-out episodes per mode before and after GiGPO (0: none)")
     ap.add_argument("--label", default="", help="recipe name written with every row")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--summary", action="store_true", help="only print the paired table of what is in --out")
     args = ap.parse_args(argv)
+    if args.summary:
+        summary(args)
+        return
     torch.set_num_threads(1)
-    cfg = LLMTrainConfig(env_id=args.env, method="bc+gigpo", train_steps=1, bc_episodes=args.bc_episodes,
-                         bc_epochs=20, bc_learning_rate=2e-3, bc_batch_size=8, seed=args.seed, history=args.history,
-                         max_episode_steps=args.max_steps, learning_rate=args.lr,
-                         n_envs=args.groups * args.group_size, group_size=args.group_size,
-                         policy_kwargs={**POLICY, "temperature": args.temperature},
-                         step_advantage_weight=args.omega,
-                         gigpo_kwargs={"epochs": args.epochs, "minibatch_size": args.minibatch_size,
-                                       "ent_coef": args.ent_coef, "normalize": args.normalize,
-                                       "ref_kl_coef": args.ref_kl_coef})
-    gcfg, _ = gigpo_config(cfg)
-    torch.manual_seed(args.seed)
-    trainer = gigpo_mod.GiGPOTrainer(gcfg)
-    _bc_warm_start(cfg, trainer.policy, None)
-    trainer.envs = [ExpertTrace(e) for e in trainer.envs]
-    rng = np.random.default_rng(args.seed)
-    seeds = [300_000 + 1000 * args.seed + i for i in range(args.probe_seeds)]
-    rows, experts = probe_states(trainer, seeds, args.probe_states, rng)
-    captured = {}
-    real_collect = gigpo_mod.collect_groups
-
-    def collect(*a, **kw):
-        captured["episodes"] = real_collect(*a, **kw)
-        return captured["episodes"]
-
-    gigpo_mod.collect_groups = collect
-    p0, top0 = probe(trainer.policy, rows, experts)
-    base = {"label": args.label, "seed": args.seed, **{k: v for k, v in vars(args).items() if k not in ("out",)}}
-    with open(args.out, "a") as f:
-        f.write(json.dumps({**base, "iteration": 0, "timesteps": 0, "probe_p_expert": p0, "probe_top_expert": top0,
-                            "probe_n": len(rows)}) + "\n")
-    print(f"it 0: probe p(expert) {p0:.3f}, argmax = expert {top0:.2f} ({len(rows)} states)", flush=True)
-    for _ in range(args.iterations):
-        t0 = time.perf_counter()
-        s = trainer.iteration()
-        eps = captured["episodes"]
-        adv = gigpo_advantages(eps, gcfg.gamma, gcfg.step_advantage_weight, gcfg.normalize)
-        al = alignment(eps, trainer.envs, adv)
-        p, top = probe(trainer.policy, rows, experts)
-        row = {**base, **{k: s[k] for k in ("iteration", "timesteps", "success_rate", "frac_zero_std", "entropy",
-                                             "clip_fraction", "num_samples", "ref_kl")},
-               **al, "probe_p_expert": p, "probe_top_expert": top, "probe_n": len(rows),
-               "seconds": time.perf_counter() - t0}
-        with open(args.out, "a") as f:
-            f.write(json.dumps(row) + "\n")
-        print(f"it {int(s['iteration'])} ({int(s['timesteps'])} steps): success {s['success_rate']:.2f}, "
-              f"alignment {al['alignment']:+.2f} (A expert {al['adv_expert']:+.2f} n={al['n_expert']}, "
-              f"other {al['adv_other']:+.2f} n={al['n_other']}), probe p(expert) {p:.3f}, argmax {top:.2f}, "
-              f"{row['seconds']:.0f}s", flush=True)
+    for seed in args.seeds:
+        finished = Path(args.out).exists() and any(
+            d.get("kind") == "done" and d["label"] == args.label and d["seed"] == seed
+            for d in map(json.loads, open(args.out)))
+        if not finished:  # resumable: a seed whose run finished is skipped
+            run_seed(args, seed)
+    summary(args)
 
 
 if __name__ == "__main__":

@@ -51,3 +51,29 @@ def test_alignment_skips_zero_advantages_and_is_zero_without_signal():
     envs = [SimpleNamespace(rows=[_row(ADM)], experts=["turn right"])]
     got = bench.alignment([_episode([1])], envs, [[0.0]])
     assert got["alignment"] == 0.0 and got["n_expert"] == 0 and got["n_other"] == 0
+
+
+def test_summary_pairs_after_with_before_per_seed(tmp_path, capsys):
+    out = tmp_path / "signal.jsonl"
+    rows = []
+    for seed, (p0, p1, before, after) in {1: (0.2, 0.4, [0, 0], [1, 0]), 2: (0.3, 0.3, [1, 0], [1, 1])}.items():
+        rows += [{"label": "r", "seed": seed, "kind": "iteration", "iteration": 0, "probe_p_expert": p0,
+                  "probe_top_expert": 0.0},
+                 {"label": "r", "seed": seed, "kind": "iteration", "iteration": 3, "probe_p_expert": p1,
+                  "probe_top_expert": 0.5}]
+        for phase, wins in (("before", before), ("after", after)):
+            rows += [{"label": "r", "seed": seed, "kind": "episode", "phase": phase, "mode": "stochastic",
+                      "episode_seed": i, "won": bool(w)} for i, w in enumerate(wins)]
+        rows.append({"label": "r", "seed": seed, "kind": "done"})
+    rows.append({"label": "r", "seed": 3, "kind": "iteration", "iteration": 0, "probe_p_expert": 0.9,
+                 "probe_top_expert": 1.0})  # not done: left out
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    bench.main(["--summary", "--out", str(out)])
+    table = {tuple(c.strip() for c in line.strip("|").split("|")[:2]): [c.strip() for c in line.strip("|").split("|")]
+             for line in capsys.readouterr().out.splitlines()[2:]}
+    assert set(table) == {("r", "probe p(expert)"), ("r", "probe argmax = expert"), ("r", "success (stochastic)")}
+    seeds, before, after, diff, verdict = table["r", "probe p(expert)"][2:]
+    assert (int(seeds), float(before), float(after)) == (2, 0.25, 0.35)  # seed 3 never finished: left out
+    assert diff.startswith("+0.100") and verdict == "not established"  # diffs +0.2 and 0: CI reaches 0
+    seeds, before, after, diff, verdict = table["r", "success (stochastic)"][2:]
+    assert (float(before), float(after), diff, verdict) == (0.25, 0.75, "+0.500 [+0.500, +0.500]", "holds")
