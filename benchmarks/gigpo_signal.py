@@ -25,6 +25,7 @@ a label is skipped (resumable). Example (the setting of preregistered.md §7)::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -47,19 +48,33 @@ from echorl_envs.wrappers.llm import decode_llm_obs  # noqa: E402
 POLICY = {"length_norm": True, "show_admissible": False, "lora_rank": 8, "train_layers": 2}
 
 
+def _where(info: dict) -> str:
+    return f"{info.get('agent_pos')}|{info.get('direction')}|{info.get('carrying')}"
+
+
 class ExpertTrace(gym.Wrapper):
-    """Keeps the episode's observation rows and the expert's action text at each of them."""
+    """Keeps the episode's observation rows, the expert's action text at each of them, and where the agent was
+    (position, direction, carried object: with the seed, the exact state of a BabyAI GoTo task)."""
 
     def reset(self, **kwargs):
         obs, info = self.env.reset(**kwargs)
-        self.rows, self.experts = [obs], [info.get("expert_action")]
+        self.rows, self.experts, self.where = [obs], [info.get("expert_action")], [_where(info)]
         return obs, info
 
     def step(self, action):
         obs, r, term, trunc, info = self.env.step(action)
         self.rows.append(obs)
         self.experts.append(info.get("expert_action"))
+        self.where.append(_where(info))
         return obs, r, term, trunc, info
+
+
+def exact_anchors(episodes, envs) -> list:
+    """Copies of the episodes whose anchor keys add the agent's exact position and direction to the observation
+    text (GiGPO's anchor states are env states; with history 0 the text alone can alias different positions)."""
+    return [dataclasses.replace(ep, steps=[dataclasses.replace(st, anchor=st.anchor + "\x00" + env.where[t])
+                                           for t, st in enumerate(ep.steps)])
+            for ep, env in zip(episodes, envs, strict=True)]
 
 
 def expert_index(row: np.ndarray, expert: str | None) -> int | None:
@@ -181,6 +196,8 @@ def run_seed(args, seed: int) -> None:
             al = alignment(eps, trainer.envs, adv)
             others = {name: alignment(eps, trainer.envs, gigpo_advantages(eps, *v))["alignment"]
                       for name, v in VARIANTS.items()}
+            others["exact-state anchors"] = alignment(eps, trainer.envs, gigpo_advantages(
+                exact_anchors(eps, trainer.envs), gcfg.gamma, gcfg.step_advantage_weight, gcfg.normalize))["alignment"]
             p, top = probe(trainer.policy, rows, experts)
             row = {"kind": "iteration", **{k: s[k] for k in ("iteration", "timesteps", "success_rate", "frac_zero_std",
                                                              "entropy", "clip_fraction", "num_samples", "ref_kl")},

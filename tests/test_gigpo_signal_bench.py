@@ -77,3 +77,18 @@ def test_summary_pairs_after_with_before_per_seed(tmp_path, capsys):
     assert diff.startswith("+0.100") and verdict == "not established"  # diffs +0.2 and 0: CI reaches 0
     seeds, before, after, diff, verdict = table["r", "success (stochastic)"][2:]
     assert (float(before), float(after), diff, verdict) == (0.25, 0.75, "+0.500 [+0.500, +0.500]", "holds")
+
+
+def test_exact_anchors_split_aliased_observations():
+    from echorl_agent.llm_rl.advantage import anchor_groups
+    from echorl_agent.llm_rl.rollout import Episode, Step
+
+    # two episodes of one group see the same text at t=1 from different positions; t=0 is the shared start
+    eps = [Episode(0, 5, [Step(None, 0, 0.0, "start"), Step(None, 1, 1.0, "wall ahead")]),
+           Episode(0, 5, [Step(None, 1, 0.0, "start"), Step(None, 2, 0.0, "wall ahead")])]
+    envs = [SimpleNamespace(where=["(1, 1)|0|None", "(1, 2)|0|None"]),
+            SimpleNamespace(where=["(1, 1)|0|None", "(2, 1)|1|None"])]
+    assert sorted(len(v) for v in anchor_groups(eps).values()) == [2, 2]
+    exact = bench.exact_anchors(eps, envs)
+    assert sorted(len(v) for v in anchor_groups(exact).values()) == [1, 1, 2]  # only the true shared state groups
+    assert [s.anchor for s in eps[0].steps] == ["start", "wall ahead"]  # the originals are untouched
