@@ -219,7 +219,14 @@ def run_seed(args, seed: int) -> None:
 
 def summary(args) -> None:
     """Per label: paired (after − before) differences over seeds -- probe p(expert), probe argmax agreement and
-    held-out success per mode -- each with a 95% percentile bootstrap CI over seeds."""
+    held-out success per mode -- each with a 95% percentile bootstrap CI over seeds. With fewer than
+    ``--min-seeds`` finished seeds the verdict column says "partial" (a registration draws no conclusion early)."""
+
+    def verdict(lo: float, n: int) -> str:
+        if n < args.min_seeds:
+            return f"partial ({n} of {args.min_seeds} seeds)"
+        return "holds" if lo > 0 else "not established"
+
     from tabulate import tabulate
 
     from echorl_agent.eval.stats import paired_bootstrap
@@ -236,7 +243,7 @@ def summary(args) -> None:
             m, lo, hi = paired_bootstrap(diffs)
             lines.append([label, name, len(seeds), f"{np.mean([its[s][0][key] for s in seeds]):.3f}",
                           f"{np.mean([its[s][-1][key] for s in seeds]):.3f}", f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]",
-                          "holds" if lo > 0 else "not established"])
+                          verdict(lo, len(seeds))])
         for mode in ("stochastic", "deterministic"):
             per_seed = []
             for s in seeds:
@@ -248,7 +255,7 @@ def summary(args) -> None:
                 m, lo, hi = paired_bootstrap([a - b for b, a in per_seed])
                 lines.append([label, f"success ({mode})", len(per_seed), f"{np.mean([b for b, _ in per_seed]):.3f}",
                               f"{np.mean([a for _, a in per_seed]):.3f}", f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]",
-                              "holds" if lo > 0 else "not established"])
+                              verdict(lo, len(per_seed))])
     print(tabulate(lines, headers=["recipe", "measure", "seeds", "before (BC)", "after (BC + GiGPO)",
                                    "after − before [95% CI over seeds]", "CI above 0"], tablefmt="github"))
 
@@ -282,6 +289,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--label", default="", help="recipe name written with every row")
     ap.add_argument("--out", required=True)
     ap.add_argument("--summary", action="store_true", help="only print the paired table of what is in --out")
+    ap.add_argument("--min-seeds", type=int, default=10, help="seeds a verdict needs (fewer: 'partial')")
     args = ap.parse_args(argv)
     if args.summary:
         summary(args)

@@ -68,7 +68,7 @@ def test_summary_pairs_after_with_before_per_seed(tmp_path, capsys):
     rows.append({"label": "r", "seed": 3, "kind": "iteration", "iteration": 0, "probe_p_expert": 0.9,
                  "probe_top_expert": 1.0})  # not done: left out
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    bench.main(["--summary", "--out", str(out)])
+    bench.main(["--summary", "--out", str(out), "--min-seeds", "2"])
     table = {tuple(c.strip() for c in line.strip("|").split("|")[:2]): [c.strip() for c in line.strip("|").split("|")]
              for line in capsys.readouterr().out.splitlines()[2:]}
     assert set(table) == {("r", "probe p(expert)"), ("r", "probe argmax = expert"), ("r", "success (stochastic)")}
@@ -77,6 +77,8 @@ def test_summary_pairs_after_with_before_per_seed(tmp_path, capsys):
     assert diff.startswith("+0.100") and verdict == "not established"  # diffs +0.2 and 0: CI reaches 0
     seeds, before, after, diff, verdict = table["r", "success (stochastic)"][2:]
     assert (float(before), float(after), diff, verdict) == (0.25, 0.75, "+0.500 [+0.500, +0.500]", "holds")
+    bench.main(["--summary", "--out", str(out)])  # the default needs 10 seeds: no verdict from 2
+    assert all("partial (2 of 10 seeds)" in line for line in capsys.readouterr().out.splitlines()[2:])
 
 
 def test_exact_anchors_split_aliased_observations():
