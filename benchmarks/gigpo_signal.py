@@ -127,6 +127,11 @@ VARIANTS = {"gigpo": (0.95, 1.0, "std"), "episode-only (GRPO)": (0.95, 0.0, "std
 same rollouts: only the training run's own variant shapes the policy)."""
 
 
+def action_text(step) -> str:
+    """The text of the action a rollout step took (its anchor key holds the admissible list)."""
+    return step.anchor.split("\x00", 1)[1].split("\x1f")[step.action]
+
+
 def evaluate(trainer, seed: int, episodes: int, phase: str) -> list[dict]:
     """Held-out success, sampled and greedy, on the episode seeds of ``benchmarks/llm_rl_learning.py``
     (``100000 + 1000 * seed + ep``): the same episodes before and after GiGPO, so they pair up."""
@@ -135,7 +140,7 @@ def evaluate(trainer, seed: int, episodes: int, phase: str) -> list[dict]:
     for mode in ("stochastic", "deterministic"):
         for s, ep in zip(seeds, trainer.evaluate(seeds, deterministic=mode == "deterministic"), strict=True):
             rows.append({"kind": "episode", "phase": phase, "mode": mode, "episode_seed": s, "won": bool(ep.won),
-                         "return": ep.ret, "steps": len(ep.steps)})
+                         "return": ep.ret, "steps": len(ep.steps), "actions": [action_text(st) for st in ep.steps]})
     return rows
 
 

@@ -94,3 +94,10 @@ def test_exact_anchors_split_aliased_observations():
     exact = bench.exact_anchors(eps, envs)
     assert sorted(len(v) for v in anchor_groups(exact).values()) == [1, 1, 2]  # only the true shared state groups
     assert [s.anchor for s in eps[0].steps] == ["start", "wall ahead"]  # the originals are untouched
+
+
+def test_action_text_reads_the_admissible_list_of_the_anchor_key():
+    from echorl_agent.llm_rl.rollout import Step, anchor_key
+
+    key = anchor_key({"obs": "You see a red ball", "admissible": ADM})
+    assert bench.action_text(Step(None, 2, 0.0, key)) == "go forward"
