@@ -1,4 +1,4 @@
-"""Does GiGPO's advantage point the right way, and does the policy move toward the expert? A diagnostic, not a study.
+"""Does GiGPO's advantage point the right way, and does the policy move toward the expert? (Runs preregistered.md §10.)
 
 Held-out success on a handful of episodes is too noisy to tell a GiGPO recipe that learns slowly from one that does
 not learn (preregistered.md §7: 6 episodes per seed and mode). BabyAI's envs name the expert's (the BabyAI bot's)
