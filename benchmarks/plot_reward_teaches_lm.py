@@ -7,7 +7,10 @@ evaluation of frozen and GiGPO (both modes) as points with CIs over seeds. Right
 the held-out success (the env's judge) of the start (pretrained, or SFT) and after GRPO in both modes. Third:
 BabyAI-GoToLocal (§7): GiGPO from the pretrained LM and from BC on 2 demonstrations, with the held-out evaluation of
 frozen, BC, GiGPO and BC + GiGPO. Fourth: ALFWorld-PickAndPlace (§9): GiGPO from BC on 8 demonstrations, with
-frozen and BC. The number of seeds each method has so far is in the legend.
+frozen and BC. Fifth and sixth: BabyAI-GoToLocal from BC on 2 demonstrations (§10, ``benchmarks/gigpo_signal.py``):
+the probe (mean probability of the expert's action and the share of states where it is the argmax, on 64 fixed
+held-out states) after every GiGPO iteration with the held-out success before and after, and each iteration's
+advantage alignment with the expert's actions. The number of seeds each method has so far is in the legend.
 
 Run: ``python benchmarks/plot_reward_teaches_lm.py`` (reads the committed results, writes ``docs/figures/reward_teaches_lm.png``).
 """
@@ -108,12 +111,71 @@ def grpo_panel(ax, folder: Path) -> None:
     ax.legend(fontsize=6)
 
 
+def _signal_runs(path: Path, label: str) -> dict[int, list[dict]]:
+    """The finished seeds of one ``gigpo_signal.py`` recipe: seed -> its rows (iterations and episodes)."""
+    rows = [json.loads(line) for line in path.open()] if path.exists() else []
+    done = {r["seed"] for r in rows if r.get("kind") == "done" and r["label"] == label}
+    return {s: [r for r in rows if r["seed"] == s and r["label"] == label] for s in sorted(done)}
+
+
+def probe_panel(ax, path: Path, label: str) -> None:
+    """§10: probe p(expert) and argmax = expert vs env steps (mean and CI over seeds), held-out success before
+    (x = 0) and after (x = the end) in both modes."""
+    runs = _signal_runs(path, label)
+    if not runs:
+        ax.set_title(f"no finished seeds of {label!r} in {path}")
+        return
+    its = {s: sorted((r for r in rows if r["kind"] == "iteration"), key=lambda r: r["iteration"])
+           for s, rows in runs.items()}
+    grid = np.linspace(0, min(v[-1]["timesteps"] for v in its.values()), 40)
+    for key, color, name in (("probe_p_expert", "C2", "probe: p(expert action)"),
+                             ("probe_top_expert", "C4", "probe: argmax = expert")):
+        m, lo, hi = mean_ci(np.stack([on_grid([r["timesteps"] for r in v], [r[key] for r in v], grid)
+                                      for v in its.values()]))
+        ax.plot(grid, m, color=color, label=f"{name}, {len(its)} seeds")
+        ax.fill_between(grid, lo, hi, color=color, alpha=0.2)
+    dx = grid[-1] / 60
+    for phase, x, color in (("before", 0.0, "C0"), ("after", grid[-1], "C1")):
+        for mode, off, fmt in (("stochastic", -dx, "o"), ("deterministic", dx, "s")):
+            per_seed = [np.mean([r["won"] for r in rows if r["kind"] == "episode" and r["phase"] == phase
+                                 and r["mode"] == mode]) for rows in runs.values()]
+            mu, a, b = paired_bootstrap(per_seed)
+            name = "BC-2" if phase == "before" else "BC-2 + GiGPO"
+            ax.errorbar([x + off], [mu], yerr=[[mu - a], [b - mu]], fmt=fmt, capsize=3, color=color,
+                        label=f"{name} held-out success, {mode}")
+    ax.set_xlabel("env steps (GiGPO training)")
+    ax.set_ylabel("probability / success")
+    ax.set_title("BabyAI-GoToLocal, BC on 2 demos + GiGPO (§10): the probe", fontsize=9)
+    ax.legend(fontsize=6)
+
+
+def alignment_panel(ax, path: Path, label: str) -> None:
+    """§10: each iteration's advantage alignment with the expert (iterations with no signal are left out)."""
+    runs = _signal_runs(path, label)
+    pts = [(r["timesteps"], r["alignment"]) for rows in runs.values() for r in rows
+           if r["kind"] == "iteration" and r.get("n_expert", 0) + r.get("n_other", 0) > 0]
+    if not pts:
+        ax.set_title(f"no iterations with signal of {label!r} in {path}")
+        return
+    x, y = np.array(pts).T
+    n_it = sum(1 for rows in runs.values() for r in rows if r["kind"] == "iteration" and r["iteration"] > 0)
+    ax.scatter(x, y, s=10, color="C3", label=f"{len(pts)} of {n_it} iterations had signal ({len(runs)} seeds)")
+    ax.axhline(0, color="k", lw=0.5)
+    ax.set_ylim(-1, 1)
+    ax.set_xlabel("env steps (GiGPO training)")
+    ax.set_ylabel("sum A*s / sum |A|  (s = +1 expert action, -1 other)")
+    ax.set_title("§10: do the advantages favour the expert's actions?", fontsize=9)
+    ax.legend(fontsize=6)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gigpo", default=str(ROOT / "benchmarks/results/llm_rl_gigpo_s930"))
     ap.add_argument("--grpo", default=str(ROOT / "benchmarks/results/llm_rl_grpo_s940"))
     ap.add_argument("--gotolocal", default=str(ROOT / "benchmarks/results/llm_rl_gotolocal_s950"))
     ap.add_argument("--alfworld", default=str(ROOT / "benchmarks/results/llm_rl_alfworld_s970"))
+    ap.add_argument("--signal", default=str(ROOT / "benchmarks/results/gigpo_signal_s980.jsonl"))
+    ap.add_argument("--signal-label", default="s10")
     ap.add_argument("--out", default=str(ROOT / "docs/figures/reward_teaches_lm.png"))
     args = ap.parse_args(argv)
     import matplotlib
@@ -121,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(13, 8.8))
+    fig, axes = plt.subplots(2, 3, figsize=(19, 8.8))
     axes = axes.ravel()
     group_rl_panel(axes[0], Path(args.gigpo), "MiniGrid-Empty-Random-5x5: GiGPO from the pretrained LM (§5)")
     grpo_panel(axes[1], Path(args.grpo))
@@ -129,6 +191,8 @@ def main(argv: list[str] | None = None) -> None:
                    trained=("gigpo", "bc+gigpo"), starts=("frozen", "bc"))
     group_rl_panel(axes[3], Path(args.alfworld), "ALFWorld-PickAndPlace, 30-step budget, BC on 8 demos (§9)",
                    trained=("bc+gigpo",), starts=("frozen", "bc"))
+    probe_panel(axes[4], Path(args.signal), args.signal_label)
+    alignment_panel(axes[5], Path(args.signal), args.signal_label)
     fig.suptitle("Reward teaches the LM (SmolLM2-135M, LoRA r=8 top 2 layers, CPU): mean and 95% CI over seeds",
                  fontsize=10)
     fig.tight_layout()

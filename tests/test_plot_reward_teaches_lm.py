@@ -1,0 +1,70 @@
+"""The §10 panels of benchmarks/plot_reward_teaches_lm.py on hand-built gigpo_signal rows."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+matplotlib = pytest.importorskip("matplotlib")
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+spec = importlib.util.spec_from_file_location(
+    "plot_reward_teaches_lm", Path(__file__).resolve().parents[1] / "benchmarks" / "plot_reward_teaches_lm.py")
+plot = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(plot)
+
+
+def _rows(seed: int, probe: list[tuple[float, float]], align: list[float | None], won: dict[str, list[bool]]):
+    out = []
+    for i, (t, p) in enumerate(probe):
+        r = {"label": "s10", "seed": seed, "kind": "iteration", "iteration": i, "timesteps": t,
+             "probe_p_expert": p, "probe_top_expert": p / 2}
+        if i > 0:
+            a = align[i - 1]
+            r.update(alignment=0.0 if a is None else a, n_expert=0 if a is None else 3, n_other=0 if a is None else 5)
+        out.append(r)
+    for phase, wins in won.items():
+        for mode in ("stochastic", "deterministic"):
+            out += [{"label": "s10", "seed": seed, "kind": "episode", "phase": phase, "mode": mode, "won": w}
+                    for w in wins]
+    return out + [{"label": "s10", "seed": seed, "kind": "done"}]
+
+
+@pytest.fixture
+def signal_file(tmp_path):
+    rows = _rows(1, [(0, 0.2), (100, 0.4), (200, 0.4)], [0.5, None], {"before": [0, 0], "after": [1, 0]})
+    rows += _rows(2, [(0, 0.3), (150, 0.3), (250, 0.5)], [-0.25, 0.0], {"before": [1, 0], "after": [1, 1]})
+    rows += [{"label": "other", "seed": 3, "kind": "done"},
+             {"label": "s10", "seed": 4, "kind": "iteration", "iteration": 0, "timesteps": 0,
+              "probe_p_expert": 0.9, "probe_top_expert": 0.9}]  # seed 4 never finished: left out
+    path = tmp_path / "signal.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_probe_panel_plots_the_mean_step_function_of_finished_seeds(signal_file):
+    fig, ax = plt.subplots()
+    plot.probe_panel(ax, signal_file, "s10")
+    line = ax.get_lines()[0]
+    x, y = line.get_data()
+    assert x[0] == 0 and x[-1] == 200  # the grid ends at the shortest finished run
+    # seed 1: 0.2 until 100, then 0.4; seed 2: 0.3 until 150, then 0.3 (its 0.5 comes at 250, past the grid)
+    expect = [(0.2 if t < 100 else 0.4) / 2 + 0.3 / 2 for t in x]
+    np.testing.assert_allclose(y, expect)
+    assert "2 seeds" in line.get_label()
+    plt.close(fig)
+
+
+def test_alignment_panel_counts_iterations_with_signal(signal_file):
+    fig, ax = plt.subplots()
+    plot.alignment_panel(ax, signal_file, "s10")
+    pts = ax.collections[0].get_offsets()
+    # iterations with samples only: seed 1 it 1 (+0.5), seed 2 its 1 (-0.25) and 2 (0.0, but it had samples)
+    assert sorted(map(tuple, np.asarray(pts).tolist())) == [(100, 0.5), (150, -0.25), (250, 0.0)]
+    assert ax.collections[0].get_label() == "3 of 4 iterations had signal (2 seeds)"
+    plt.close(fig)
