@@ -41,6 +41,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import echorl_agent.llm_rl.gigpo as gigpo_mod  # noqa: E402
+from echorl_agent.eval.stats import read_jsonl  # noqa: E402
 from echorl_agent.llm_rl.advantage import gigpo_advantages  # noqa: E402
 from echorl_agent.llm_rl.train import LLMTrainConfig, _bc_warm_start, gigpo_config  # noqa: E402
 from echorl_envs.wrappers.llm import decode_llm_obs  # noqa: E402
@@ -169,13 +170,6 @@ def run_seed(args, seed: int) -> None:
                                      args.probe_states, rng)
         if probe_file:
             np.savez_compressed(probe_file, rows=np.stack(rows), experts=np.array(experts))
-    captured = {}
-    real_collect = gigpo_mod.collect_groups
-
-    def collect(*a, **kw):
-        captured["episodes"] = real_collect(*a, **kw)
-        return captured["episodes"]
-
     base = {"label": args.label, **{k: v for k, v in vars(args).items() if k not in ("out", "seeds", "summary")},
             "seed": seed}
 
@@ -191,30 +185,26 @@ def run_seed(args, seed: int) -> None:
     write({"kind": "iteration", "iteration": 0, "timesteps": 0, "probe_p_expert": p0, "probe_top_expert": top0,
            "probe_n": len(rows)})
     print(f"seed {seed} it 0: probe p(expert) {p0:.3f}, argmax = expert {top0:.2f} ({len(rows)} states)", flush=True)
-    gigpo_mod.collect_groups = collect
-    try:
-        while trainer.num_iterations < args.iterations and trainer.num_timesteps < args.train_steps:
-            t0 = time.perf_counter()
-            s = trainer.iteration()
-            eps = captured["episodes"]
-            adv = gigpo_advantages(eps, gcfg.gamma, gcfg.step_advantage_weight, gcfg.normalize)
-            al = alignment(eps, trainer.envs, adv)
-            others = {name: alignment(eps, trainer.envs, gigpo_advantages(eps, *v))["alignment"]
-                      for name, v in VARIANTS.items()}
-            others["exact-state anchors"] = alignment(eps, trainer.envs, gigpo_advantages(
-                exact_anchors(eps, trainer.envs), gcfg.gamma, gcfg.step_advantage_weight, gcfg.normalize))["alignment"]
-            p, top = probe(trainer.policy, rows, experts)
-            row = {"kind": "iteration", **{k: s[k] for k in ("iteration", "timesteps", "success_rate", "frac_zero_std",
-                                                             "entropy", "clip_fraction", "num_samples", "ref_kl")},
-                   **al, "alignment_variants": others, "probe_p_expert": p, "probe_top_expert": top,
-                   "probe_n": len(rows), "seconds": time.perf_counter() - t0}
-            write(row)
-            print(f"seed {seed} it {int(s['iteration'])} ({int(s['timesteps'])} steps): success "
-                  f"{s['success_rate']:.2f}, alignment {al['alignment']:+.2f} (A expert {al['adv_expert']:+.2f} "
-                  f"n={al['n_expert']}, other {al['adv_other']:+.2f} n={al['n_other']}), probe p(expert) {p:.3f}, "
-                  f"argmax {top:.2f}, {row['seconds']:.0f}s", flush=True)
-    finally:
-        gigpo_mod.collect_groups = real_collect
+    while trainer.num_iterations < args.iterations and trainer.num_timesteps < args.train_steps:
+        t0 = time.perf_counter()
+        s = trainer.iteration()
+        eps = trainer.last_episodes
+        adv = gigpo_advantages(eps, gcfg.gamma, gcfg.step_advantage_weight, gcfg.normalize)
+        al = alignment(eps, trainer.envs, adv)
+        others = {name: alignment(eps, trainer.envs, gigpo_advantages(eps, *v))["alignment"]
+                  for name, v in VARIANTS.items()}
+        others["exact-state anchors"] = alignment(eps, trainer.envs, gigpo_advantages(
+            exact_anchors(eps, trainer.envs), gcfg.gamma, gcfg.step_advantage_weight, gcfg.normalize))["alignment"]
+        p, top = probe(trainer.policy, rows, experts)
+        row = {"kind": "iteration", **{k: s[k] for k in ("iteration", "timesteps", "success_rate", "frac_zero_std",
+                                                         "entropy", "clip_fraction", "num_samples", "ref_kl")},
+               **al, "alignment_variants": others, "probe_p_expert": p, "probe_top_expert": top,
+               "probe_n": len(rows), "seconds": time.perf_counter() - t0}
+        write(row)
+        print(f"seed {seed} it {int(s['iteration'])} ({int(s['timesteps'])} steps): success "
+              f"{s['success_rate']:.2f}, alignment {al['alignment']:+.2f} (A expert {al['adv_expert']:+.2f} "
+              f"n={al['n_expert']}, other {al['adv_other']:+.2f} n={al['n_other']}), probe p(expert) {p:.3f}, "
+              f"argmax {top:.2f}, {row['seconds']:.0f}s", flush=True)
     if args.eval_episodes:
         for r in evaluate(trainer, seed, args.eval_episodes, "after"):
             write(r)
@@ -234,9 +224,9 @@ def summary(args) -> None:
 
     from tabulate import tabulate
 
-    from echorl_agent.eval.stats import paired_bootstrap
+    from echorl_agent.eval.stats import bootstrap_text, paired_bootstrap
 
-    data = [json.loads(line) for line in open(args.out)]
+    data = read_jsonl(args.out)
     done = {(d["label"], d["seed"]) for d in data if d.get("kind") == "done"}
     lines = []
     for label in sorted({lab for lab, _ in done}):
@@ -245,10 +235,9 @@ def summary(args) -> None:
                          key=lambda d: d["iteration"]) for s in seeds}
         for name, key in (("probe p(expert)", "probe_p_expert"), ("probe argmax = expert", "probe_top_expert")):
             diffs = [its[s][-1][key] - its[s][0][key] for s in seeds]
-            m, lo, hi = paired_bootstrap(diffs)
             lines.append([label, name, len(seeds), f"{np.mean([its[s][0][key] for s in seeds]):.3f}",
-                          f"{np.mean([its[s][-1][key] for s in seeds]):.3f}", f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]",
-                          verdict(lo, len(seeds))])
+                          f"{np.mean([its[s][-1][key] for s in seeds]):.3f}", bootstrap_text(diffs, signed=True),
+                          verdict(paired_bootstrap(diffs)[1], len(seeds))])
         for mode in ("stochastic", "deterministic"):
             per_seed = []
             for s in seeds:
@@ -257,10 +246,10 @@ def summary(args) -> None:
                 if eps["before"] and eps["after"]:
                     per_seed.append((np.mean(eps["before"]), np.mean(eps["after"])))
             if per_seed:
-                m, lo, hi = paired_bootstrap([a - b for b, a in per_seed])
+                diffs = [a - b for b, a in per_seed]
                 lines.append([label, f"success ({mode})", len(per_seed), f"{np.mean([b for b, _ in per_seed]):.3f}",
-                              f"{np.mean([a for _, a in per_seed]):.3f}", f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}]",
-                              verdict(lo, len(per_seed))])
+                              f"{np.mean([a for _, a in per_seed]):.3f}", bootstrap_text(diffs, signed=True),
+                              verdict(paired_bootstrap(diffs)[1], len(per_seed))])
     print(tabulate(lines, headers=["recipe", "measure", "seeds", "before (BC)", "after (BC + GiGPO)",
                                    "after − before [95% CI over seeds]", "CI above 0"], tablefmt="github"))
 
@@ -301,9 +290,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     torch.set_num_threads(1)
     for seed in args.seeds:
-        finished = Path(args.out).exists() and any(
-            d.get("kind") == "done" and d["label"] == args.label and d["seed"] == seed
-            for d in map(json.loads, open(args.out)))
+        finished = any(d.get("kind") == "done" and d["label"] == args.label and d["seed"] == seed
+                       for d in read_jsonl(args.out))
         if not finished:  # resumable: a seed whose run finished is skipped
             run_seed(args, seed)
     summary(args)

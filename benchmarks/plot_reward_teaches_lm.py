@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from echorl_agent.eval.stats import paired_bootstrap  # noqa: E402
+from echorl_agent.eval.stats import paired_bootstrap, read_jsonl  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -113,7 +113,7 @@ def grpo_panel(ax, folder: Path) -> None:
 
 def _signal_runs(path: Path, label: str) -> dict[int, list[dict]]:
     """The finished seeds of one ``gigpo_signal.py`` recipe: seed -> its rows (iterations and episodes)."""
-    rows = [json.loads(line) for line in path.open()] if path.exists() else []
+    rows = read_jsonl(path)
     done = {r["seed"] for r in rows if r.get("kind") == "done" and r["label"] == label}
     return {s: [r for r in rows if r["seed"] == s and r["label"] == label] for s in sorted(done)}
 

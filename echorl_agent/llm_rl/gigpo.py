@@ -142,6 +142,8 @@ class GiGPOTrainer:
         self.history: list[dict[str, float]] = []
         self.episodes_done: list[tuple[int, bool, float]] = []
         """(env steps so far, won, return) per finished training episode."""
+        self.last_episodes: list[Episode] = []
+        """The episodes of the latest iteration (for diagnostics that read the rollout the update learned from)."""
         self.ref_params: list[torch.Tensor] | None = None
         """The reference weights of ``ref_kl_coef`` (taken at the first iteration, so after a BC warm start)."""
         self.replay = None
@@ -167,6 +169,7 @@ class GiGPOTrainer:
         rollout_version = self.policy.lm.engine.weight_version
         t0 = time.perf_counter()
         episodes = collect_groups(self.policy, self.envs, self.next_seeds(), cfg.group_size, self.generator)
+        self.last_episodes = episodes
         t1 = time.perf_counter()
         adv = gigpo_advantages(episodes, cfg.gamma, cfg.step_advantage_weight, cfg.normalize)
         fresh = [(e.group, Sample(s.record, s.action, float(a))) for e, ea in zip(episodes, adv, strict=True)
