@@ -81,6 +81,44 @@ def test_action_logprobs_equal_a_full_hf_forward(lm):
     assert abs(float(value.detach()) - rec.value) < 1e-4
 
 
+def test_top_layer_on_the_read_rows_only_equals_the_full_forward_and_its_gradients(lm):
+    """``run_layers(keep=rows)`` skips the top layer's queries/MLP on rows nobody reads: same log-probs, same
+    value-head input and the same gradients on the adapters as running every row."""
+    from echorl_agent.llm_rl.forward import (candidate_set_logprobs, candidate_token_logprobs, output_rows,
+                                             pack_sets, run_layers)
+
+    policy, env = make_policy(lm)
+    obs, _ = env.reset(seed=1)
+    r1 = policy.record(obs)
+    obs, *_ = env.step(1)
+    r2 = policy.record(obs)  # history 1: r1's prompt is a prefix of r2's, so both sets share r2's context rows
+    assert r2.context[: len(r1.context)] == r1.context
+    parts, b, L = lm.parts, lm.boundary, lm.num_layers
+    batch = pack_sets(len(r2.context), [(len(r1.context), r1.cands), (len(r2.context), r2.cands)])
+    x0 = torch.cat([r2.context_states, *r1.cand_states, *r2.cand_states])
+    rows = output_rows(batch, [s.prefix - 1 for s in batch.sets])
+    assert len(rows) < x0.shape[0] // 2  # most rows are prompt rows nobody reads
+    params = [p for p in lm.model.parameters() if p.requires_grad]
+    got = []
+    for keep in (None, rows):
+        x = run_layers(parts, x0, batch, b, L, keep=keep)
+        assert x.shape[0] == (x0.shape[0] if keep is None else len(rows))
+        lps, ctx = candidate_set_logprobs(parts, x, batch, keep)
+        toks = candidate_token_logprobs(parts, x, batch, keep)
+        loss = sum((lp * torch.arange(1, len(lp) + 1)).sum() for lp in lps) + ctx.square().sum()
+        grads = torch.autograd.grad(loss, params)
+        got.append((torch.cat(lps).detach(), ctx.detach(), torch.cat(toks).detach(), grads))
+    (lp_a, ctx_a, tok_a, g_a), (lp_b, ctx_b, tok_b, g_b) = got
+    torch.testing.assert_close(lp_b, lp_a, atol=2e-5, rtol=0)
+    torch.testing.assert_close(ctx_b, ctx_a, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(tok_b, tok_a, atol=2e-5, rtol=0)
+    assert any(float(g.abs().max()) > 0 for g in g_a)
+    for ga, gb in zip(g_a, g_b, strict=True):
+        torch.testing.assert_close(gb, ga, atol=1e-4 * max(1.0, float(ga.abs().max())), rtol=1e-3)
+    with pytest.raises(ValueError, match="need rows"):  # rows it does not hold are an error, not a wrong answer
+        candidate_set_logprobs(parts, run_layers(parts, x0, batch, b, L, keep=rows[1:]), batch, rows[1:])
+
+
 def test_length_norm_and_temperature_change_the_distribution(lm):
     p1, env = make_policy(lm)
     p2, _ = make_policy(lm, length_norm=True, temperature=2.0)

@@ -8,7 +8,10 @@ token of ``C`` is computed once however many candidates there are.
 The forward can start at any layer ``b``: given the activations entering layer ``b`` (the rollout engine captured
 them, see :meth:`echorl_agent.llm.engine.runner.ModelRunner.enable_capture`) only layers ``b..L-1`` run -- with gradients
 when they hold the trainable parameters (LoRA adapters or unfrozen top layers) -- so the frozen layers below are
-never recomputed by the learner. The arithmetic is the HF modules' own (RMSNorm, projections incl. peft's LoRA
+never recomputed by the learner. Only some rows' outputs are ever read (the rows that predict a candidate token,
+and each set's last context row): ``run_layers(..., keep=rows)`` runs the last layer's queries, attention output and
+MLP on those rows alone (its keys and values still cover every row), which is exact and skips most of that layer
+(:func:`output_rows`). The arithmetic is the HF modules' own (RMSNorm, projections incl. peft's LoRA
 wrappers, rotary embedding, MLP); attention is ``scaled_dot_product_attention`` with the block mask.
 """
 
@@ -21,8 +24,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["DecoderParts", "CandidateSet", "PackedBatch", "pack", "pack_sets", "run_layers", "candidate_logprobs",
-           "candidate_set_logprobs", "candidate_token_logprobs"]
+__all__ = ["DecoderParts", "CandidateSet", "PackedBatch", "pack", "pack_sets", "output_rows", "run_layers",
+           "candidate_logprobs", "candidate_set_logprobs", "candidate_token_logprobs"]
 
 
 @dataclass
@@ -117,21 +120,33 @@ def _apply_rope(layer: torch.nn.Module):
     return importlib.import_module(type(layer.self_attn).__module__).apply_rotary_pos_emb
 
 
+def output_rows(batch: PackedBatch, extra_rows: Sequence[int] = ()) -> list[int]:
+    """The rows whose last-layer output is read: every row that predicts a candidate token, and ``extra_rows``
+    (sorted, each once) -- ``keep`` for :func:`run_layers`, ``rows`` for the log-probability functions."""
+    rows, _, _ = _candidate_token_rows(batch)
+    return sorted(set(rows) | set(extra_rows))
+
+
 def run_layers(parts: DecoderParts, x: torch.Tensor, batch: PackedBatch, start: int, stop: int,
-               inject: dict[int, tuple[int, torch.Tensor]] | None = None) -> torch.Tensor:
+               inject: dict[int, tuple[int, torch.Tensor]] | None = None,
+               keep: Sequence[int] | None = None) -> torch.Tensor:
     """Run decoder layers ``start..stop-1`` on the packed rows ``x`` ``[T, hidden]``.
 
     Args:
         inject: ``{layer: (row, embeds [m, hidden])}`` -- ``embeds`` is added to rows ``row..row+m-1`` entering
             ``layer`` (the soft plan tokens; differentiable).
+        keep: if given, return only these rows ``[len(keep), hidden]``: the last layer computes keys and values for
+            every row but queries, attention output and MLP for these rows only (the other rows' outputs would
+            never be read).
     """
     inject = inject or {}
     if not parts.layers[start:stop]:
-        return x
+        return x if keep is None else x[torch.as_tensor(list(keep), device=x.device, dtype=torch.long)]
     cos, sin = parts.rotary(x, batch.positions[None, :])
     cos, sin = cos[0], sin[0]
     rope = _apply_rope(parts.layers[0])
     n, hq, hkv, d = x.shape[0], parts.num_heads, parts.num_kv_heads, parts.head_dim
+    rep = hq // hkv
     for li in range(start, stop):
         if li in inject:
             row, e = inject[li]
@@ -139,21 +154,28 @@ def run_layers(parts: DecoderParts, x: torch.Tensor, batch: PackedBatch, start: 
         layer = parts.layers[li]
         attn = layer.self_attn
         h = layer.input_layernorm(x)
-        q = attn.q_proj(h).view(n, hq, d)
         k = attn.k_proj(h).view(n, hkv, d)
-        v = attn.v_proj(h).view(n, hkv, d)
-        q, k = rope(q, k, cos, sin, unsqueeze_dim=1)
-        rep = hq // hkv
+        v = attn.v_proj(h).view(n, hkv, d).repeat_interleave(rep, dim=1)
+        if keep is not None and li == stop - 1:
+            idx = torch.as_tensor(list(keep), device=x.device, dtype=torch.long)
+            q = attn.q_proj(h[idx]).view(len(idx), hq, d)
+            q, _ = rope(q, q, cos[idx], sin[idx], unsqueeze_dim=1)
+            _, k = rope(k, k, cos, sin, unsqueeze_dim=1)
+            mask, x = batch.mask[idx], x[idx]
+        else:
+            q = attn.q_proj(h).view(n, hq, d)
+            q, k = rope(q, k, cos, sin, unsqueeze_dim=1)
+            mask = batch.mask
         k = k.repeat_interleave(rep, dim=1)
-        v = v.repeat_interleave(rep, dim=1)
         o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                           attn_mask=batch.mask)  # [H, T, D]
-        x = x + attn.o_proj(o.transpose(0, 1).reshape(n, hq * d))
+                                           attn_mask=mask)  # [H, rows, D]
+        x = x + attn.o_proj(o.transpose(0, 1).reshape(q.shape[0], hq * d))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     return x
 
 
-def candidate_logprobs(parts: DecoderParts, x: torch.Tensor, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+def candidate_logprobs(parts: DecoderParts, x: torch.Tensor, batch: PackedBatch,
+                       rows: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum of token log-probabilities of each candidate, and the final hidden state of the last context row.
 
     Args:
@@ -163,7 +185,7 @@ def candidate_logprobs(parts: DecoderParts, x: torch.Tensor, batch: PackedBatch)
         ``(logprobs [N], context_hidden [hidden])`` for a batch with one candidate set (see
         :func:`candidate_set_logprobs` for several).
     """
-    lps, ctx = candidate_set_logprobs(parts, x, batch)
+    lps, ctx = candidate_set_logprobs(parts, x, batch, rows)
     if len(lps) != 1:
         raise ValueError(f"candidate_logprobs takes one candidate set, the batch has {len(lps)}")
     return lps[0], ctx[0]
@@ -184,36 +206,47 @@ def _candidate_token_rows(batch: PackedBatch) -> tuple[list[int], list[int], lis
     return rows, targets, owners
 
 
-def _candidate_token_lp(parts: DecoderParts, x: torch.Tensor, batch: PackedBatch,
-                        extra_rows: Sequence[int] = ()) -> tuple[torch.Tensor, list[int], torch.Tensor]:
+def _candidate_token_lp(parts: DecoderParts, x: torch.Tensor, batch: PackedBatch, extra_rows: Sequence[int] = (),
+                        x_rows: Sequence[int] | None = None) -> tuple[torch.Tensor, list[int], torch.Tensor]:
     """Log-probability of every candidate token (flat), its candidate index, and the normed ``extra_rows``.
 
     Only candidate tokens (and ``extra_rows``) go through the final norm; only candidate tokens through the LM head.
+    ``x_rows``: the packed rows ``x`` holds, in order (``run_layers(..., keep=x_rows)``); ``None`` = all rows.
     """
     rows, targets, owners = _candidate_token_rows(batch)
     dev = x.device
-    hidden = parts.norm(x[torch.tensor(list(extra_rows) + rows, device=dev, dtype=torch.long)])
+    need = list(extra_rows) + rows
+    if x_rows is not None:
+        at = {r: i for i, r in enumerate(x_rows)}
+        missing = [r for r in need if r not in at]
+        if missing:
+            raise ValueError(f"x holds rows {list(x_rows)[:8]}..., the log-probabilities need rows {missing[:8]}")
+        need = [at[r] for r in need]
+    hidden = parts.norm(x[torch.tensor(need, device=dev, dtype=torch.long)])
     extra, tok_h = hidden[: len(extra_rows)], hidden[len(extra_rows):]
     logits = parts.lm_head(tok_h).float()
     lp = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(targets, device=dev)[:, None])[:, 0]
     return lp, owners, extra
 
 
-def candidate_set_logprobs(parts: DecoderParts, x: torch.Tensor,
-                           batch: PackedBatch) -> tuple[list[torch.Tensor], torch.Tensor]:
+def candidate_set_logprobs(parts: DecoderParts, x: torch.Tensor, batch: PackedBatch,
+                           rows: Sequence[int] | None = None) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Per candidate set: the summed token log-probabilities of its candidates; and ``[sets, hidden]``: the normed
     hidden state of each set's last context row (the value head's input; it predicts every candidate's first token).
 
-    Only candidate tokens go through the LM head (one matmul for all sets).
+    Only candidate tokens go through the LM head (one matmul for all sets). ``rows``: the packed rows ``x`` holds
+    (from ``run_layers(..., keep=rows)``); ``None`` = all.
     """
-    lp, owners, ctx_h = _candidate_token_lp(parts, x, batch, [s.prefix - 1 for s in batch.sets])
+    lp, owners, ctx_h = _candidate_token_lp(parts, x, batch, [s.prefix - 1 for s in batch.sets], rows)
     n = sum(len(s.ids) for s in batch.sets)
     sums = torch.zeros(n, dtype=lp.dtype, device=x.device).index_add(0, torch.tensor(owners, device=x.device), lp)
     return list(sums.split([len(s.ids) for s in batch.sets])), ctx_h
 
 
-def candidate_token_logprobs(parts: DecoderParts, x: torch.Tensor, batch: PackedBatch) -> list[torch.Tensor]:
+def candidate_token_logprobs(parts: DecoderParts, x: torch.Tensor, batch: PackedBatch,
+                             rows: Sequence[int] | None = None) -> list[torch.Tensor]:
     """The log-probability of every token of every candidate, one tensor per candidate (in ``batch.cand_ids``
-    order) -- e.g. the completions of a GRPO group packed after their shared prompt."""
-    lp, _, _ = _candidate_token_lp(parts, x, batch)
+    order) -- e.g. the completions of a GRPO group packed after their shared prompt. ``rows`` as in
+    :func:`candidate_set_logprobs`."""
+    lp, _, _ = _candidate_token_lp(parts, x, batch, (), rows)
     return list(lp.split([len(c) for c in batch.cand_ids]))

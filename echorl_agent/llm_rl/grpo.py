@@ -30,7 +30,7 @@ import torch
 import echorl_envs  # noqa: F401 - registers the EchoRL/* ids the trainer makes
 from echorl_agent.llm.engine.config import SAMPLERS, GenerationResult, SamplingParams
 from echorl_agent.llm_rl.config import LLMPolicyConfig
-from echorl_agent.llm_rl.forward import candidate_token_logprobs, pack, run_layers
+from echorl_agent.llm_rl.forward import candidate_token_logprobs, output_rows, pack, run_layers
 from echorl_agent.llm_rl.lm import TrainableLM
 
 __all__ = ["GRPOConfig", "GRPOTrainer", "Group"]
@@ -164,8 +164,9 @@ class GRPOTrainer:
             tokens = list(prompt) + [t for o in outs for t in o.token_ids]
             with torch.no_grad():
                 x = run_layers(parts, parts.embed(torch.tensor(tokens, device=lm.device)), batch, 0, b)
-        x = run_layers(parts, x, batch, b, lm.num_layers)
-        return candidate_token_logprobs(parts, x, batch)
+        rows = output_rows(batch)  # the top layer runs only the rows that predict a completion token
+        x = run_layers(parts, x, batch, b, lm.num_layers, keep=rows)
+        return candidate_token_logprobs(parts, x, batch, rows)
 
     def update(self, groups: list[Group]) -> dict[str, float]:
         """One GRPO update over ``groups`` (one packed learner forward per group and epoch); returns statistics."""

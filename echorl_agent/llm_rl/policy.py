@@ -29,7 +29,7 @@ from torch import nn
 
 from echorl_agent.llm.engine.scoring import SoftTokens
 from echorl_agent.llm_rl.config import LLMPolicyConfig
-from echorl_agent.llm_rl.forward import candidate_set_logprobs, pack_sets, run_layers
+from echorl_agent.llm_rl.forward import candidate_set_logprobs, output_rows, pack_sets, run_layers
 from echorl_agent.llm_rl.lm import TrainableLM
 from echorl_agent.llm_rl.plan import PlanHead
 from echorl_agent.llm_rl.prompt import candidate_ids, render_prompt
@@ -340,8 +340,9 @@ class LLMPolicy(BasePolicy):
             with torch.no_grad():
                 x = run_layers(parts, parts.embed(ids), batch, 0, b)
         inject = {b: (head.num_prompt, soft)} if soft is not None else None
-        x = run_layers(parts, x, batch, b, lm.num_layers, inject)
-        lps, ctx_h = candidate_set_logprobs(parts, x, batch)
+        rows = output_rows(batch, [s.prefix - 1 for s in batch.sets])  # the top layer runs only these rows
+        x = run_layers(parts, x, batch, b, lm.num_layers, inject, keep=rows)
+        lps, ctx_h = candidate_set_logprobs(parts, x, batch, rows)
         return lps, self.value_head(ctx_h.float())
 
     def _records(self, obs: torch.Tensor) -> list[StepRecord]:
