@@ -154,7 +154,7 @@ def run_seed(args, seed: int) -> None:
                          step_advantage_weight=args.omega,
                          gigpo_kwargs={"epochs": args.epochs, "minibatch_size": args.minibatch_size,
                                        "ent_coef": args.ent_coef, "normalize": args.normalize,
-                                       "ref_kl_coef": args.ref_kl_coef})
+                                       "ref_kl_coef": args.ref_kl_coef, "target_kl": args.target_kl})
     gcfg, _ = gigpo_config(cfg)
     torch.manual_seed(seed)
     trainer = gigpo_mod.GiGPOTrainer(gcfg)
@@ -197,7 +197,9 @@ def run_seed(args, seed: int) -> None:
             exact_anchors(eps, trainer.envs), gcfg.gamma, gcfg.step_advantage_weight, gcfg.normalize))["alignment"]
         p, top = probe(trainer.policy, rows, experts)
         row = {"kind": "iteration", **{k: s[k] for k in ("iteration", "timesteps", "success_rate", "frac_zero_std",
-                                                         "entropy", "clip_fraction", "num_samples", "ref_kl")},
+                                                         "entropy", "clip_fraction", "num_samples", "ref_kl",
+                                                         "approx_kl", "optimizer_steps", "stopped_early",
+                                                         "rollout_s", "learner_s")},
                **al, "alignment_variants": others, "probe_p_expert": p, "probe_top_expert": top,
                "probe_n": len(rows), "seconds": time.perf_counter() - t0}
         write(row)
@@ -271,6 +273,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--minibatch-size", type=int, default=32)
     ap.add_argument("--ent-coef", type=float, default=0.0)
     ap.add_argument("--ref-kl-coef", type=float, default=0.0, help="KL(pi || pi_ref) to the policy after BC")
+    ap.add_argument("--target-kl", type=float, default=None,
+                    help="stop an update once the exact KL(pi_old || pi) of a minibatch exceeds 1.5x this")
     ap.add_argument("--temperature", type=float, default=1.0, help="policy temperature (rollouts and learner)")
     ap.add_argument("--omega", type=float, default=1.0, help="step_advantage_weight")
     ap.add_argument("--normalize", default="std", choices=("std", "mean"))

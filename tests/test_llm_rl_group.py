@@ -87,6 +87,8 @@ def test_gigpo_config_rejects_bad_input():
         GiGPOConfig(normalize="max")
     with pytest.raises(ValueError, match="ref_kl_coef"):
         GiGPOConfig(ref_kl_coef=-0.1)
+    with pytest.raises(ValueError, match="target_kl"):
+        GiGPOConfig(target_kl=0.0)
 
 
 # ------------------------------------------------------------------ with the real LM
@@ -251,6 +253,37 @@ def test_reference_kl_is_exact_and_pulls_the_policy_back(policy):
             last = update_policy(policy, samples, ref_kl_coef=1.0, ref_params=ref)
         assert last["ref_kl"] < 0.8 * first["ref_kl"]
     finally:
+        policy.lm.load_trainable_state(state)
+
+
+def test_target_kl_stops_on_the_exact_kl_over_all_actions(policy):
+    # approx_kl is KL(pi_old || pi_theta) over every admissible action (a hand computation from two learner
+    # passes); a tiny target stops the update after its first optimizer step, none lets every epoch step
+    from echorl_agent.llm_rl.learner import Sample, update_policy
+
+    recs = policy.record_many(_states(2, 2, seed0=5))
+    samples = [Sample(r, i % len(r.cands), 1.0 if i % 2 else -1.0) for i, r in enumerate(recs)]
+    state = policy.lm.trainable_state()
+    lrs = [g["lr"] for g in policy.optimizer.param_groups]
+    try:
+        with pytest.raises(ValueError, match="target_kl must be > 0"):
+            update_policy(policy, samples, target_kl=-0.01)
+        for g in policy.optimizer.param_groups:
+            g["lr"] = 1e-2
+        with torch.no_grad():
+            old = policy.learner_scores_many(recs)[0]
+        out = update_policy(policy, samples, epochs=3, target_kl=1e-9)
+        assert out["optimizer_steps"] == 1 and out["stopped_early"] == 1
+        with torch.no_grad():
+            new = policy.learner_scores_many(recs)[0]
+        want = np.mean([float((a.exp() * (a - b)).sum()) for a, b in zip(old, new, strict=True)])
+        assert want > 1e-6  # the one step moved the policy
+        assert out["approx_kl"] == pytest.approx(want, rel=1e-3, abs=1e-7)
+        free = update_policy(policy, samples, epochs=3)
+        assert free["optimizer_steps"] == 3 and free["stopped_early"] == 0 and free["approx_kl"] > 0
+    finally:
+        for g, lr in zip(policy.optimizer.param_groups, lrs, strict=True):
+            g["lr"] = lr
         policy.lm.load_trainable_state(state)
 
 

@@ -73,6 +73,9 @@ class GiGPOConfig:
     """beta of KL(pi || pi_ref) over the admissible actions of every visited state, pi_ref = the policy when RL
     started (after any BC warm start); 0: off. With it on, every step of an iteration is learned from, including
     steps whose advantage is 0 (they still carry the KL term)."""
+    target_kl: float | None = None
+    """Stop an iteration's update once a minibatch's exact KL(pi_old || pi) over the admissible actions exceeds
+    1.5 x this (SB3's ``target_kl``); None: never."""
     replay: dict[str, Any] | None = None
     """Hot/cold prioritized replay of LLM transitions (:class:`~echorl_agent.replay.llm.LLMReplayBuffer` keyword
     arguments, e.g. ``{"capacity": 4096, "replay_memory_mb": 1024}``); None: no replay."""
@@ -102,6 +105,8 @@ class GiGPOConfig:
             raise ValueError(f"kl_coef must be >= 0, got kl_coef={self.kl_coef!r}")
         if not self.ref_kl_coef >= 0:
             raise ValueError(f"ref_kl_coef must be >= 0, got ref_kl_coef={self.ref_kl_coef!r}")
+        if self.target_kl is not None and not self.target_kl > 0:
+            raise ValueError(f"target_kl must be > 0 or None, got target_kl={self.target_kl!r}")
         if not self.replay_ratio >= 0:
             raise ValueError(f"replay_ratio must be >= 0, got replay_ratio={self.replay_ratio!r}")
         if self.replay is not None and not isinstance(self.replay, dict):
@@ -179,7 +184,8 @@ class GiGPOTrainer:
         upd = update_policy(self.policy, samples + replayed, clip_range=cfg.clip_range,
                             epochs=cfg.epochs, minibatch_size=cfg.minibatch_size, micro_batch=cfg.micro_batch,
                             ent_coef=cfg.ent_coef, max_grad_norm=cfg.max_grad_norm, kl_coef=cfg.kl_coef,
-                            ref_kl_coef=cfg.ref_kl_coef, ref_params=self.ref_params, rng=self.rng)
+                            ref_kl_coef=cfg.ref_kl_coef, ref_params=self.ref_params, target_kl=cfg.target_kl,
+                            rng=self.rng)
         if samples or replayed:
             self.policy.sync_engine()
         if self.replay is not None:

@@ -13,6 +13,11 @@ for every sample: ``pi_ref`` is the policy under ``ref_params`` (a :func:`traina
 RL started, after any BC warm start), computed in one no-grad pass with those weights swapped in -- the KL penalty
 of GRPO (TRL's ``beta``) and of GiGPO's recipe, which keeps RL near its start.
 
+``approx_kl`` is the exact KL(pi_old || pi_theta) over the admissible actions (not the sampled-action estimate of
+SB3's PPO: a step that moves mass onto actions nobody sampled shows in it), from each minibatch's forward before
+its optimizer step; with ``target_kl`` set, the update stops (that minibatch's step is skipped, and all later ones)
+once it exceeds ``1.5 * target_kl``, as SB3's ``target_kl``.
+
 With a latent plan (``plan_tokens > 0``) ``kl_coef`` times the KL between consecutive plan Gaussians (EchoRL's plan
 consistency term, as in EchoPPO) is added. A sample's ``weight`` multiplies its term: 1 for fresh samples, the
 prioritized-replay importance weight for replayed ones (whose truncated IS weight ``w`` then also corrects for the
@@ -82,7 +87,7 @@ def _micro(samples: Sequence[Sample], size: int) -> list[list[Sample]]:
 def update_policy(policy: LLMPolicy, samples: Sequence[Sample], *, clip_range: float = 0.2, epochs: int = 1,
                   minibatch_size: int | None = None, micro_batch: int = 16, ent_coef: float = 0.0,
                   max_grad_norm: float = 1.0, kl_coef: float = 0.0, ref_kl_coef: float = 0.0,
-                  ref_params: Sequence[torch.Tensor] | None = None,
+                  ref_params: Sequence[torch.Tensor] | None = None, target_kl: float | None = None,
                   rng: np.random.Generator | None = None) -> dict[str, float]:
     """Clipped-surrogate update of the policy's trainable parameters on ``samples``; returns statistics.
 
@@ -91,17 +96,22 @@ def update_policy(policy: LLMPolicy, samples: Sequence[Sample], *, clip_range: f
         micro_batch: samples per learner forward/backward (gradients accumulate over micro-batches).
         ref_kl_coef: weight of KL(pi || pi_ref) per sample (0: no reference pass).
         ref_params: the reference weights (:func:`trainable_snapshot`); required when ``ref_kl_coef > 0``.
+        target_kl: stop the update once the exact KL(pi_old || pi_theta) of a minibatch exceeds ``1.5 * target_kl``
+            (None: never).
 
     Raises:
-        ValueError: ``ref_kl_coef < 0``, or ``ref_kl_coef > 0`` without ``ref_params`` (or with the wrong count).
+        ValueError: ``ref_kl_coef < 0``, ``target_kl <= 0``, or ``ref_kl_coef > 0`` without ``ref_params`` (or with
+            the wrong count).
     """
+    if target_kl is not None and not target_kl > 0:
+        raise ValueError(f"target_kl must be > 0 or None, got target_kl={target_kl!r}")
     if ref_kl_coef < 0:
         raise ValueError(f"ref_kl_coef must be >= 0, got ref_kl_coef={ref_kl_coef!r}")
     if ref_kl_coef > 0 and ref_params is None:
         raise ValueError("ref_kl_coef > 0 needs ref_params (trainable_snapshot of the reference policy)")
     if not samples:
         return {"loss": 0.0, "is_weight_mean": 1.0, "clip_fraction": 0.0, "entropy": 0.0, "num_samples": 0.0,
-                "plan_kl": 0.0, "ref_kl": 0.0}
+                "plan_kl": 0.0, "ref_kl": 0.0, "approx_kl": 0.0, "optimizer_steps": 0.0, "stopped_early": 0.0}
     n = len(samples)
     mb = minibatch_size or n
     single = epochs == 1 and mb >= n
@@ -118,20 +128,25 @@ def update_policy(policy: LLMPolicy, samples: Sequence[Sample], *, clip_range: f
                 for s, lp in zip(chunk, policy.learner_scores_many([s.record for s in chunk])[0], strict=True):
                     s.record.ref_logp = lp.detach()
     rng = rng or np.random.default_rng(0)
-    losses, weights, clips, ents, kls, ref_kls = [], [], [], [], [], []
+    losses, weights, clips, ents, kls, ref_kls, old_kls = [], [], [], [], [], [], []
+    stop = False
     for _ in range(epochs):
+        if stop:
+            break
         order = np.arange(n) if single else rng.permutation(n)
         for lo in range(0, n, mb):
             idx = sorted(order[lo : lo + mb])  # rollout order inside a minibatch: shared prefixes meet
             batch = [samples[i] for i in idx]
             opt.zero_grad()
-            total = 0.0
+            total, old_kl = 0.0, 0.0
             for chunk in _micro(batch, micro_batch):
                 logps, _, plans = policy.learner_scores_many([s.record for s in chunk])
                 terms = []
                 for s, lp in zip(chunk, logps, strict=True):
                     a = min(s.action, len(s.record.cands) - 1)
-                    old = lp[a].detach() if single else s.record.learner_logp[a]
+                    old_lp = lp.detach() if single else s.record.learner_logp
+                    old = old_lp[a]
+                    old_kl += float((old_lp.exp() * (old_lp - lp.detach())).sum())
                     ratio = torch.exp(lp[a] - old)
                     w = torch.exp(old - s.record.rollout_logp[a]).clamp(max=policy.cfg.is_truncation)
                     adv = float(s.advantage)
@@ -153,9 +168,14 @@ def update_policy(policy: LLMPolicy, samples: Sequence[Sample], *, clip_range: f
                     loss = loss + kl_coef * kl.sum() / len(batch)
                 loss.backward()
                 total += float(loss.detach())
+            old_kls.append(old_kl / len(batch))
+            if target_kl is not None and old_kls[-1] > 1.5 * target_kl:
+                stop = True  # this minibatch already sees a policy too far from pi_old: no step on it
+                break
             torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
             opt.step()
             losses.append(total)
-    return {"loss": float(np.mean(losses)), "is_weight_mean": float(np.mean(weights)),
+    return {"loss": float(np.mean(losses)) if losses else 0.0, "is_weight_mean": float(np.mean(weights)),
             "clip_fraction": float(np.mean(clips)), "entropy": float(np.mean(ents)), "num_samples": float(n),
-            "plan_kl": float(np.mean(kls)) if kls else 0.0, "ref_kl": float(np.mean(ref_kls)) if ref_kls else 0.0}
+            "plan_kl": float(np.mean(kls)) if kls else 0.0, "ref_kl": float(np.mean(ref_kls)) if ref_kls else 0.0,
+            "approx_kl": float(max(old_kls)), "optimizer_steps": float(len(losses)), "stopped_early": float(stop)}

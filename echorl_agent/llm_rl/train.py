@@ -43,7 +43,7 @@ ECHORL_LEARNERS = ("gigpo", "ppo")
 
 #: The GiGPO learner options ``LLMTrainConfig.gigpo_kwargs`` may set.
 GIGPO_LEARNER_FIELDS = ("epochs", "minibatch_size", "clip_range", "ent_coef", "normalize", "max_grad_norm", "micro_batch",
-                        "ref_kl_coef")
+                        "ref_kl_coef", "target_kl")
 
 
 @dataclass
@@ -103,7 +103,8 @@ class LLMTrainConfig:
     """:class:`~echorl_agent.llm_rl.grpo.GRPOConfig` fields (``grpo``)."""
     gigpo_kwargs: dict[str, Any] = field(default_factory=dict)
     """Learner fields of :class:`~echorl_agent.llm_rl.gigpo.GiGPOConfig` (:data:`GIGPO_LEARNER_FIELDS`: ``epochs``,
-    ``minibatch_size``, ``clip_range``, ``ent_coef``, ``normalize``, ``max_grad_norm``, ``micro_batch``, ``ref_kl_coef``) for the
+    ``minibatch_size``, ``clip_range``, ``ent_coef``, ``normalize``, ``max_grad_norm``, ``micro_batch``, ``ref_kl_coef``,
+    ``target_kl``) for the
     GiGPO methods (``gigpo``, ``bc+gigpo``, ``echorl``); the rest of GiGPOConfig comes from the fields above."""
     checkpoint_every: int = 10
     """Write ``<out>/checkpoint/`` every this many iterations (GiGPO iterations, PPO rollout+update rounds) and at
