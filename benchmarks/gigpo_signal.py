@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -41,6 +40,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import echorl_agent.llm_rl.gigpo as gigpo_mod  # noqa: E402
+from echorl_agent.eval.claims import append_jsonl, claim, drop_rows  # noqa: E402
 from echorl_agent.eval.stats import read_jsonl  # noqa: E402
 from echorl_agent.llm_rl.advantage import gigpo_advantages  # noqa: E402
 from echorl_agent.llm_rl.train import LLMTrainConfig, _bc_warm_start, gigpo_config  # noqa: E402
@@ -174,8 +174,7 @@ def run_seed(args, seed: int) -> None:
             "seed": seed}
 
     def write(row: dict) -> None:
-        with open(args.out, "a") as f:
-            f.write(json.dumps({**base, **row}) + "\n")
+        append_jsonl(args.out, {**base, **row})
 
     t_start = time.perf_counter()
     if args.eval_episodes:
@@ -294,10 +293,17 @@ def main(argv: list[str] | None = None) -> None:
         return
     torch.set_num_threads(1)
     for seed in args.seeds:
+        held = claim(f"{args.out}.{args.label}-seed{seed}.claim")
+        if held is None:
+            continue  # another live process on the same --out runs this seed now
         finished = any(d.get("kind") == "done" and d["label"] == args.label and d["seed"] == seed
                        for d in read_jsonl(args.out))
-        if not finished:  # resumable: a seed whose run finished is skipped
+        if not finished:  # resumable: a finished seed is skipped, an interrupted one starts again
+            n = drop_rows(args.out, lambda d, seed=seed: d.get("label") == args.label and d.get("seed") == seed)
+            if n:
+                print(f"seed {seed}: removed {n} rows of an interrupted run", flush=True)
             run_seed(args, seed)
+        held.unlink(missing_ok=True)
     summary(args)
 
 

@@ -47,10 +47,10 @@ import torch  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
 import echorl_envs  # noqa: E402,F401
+from echorl_agent.eval.claims import claim as claim_file  # noqa: E402
 from echorl_agent.eval.report import wilson_interval as wilson  # noqa: E402
 from echorl_agent.eval.stats import mcnemar_exact, paired_bootstrap, ratio_bootstrap  # noqa: E402
 from echorl_agent.llm_rl.train import LLMTrainConfig, make_llm_env, train_llm  # noqa: E402
-from echorl_agent.replay.serialization import pid_alive  # noqa: E402
 
 METHODS = ("frozen", "bc", "ppo", "bc+ppo", "echoppo", "gigpo", "bc+gigpo", "bc+gigpo+plan", "bc+gigpo+replay",
            "bc+echorl")
@@ -268,30 +268,9 @@ def summary(args) -> None:
 
 def claim(out: Path, method: str, seed: int) -> Path | None:
     """Claim the run ``(method, seed)`` in ``out`` for this process: the claim file to remove after the run, or None
-    if another live process holds it.
-
-    Processes sharing ``--out`` each create ``<method>-seed<seed>.claim`` with O_EXCL, so only one runs a given pair.
-    A claim whose process is gone (a crash or a killed session) is taken over, so an interrupted study resumes.
-    """
-    path = out / f"{method}-seed{seed}.claim"
-    for _ in range(2):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            try:
-                pid = int(path.read_text() or 0)
-            except (OSError, ValueError):
-                pid = 0
-            if pid == os.getpid():
-                return path
-            if pid > 0 and pid_alive(pid):
-                return None
-            path.unlink(missing_ok=True)  # stale: its process is gone
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(str(os.getpid()))
-        return path
-    return None
+    if another live process holds it (processes sharing ``--out`` each create ``<method>-seed<seed>.claim``; a
+    stale claim is taken over, so an interrupted study resumes: :func:`echorl_agent.eval.claims.claim`)."""
+    return claim_file(out / f"{method}-seed{seed}.claim")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -101,3 +101,31 @@ def test_action_text_reads_the_admissible_list_of_the_anchor_key():
 
     key = anchor_key({"obs": "You see a red ball", "admissible": ADM})
     assert bench.action_text(Step(None, 2, 0.0, key)) == "go forward"
+
+
+def test_main_skips_claimed_seeds_reruns_interrupted_ones_and_keeps_finished(tmp_path, monkeypatch):
+    import os
+
+    from echorl_agent.eval.claims import append_jsonl
+
+    out = tmp_path / "s.jsonl"
+    for row in ({"label": "x", "seed": 1, "kind": "done"},  # finished: skipped
+                {"label": "x", "seed": 2, "kind": "iteration"},  # interrupted: its rows go, the seed runs again
+                {"label": "y", "seed": 2, "kind": "done"},  # another recipe's row: kept
+                {"label": "x", "seed": 3, "kind": "iteration"}):  # held by a live process: left alone
+        append_jsonl(out, row)
+    (tmp_path / "s.jsonl.x-seed3.claim").write_text(str(os.getppid()))
+    ran = []
+
+    def fake_run(args, seed):
+        ran.append((seed, [(d["label"], d["seed"]) for d in bench.read_jsonl(out)]))
+        append_jsonl(out, {"label": "x", "seed": seed, "kind": "done"})
+
+    monkeypatch.setattr(bench, "run_seed", fake_run)
+    monkeypatch.setattr(bench, "summary", lambda args: None)
+    bench.main(["--seeds", "1", "2", "3", "--label", "x", "--out", str(out)])
+    assert ran == [(2, [("x", 1), ("y", 2), ("x", 3)])]  # seed 2's partial row was removed before its rerun
+    assert [(d["label"], d["seed"], d["kind"]) for d in bench.read_jsonl(out)] == [
+        ("x", 1, "done"), ("y", 2, "done"), ("x", 3, "iteration"), ("x", 2, "done")]
+    assert not (tmp_path / "s.jsonl.x-seed2.claim").exists()  # released after the run
+    assert (tmp_path / "s.jsonl.x-seed3.claim").exists()
