@@ -10,12 +10,16 @@ float32 model and from a copy whose frozen layers (all but the top ``--trained``
 * ``per-token``: each row's activations rounded to int8 with its own scale, weights int8 per output channel,
   ``torch._int_mm`` (``--skip down_proj`` keeps the MLP's down projection in float32);
 * ``fbgemm``: ``torch.ao.quantization.quantize_dynamic`` (one activation scale per call);
+* ``smooth``: ``per-token`` after SmoothQuant-style smoothing (Xiao et al. 2023): each projection's input channel
+  ``j`` is divided by ``s_j = max|X_j|^alpha / max|W_:j|^(1 - alpha)`` and its weight column multiplied by it
+  (exact in float; ``max|X_j|`` from calibration states on other seeds), so outlier channels move into the weights;
 
 and reports KL(float32 || int8) per state, argmax agreement and the wall time of both (HF forward per candidate,
 so the ratio is a lower bound of what an engine path would gain). A microbenchmark of one [512, 576] x [576, 1536]
 GEMM is printed first.
 
-Run: ``python benchmarks/int8_prefill_probe.py --mode per-token [--skip down_proj] --seeds 3``.
+Run: ``python benchmarks/int8_prefill_probe.py --mode per-token [--skip down_proj] --seeds 3`` (``--mode smooth
+--alpha 0.5``).
 """
 
 from __future__ import annotations
@@ -57,6 +61,41 @@ class PerTokenInt8Linear(torch.nn.Module):
         return y.reshape(*shape[:-1], -1)
 
 
+class SmoothInt8Linear(PerTokenInt8Linear):
+    """:class:`PerTokenInt8Linear` of ``x / s`` and ``W * s`` (per input channel ``s``; the product is unchanged)."""
+
+    def __init__(self, lin: torch.nn.Linear, act_max: torch.Tensor, alpha: float) -> None:
+        w = lin.weight.detach().float()
+        s = (act_max.clamp_min(1e-5) ** alpha / w.abs().amax(0).clamp_min(1e-5) ** (1 - alpha)).clamp_min(1e-5)
+        smoothed = torch.nn.Linear(w.shape[1], w.shape[0], bias=lin.bias is not None)
+        smoothed.weight.data = w * s
+        if lin.bias is not None:
+            smoothed.bias.data = lin.bias.detach().float()
+        super().__init__(smoothed)
+        self.inv_s = 1.0 / s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x * self.inv_s)
+
+
+@torch.no_grad()
+def calibrate(model: torch.nn.Module, prompts: list[list[int]]) -> dict[str, torch.Tensor]:
+    """Per input channel, the largest |activation| entering every projection over ``prompts``."""
+    amax: dict[str, torch.Tensor] = {}
+    hooks = []
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and name.split(".")[-1] in PROJ:
+            def hook(m, inp, out, name=name):
+                a = inp[0].detach().abs().reshape(-1, inp[0].shape[-1]).amax(0).float()
+                amax[name] = torch.maximum(amax[name], a) if name in amax else a
+            hooks.append(mod.register_forward_hook(hook))
+    for ids in prompts:
+        model(torch.tensor([ids]))
+    for h in hooks:
+        h.remove()
+    return amax
+
+
 def gemm_microbenchmark() -> None:
     a8 = torch.randint(-127, 127, (512, 576), dtype=torch.int8)
     b8 = torch.randint(-127, 127, (576, 1536), dtype=torch.int8)
@@ -69,7 +108,8 @@ def gemm_microbenchmark() -> None:
         print(f"{name}: {(time.perf_counter() - t) / 20 * 1e3:.2f} ms for [512, 576] x [576, 1536]")
 
 
-def quantized_copy(model: torch.nn.Module, mode: str, trained: int, skip: set[str]) -> torch.nn.Module:
+def quantized_copy(model: torch.nn.Module, mode: str, trained: int, skip: set[str],
+                   act_max: dict[str, torch.Tensor] | None = None, alpha: float = 0.5) -> torch.nn.Module:
     q = copy.deepcopy(model)
     layers = q.model.layers
     for i in range(len(layers) - trained):
@@ -81,7 +121,12 @@ def quantized_copy(model: torch.nn.Module, mode: str, trained: int, skip: set[st
         for part in (layers[i].self_attn, layers[i].mlp):
             for name in PROJ:
                 if hasattr(part, name) and name not in skip:
-                    setattr(part, name, PerTokenInt8Linear(getattr(part, name)))
+                    lin = getattr(part, name)
+                    if mode == "smooth":
+                        key = f"model.layers.{i}.{'self_attn' if part is layers[i].self_attn else 'mlp'}.{name}"
+                        setattr(part, name, SmoothInt8Linear(lin, act_max[key], alpha))
+                    else:
+                        setattr(part, name, PerTokenInt8Linear(lin))
     return q
 
 
@@ -96,7 +141,10 @@ def action_logprobs(model, ids: list[int], cands: list[list[int]]) -> torch.Tens
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mode", choices=("per-token", "fbgemm"), default="per-token")
+    ap.add_argument("--mode", choices=("per-token", "fbgemm", "smooth"), default="per-token")
+    ap.add_argument("--alpha", type=float, default=0.5, help="smoothing strength of --mode smooth")
+    ap.add_argument("--calibration-seeds", type=int, default=4,
+                    help="--mode smooth: episodes (env seeds 1000..) whose states set max|X|")
     ap.add_argument("--skip", nargs="*", default=[], choices=PROJ, help="projections kept in float32")
     ap.add_argument("--trained", type=int, default=2, help="top layers kept in float32 (the LoRA layers)")
     ap.add_argument("--seeds", type=int, default=3, help="episodes (env seeds 0..N-1), up to 4 states each")
@@ -111,8 +159,24 @@ def main() -> None:
 
     llm = load_model()
     ref = llm.model.eval()
-    quant = quantized_copy(ref, args.mode, args.trained, set(args.skip))
     env = LLMObservationWrapper(echorl_envs.make("EchoRL/BabyAI-GoToLocal-v0"), history=2)
+    act_max = None
+    if args.mode == "smooth":
+        prompts = []
+        crng = np.random.default_rng(1)
+        for seed in range(1000, 1000 + args.calibration_seeds):
+            obs, _ = env.reset(seed=seed)
+            for _ in range(4):
+                state = decode_llm_obs(obs)
+                if not state["admissible"]:
+                    break
+                ids, _ = render_prompt(llm, state, "You are an agent.")
+                prompts.append(ids + candidate_ids(llm, state["admissible"])[0])
+                obs, _, term, trunc, _ = env.step(int(crng.integers(len(state["admissible"]))))
+                if term or trunc:
+                    break
+        act_max = calibrate(ref, prompts)
+    quant = quantized_copy(ref, args.mode, args.trained, set(args.skip), act_max, args.alpha)
     rng = np.random.default_rng(0)
     kls, agree, times = [], 0, [0.0, 0.0]
     for seed in range(args.seeds):
@@ -134,7 +198,7 @@ def main() -> None:
             obs, _, term, trunc, _ = env.step(int(rng.integers(len(state["admissible"]))))
             if term or trunc:
                 break
-    print(f"mode {args.mode}, float32 kept: {args.skip or 'none'} + top {args.trained} layers; {len(kls)} states")
+    print(f"mode {args.mode}{f' alpha {args.alpha}' if args.mode == 'smooth' else ''}, float32 kept: {args.skip or 'none'} + top {args.trained} layers; {len(kls)} states")
     print(f"KL(float32 || int8) over the admissible actions: mean {np.mean(kls):.4f}, max {np.max(kls):.4f}; "
           f"argmax agreement {agree}/{len(kls)}; time float32 {times[0]:.1f} s, int8 {times[1]:.1f} s "
           f"({times[0] / times[1]:.2f}x)")
