@@ -160,44 +160,35 @@ def main() -> None:
     llm = load_model()
     ref = llm.model.eval()
     env = LLMObservationWrapper(echorl_envs.make("EchoRL/BabyAI-GoToLocal-v0"), history=2)
-    act_max = None
-    if args.mode == "smooth":
-        prompts = []
-        crng = np.random.default_rng(1)
-        for seed in range(1000, 1000 + args.calibration_seeds):
+
+    def walk(seeds, rng):
+        """(prompt ids, candidate ids) of up to 4 states per episode, random actions in between."""
+        for seed in seeds:
             obs, _ = env.reset(seed=seed)
             for _ in range(4):
                 state = decode_llm_obs(obs)
                 if not state["admissible"]:
                     break
-                ids, _ = render_prompt(llm, state, "You are an agent.")
-                prompts.append(ids + candidate_ids(llm, state["admissible"])[0])
-                obs, _, term, trunc, _ = env.step(int(crng.integers(len(state["admissible"]))))
+                yield render_prompt(llm, state, "You are an agent.")[0], candidate_ids(llm, state["admissible"])
+                obs, _, term, trunc, _ = env.step(int(rng.integers(len(state["admissible"]))))
                 if term or trunc:
                     break
-        act_max = calibrate(ref, prompts)
+
+    act_max = None
+    if args.mode == "smooth":
+        cal = range(1000, 1000 + args.calibration_seeds)
+        act_max = calibrate(ref, [ids + cands[0] for ids, cands in walk(cal, np.random.default_rng(1))])
     quant = quantized_copy(ref, args.mode, args.trained, set(args.skip), act_max, args.alpha)
-    rng = np.random.default_rng(0)
     kls, agree, times = [], 0, [0.0, 0.0]
-    for seed in range(args.seeds):
-        obs, _ = env.reset(seed=seed)
-        for _ in range(4):
-            state = decode_llm_obs(obs)
-            if not state["admissible"]:
-                break
-            ids, _ = render_prompt(llm, state, "You are an agent.")
-            cands = candidate_ids(llm, state["admissible"])
-            out = []
-            for k, model in enumerate((ref, quant)):
-                t = time.perf_counter()
-                out.append(action_logprobs(model, ids, cands))
-                times[k] += time.perf_counter() - t
-            p, q = out
-            kls.append(float((p.exp() * (p - q)).sum()))
-            agree += int(p.argmax() == q.argmax())
-            obs, _, term, trunc, _ = env.step(int(rng.integers(len(state["admissible"]))))
-            if term or trunc:
-                break
+    for ids, cands in walk(range(args.seeds), np.random.default_rng(0)):
+        out = []
+        for k, model in enumerate((ref, quant)):
+            t = time.perf_counter()
+            out.append(action_logprobs(model, ids, cands))
+            times[k] += time.perf_counter() - t
+        p, q = out
+        kls.append(float((p.exp() * (p - q)).sum()))
+        agree += int(p.argmax() == q.argmax())
     print(f"mode {args.mode}{f' alpha {args.alpha}' if args.mode == 'smooth' else ''}, float32 kept: {args.skip or 'none'} + top {args.trained} layers; {len(kls)} states")
     print(f"KL(float32 || int8) over the admissible actions: mean {np.mean(kls):.4f}, max {np.max(kls):.4f}; "
           f"argmax agreement {agree}/{len(kls)}; time float32 {times[0]:.1f} s, int8 {times[1]:.1f} s "
