@@ -174,8 +174,7 @@ def run_layers(parts: DecoderParts, x: torch.Tensor, batch: PackedBatch, start: 
     return x
 
 
-def candidate_logprobs(parts: DecoderParts, x: torch.Tensor, batch: PackedBatch,
-                       rows: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def candidate_logprobs(parts: DecoderParts, x: torch.Tensor, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum of token log-probabilities of each candidate, and the final hidden state of the last context row.
 
     Args:
@@ -185,7 +184,7 @@ def candidate_logprobs(parts: DecoderParts, x: torch.Tensor, batch: PackedBatch,
         ``(logprobs [N], context_hidden [hidden])`` for a batch with one candidate set (see
         :func:`candidate_set_logprobs` for several).
     """
-    lps, ctx = candidate_set_logprobs(parts, x, batch, rows)
+    lps, ctx = candidate_set_logprobs(parts, x, batch)
     if len(lps) != 1:
         raise ValueError(f"candidate_logprobs takes one candidate set, the batch has {len(lps)}")
     return lps[0], ctx[0]
