@@ -15,7 +15,10 @@ action at every state (``info["expert_action"]``), which gives two lower-varianc
 One run = one seed and one recipe (``--label``): BC warm start as ``benchmarks/llm_rl_learning.py``, held-out
 episodes (``--eval-episodes`` per mode), the probe, GiGPO iterations (one JSON line each, with the probe after the
 update), the same held-out episodes again; ``--summary`` pairs after with before over seeds. A seed already done for
-a label is skipped (resumable). Example (the setting of preregistered.md §7)::
+a label is skipped. A run checkpoints after every iteration into ``<out>.<label>-seed<seed>.ckpt/`` (the trainer's
+exact state, :func:`echorl_agent.llm_rl.checkpoint.save_gigpo`, with the probe states), so an interrupted seed
+continues from its last iteration and computes what the uninterrupted run computes; the folder is removed when the
+seed is done. Example (the setting of preregistered.md §7)::
 
     python benchmarks/gigpo_signal.py --seeds 8 --iterations 12 --lr 1e-3 --epochs 4 --minibatch-size 32 \
         --eval-episodes 20 --out benchmarks/results/gigpo_signal.jsonl
@@ -26,7 +29,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -42,6 +47,7 @@ import torch  # noqa: E402
 import echorl_agent.llm_rl.gigpo as gigpo_mod  # noqa: E402
 from echorl_agent.eval.claims import append_jsonl, claim, drop_rows  # noqa: E402
 from echorl_agent.eval.stats import read_jsonl  # noqa: E402
+from echorl_agent.llm_rl import checkpoint as ckpt  # noqa: E402
 from echorl_agent.llm_rl.advantage import gigpo_advantages  # noqa: E402
 from echorl_agent.llm_rl.train import LLMTrainConfig, _bc_warm_start, gigpo_config  # noqa: E402
 from echorl_envs.wrappers.llm import decode_llm_obs  # noqa: E402
@@ -145,7 +151,44 @@ def evaluate(trainer, seed: int, episodes: int, phase: str) -> list[dict]:
     return rows
 
 
-def run_seed(args, seed: int) -> None:
+RUN_ARGS = ("env", "bc_episodes", "max_steps", "history", "iterations", "train_steps", "lr", "groups", "group_size",
+            "epochs", "minibatch_size", "ent_coef", "ref_kl_coef", "target_kl", "temperature", "omega", "normalize",
+            "probe_seeds", "probe_states", "probe_file", "eval_episodes")
+"""The arguments a checkpointed run must be resumed with (the trainer's own config is checked by the checkpoint)."""
+
+
+def ckpt_dir(args, seed: int) -> Path:
+    """Where a run of (``--label``, ``seed``) keeps its checkpoint, probe states and arguments until it is done."""
+    return Path(f"{args.out}.{args.label}-seed{seed}.ckpt")
+
+
+def run_args(args) -> dict:
+    return {k: getattr(args, k) for k in RUN_ARGS}
+
+
+def resumable(args, seed: int) -> int | None:
+    """The iteration the checkpoint of (``--label``, ``seed``) holds, or None when there is none to continue.
+
+    Raises:
+        ValueError: a checkpoint written with other arguments (resume with the same ones, or delete the folder).
+    """
+    folder = ckpt_dir(args, seed)
+    if not (folder / ckpt.CHECKPOINT).is_dir() and not (folder / (ckpt.CHECKPOINT + ".old")).is_dir():
+        return None
+    saved = json.loads((folder / "args.json").read_text())
+    now = json.loads(json.dumps(run_args(args)))
+    for k in sorted(set(saved) | set(now)):
+        if saved.get(k) != now.get(k):
+            raise ValueError(f"cannot resume {folder}: {k} differs ({k}={saved.get(k)!r} in the checkpoint, "
+                             f"{now.get(k)!r} now); rerun with the same arguments or delete that folder")
+    try:
+        return int(ckpt.read_checkpoint(folder)[1]["iteration"])
+    except ValueError as e:  # incomplete or corrupt (e.g. cut off by a lost machine): the seed starts again
+        print(f"seed {seed}: {e}; starting the seed again", flush=True)
+        return None
+
+
+def run_seed(args, seed: int, resume: bool = False) -> None:
     cfg = LLMTrainConfig(env_id=args.env, method="bc+gigpo", train_steps=1, bc_episodes=args.bc_episodes,
                          bc_epochs=20, bc_learning_rate=2e-3, bc_batch_size=8, seed=seed, history=args.history,
                          max_episode_steps=args.max_steps, learning_rate=args.lr,
@@ -156,20 +199,22 @@ def run_seed(args, seed: int) -> None:
                                        "ent_coef": args.ent_coef, "normalize": args.normalize,
                                        "ref_kl_coef": args.ref_kl_coef, "target_kl": args.target_kl})
     gcfg, _ = gigpo_config(cfg)
+    folder = ckpt_dir(args, seed)
+    opened = ckpt.open_checkpoint(folder, cfg) if resume else None  # verified before the model loads
     torch.manual_seed(seed)
     trainer = gigpo_mod.GiGPOTrainer(gcfg)
-    _bc_warm_start(cfg, trainer.policy, None)
     trainer.envs = [ExpertTrace(e) for e in trainer.envs]
-    rng = np.random.default_rng(seed)
-    probe_file = args.probe_file.format(seed=seed) if args.probe_file else None
-    if probe_file and Path(probe_file).exists():
-        saved = np.load(probe_file)
+    if opened is not None:  # the weights after BC and every update so far, the generators, the probe states
+        saved = np.load(folder / "probe.npz")
         rows, experts = list(saved["rows"]), [int(k) for k in saved["experts"]]
+        ckpt.load_gigpo(trainer, opened)
     else:
-        rows, experts = probe_states(trainer, [300_000 + 1000 * seed + i for i in range(args.probe_seeds)],
-                                     args.probe_states, rng)
-        if probe_file:
-            np.savez_compressed(probe_file, rows=np.stack(rows), experts=np.array(experts))
+        _bc_warm_start(cfg, trainer.policy, None)
+        rows, experts = start_probe(args, seed, trainer)
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        np.savez_compressed(folder / "probe.npz", rows=np.stack(rows), experts=np.array(experts))
+        (folder / "args.json").write_text(json.dumps(run_args(args)))
     base = {"label": args.label, **{k: v for k, v in vars(args).items() if k not in ("out", "seeds", "summary")},
             "seed": seed}
 
@@ -177,13 +222,19 @@ def run_seed(args, seed: int) -> None:
         append_jsonl(args.out, {**base, **row})
 
     t_start = time.perf_counter()
-    if args.eval_episodes:
-        for r in evaluate(trainer, seed, args.eval_episodes, "before"):
-            write(r)
-    p0, top0 = probe(trainer.policy, rows, experts)
-    write({"kind": "iteration", "iteration": 0, "timesteps": 0, "probe_p_expert": p0, "probe_top_expert": top0,
-           "probe_n": len(rows)})
-    print(f"seed {seed} it 0: probe p(expert) {p0:.3f}, argmax = expert {top0:.2f} ({len(rows)} states)", flush=True)
+    if opened is None:
+        if args.eval_episodes:
+            for r in evaluate(trainer, seed, args.eval_episodes, "before"):
+                write(r)
+        p0, top0 = probe(trainer.policy, rows, experts)
+        write({"kind": "iteration", "iteration": 0, "timesteps": 0, "probe_p_expert": p0, "probe_top_expert": top0,
+               "probe_n": len(rows)})
+        print(f"seed {seed} it 0: probe p(expert) {p0:.3f}, argmax = expert {top0:.2f} ({len(rows)} states)",
+              flush=True)
+        ckpt.save_gigpo(trainer, cfg, folder)
+    else:
+        print(f"seed {seed}: resumed at iteration {trainer.num_iterations} ({trainer.num_timesteps} env steps)",
+              flush=True)
     while trainer.num_iterations < args.iterations and trainer.num_timesteps < args.train_steps:
         t0 = time.perf_counter()
         s = trainer.iteration()
@@ -206,11 +257,26 @@ def run_seed(args, seed: int) -> None:
               f"{s['success_rate']:.2f}, alignment {al['alignment']:+.2f} (A expert {al['adv_expert']:+.2f} "
               f"n={al['n_expert']}, other {al['adv_other']:+.2f} n={al['n_other']}), probe p(expert) {p:.3f}, "
               f"argmax {top:.2f}, {row['seconds']:.0f}s", flush=True)
+        ckpt.save_gigpo(trainer, cfg, folder)  # also empties the prefix cache, as a resumed run's is
     if args.eval_episodes:
         for r in evaluate(trainer, seed, args.eval_episodes, "after"):
             write(r)
     write({"kind": "done", "timesteps": trainer.num_timesteps, "iterations": trainer.num_iterations,
            "seconds": time.perf_counter() - t_start})
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def start_probe(args, seed: int, trainer) -> tuple[list[np.ndarray], list[int]]:
+    """The probe states of a new run: from ``--probe-file`` if it exists, else sampled (and saved there if given)."""
+    probe_file = args.probe_file.format(seed=seed) if args.probe_file else None
+    if probe_file and Path(probe_file).exists():
+        saved = np.load(probe_file)
+        return list(saved["rows"]), [int(k) for k in saved["experts"]]
+    rows, experts = probe_states(trainer, [300_000 + 1000 * seed + i for i in range(args.probe_seeds)],
+                                 args.probe_states, np.random.default_rng(seed))
+    if probe_file:
+        np.savez_compressed(probe_file, rows=np.stack(rows), experts=np.array(experts))
+    return rows, experts
 
 
 def summary(args) -> None:
@@ -255,7 +321,7 @@ def summary(args) -> None:
                                    "after − before [95% CI over seeds]", "CI above 0"], tablefmt="github"))
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--env", default="EchoRL/BabyAI-GoToLocal-v0")
     ap.add_argument("--seeds", nargs="+", type=int, default=[8])
@@ -287,7 +353,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--summary", action="store_true", help="only print the paired table of what is in --out")
     ap.add_argument("--min-seeds", type=int, default=10, help="seeds a verdict needs (fewer: 'partial')")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.summary:
         summary(args)
         return
@@ -298,11 +368,22 @@ def main(argv: list[str] | None = None) -> None:
             continue  # another live process on the same --out runs this seed now
         finished = any(d.get("kind") == "done" and d["label"] == args.label and d["seed"] == seed
                        for d in read_jsonl(args.out))
-        if not finished:  # resumable: a finished seed is skipped, an interrupted one starts again
-            n = drop_rows(args.out, lambda d, seed=seed: d.get("label") == args.label and d.get("seed") == seed)
+        if not finished:  # a finished seed is skipped, an interrupted one continues from its last checkpoint
+            at = resumable(args, seed)
+
+            def stale(d, seed=seed, at=at) -> bool:  # rows the checkpoint does not cover (all of them without one)
+                if d.get("label") != args.label or d.get("seed") != seed:
+                    return False
+                if at is None:
+                    return True
+                return (d.get("kind") == "iteration" and d["iteration"] > at) or d.get("phase") == "after" \
+                    or d.get("kind") == "done"
+
+            n = drop_rows(args.out, stale)
             if n:
-                print(f"seed {seed}: removed {n} rows of an interrupted run", flush=True)
-            run_seed(args, seed)
+                print(f"seed {seed}: removed {n} rows of an interrupted run"
+                      + ("" if at is None else f" written after its checkpoint (iteration {at})"), flush=True)
+            run_seed(args, seed, resume=at is not None)
         held.unlink(missing_ok=True)
     summary(args)
 

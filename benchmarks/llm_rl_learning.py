@@ -26,6 +26,8 @@ the number of seeds where the method beat / tied / lost to the reference.
 Run: ``python benchmarks/llm_rl_learning.py --methods frozen bc ppo bc+ppo echoppo --seeds 0 1 2`` then
 ``python benchmarks/llm_rl_learning.py --summary``. Runs already in ``episodes.jsonl`` are skipped (resumable;
 several processes can share ``--out``: each run is claimed by one process with a ``<method>-seed<seed>.claim`` file).
+An interrupted run continues from the checkpoint in its folder (``--checkpoint-every`` iterations or PPO updates;
+GiGPO and EchoRL resume exactly, see :mod:`echorl_agent.llm_rl.checkpoint`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -122,8 +125,21 @@ def run(method: str, seed: int, args) -> None:
         n_envs=args.n_envs if group else 1, group_size=args.group_size,
         policy_kwargs={**POLICY, **json.loads(args.policy_kwargs or "{}"), **(arm or {}).get("policy_kwargs", {})},
         gigpo_kwargs=json.loads(args.gigpo_kwargs or "{}") if group else {},
-        bc_warm_start=arm is not None, replay=(arm or {}).get("replay"), out=str(out))
-    model = train_llm(cfg)
+        bc_warm_start=arm is not None, replay=(arm or {}).get("replay"), out=str(out),
+        **({} if args.checkpoint_every is None else {"checkpoint_every": args.checkpoint_every}))
+    resume = cfg.train_steps > 0 and any((out / name).is_dir() for name in ("checkpoint", "checkpoint.old"))
+    if resume:
+        from echorl_agent.llm_rl.checkpoint import read_checkpoint
+
+        try:
+            read_checkpoint(out)
+            print(f"{method} seed {seed}: continuing from the checkpoint in {out}", flush=True)
+        except ValueError as e:  # incomplete or corrupt (e.g. cut off by a lost machine): the run starts again
+            print(f"{method} seed {seed}: {e}; starting the run again", flush=True)
+            for name in ("checkpoint", "checkpoint.old"):
+                shutil.rmtree(out / name, ignore_errors=True)
+            resume = False
+    model = train_llm(cfg, resume=resume)
     train_s = time.perf_counter() - t0
     rows = evaluate(model, args, seed)
     with open(Path(args.out) / "episodes.jsonl", "a") as f:
@@ -294,6 +310,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--policy-kwargs", help="JSON LLMPolicy options added to the defaults (e.g. temperature)")
     ap.add_argument("--gigpo-kwargs", help='JSON GiGPO learner options, e.g. \'{"epochs": 4, "minibatch_size": 32}\'')
     ap.add_argument("--eval-episodes", type=int, default=6)
+    ap.add_argument("--checkpoint-every", type=int, default=None,
+                    help="checkpoint every N iterations / PPO updates (default: train-llm's); an interrupted run "
+                    "continues from its last checkpoint")
     ap.add_argument("--out", default="benchmarks/results/llm_rl_learning")
     ap.add_argument("--summary", action="store_true", help="only print the table of what is in --out")
     ap.add_argument("--reference", default=None, choices=METHODS,

@@ -117,7 +117,7 @@ def test_main_skips_claimed_seeds_reruns_interrupted_ones_and_keeps_finished(tmp
     (tmp_path / "s.jsonl.x-seed3.claim").write_text(str(os.getppid()))
     ran = []
 
-    def fake_run(args, seed):
+    def fake_run(args, seed, resume=False):
         ran.append((seed, [(d["label"], d["seed"]) for d in bench.read_jsonl(out)]))
         append_jsonl(out, {"label": "x", "seed": seed, "kind": "done"})
 
@@ -129,3 +129,78 @@ def test_main_skips_claimed_seeds_reruns_interrupted_ones_and_keeps_finished(tmp
         ("x", 1, "done"), ("y", 2, "done"), ("x", 3, "iteration"), ("x", 2, "done")]
     assert not (tmp_path / "s.jsonl.x-seed2.claim").exists()  # released after the run
     assert (tmp_path / "s.jsonl.x-seed3.claim").exists()
+
+
+def test_resume_drops_only_rows_after_the_checkpoint(tmp_path, monkeypatch):
+    from echorl_agent.eval.claims import append_jsonl
+
+    out = tmp_path / "s.jsonl"
+    folder = tmp_path / "s.jsonl.x-seed2.ckpt"
+    (folder / "checkpoint").mkdir(parents=True)
+    for row in ({"label": "x", "seed": 2, "kind": "episode", "phase": "before"},
+                {"label": "x", "seed": 2, "kind": "iteration", "iteration": 0},
+                {"label": "x", "seed": 2, "kind": "iteration", "iteration": 1},
+                {"label": "x", "seed": 2, "kind": "iteration", "iteration": 2},  # written after the checkpoint
+                {"label": "x", "seed": 2, "kind": "episode", "phase": "after"}):
+        append_jsonl(out, row)
+    ran = []
+    monkeypatch.setattr(bench, "resumable", lambda args, seed: 1)
+    monkeypatch.setattr(bench, "run_seed", lambda args, seed, resume=False: ran.append((seed, resume)))
+    monkeypatch.setattr(bench, "summary", lambda args: None)
+    bench.main(["--seeds", "2", "--label", "x", "--out", str(out)])
+    assert ran == [(2, True)]
+    assert [(d["kind"], d.get("phase"), d.get("iteration")) for d in bench.read_jsonl(out)] == [
+        ("episode", "before", None), ("iteration", None, 0), ("iteration", None, 1)]
+
+
+def test_resumable_refuses_a_checkpoint_of_other_arguments(tmp_path):
+    out = tmp_path / "s.jsonl"
+    ap_args = ["--seeds", "2", "--label", "x", "--out", str(out)]
+    args = bench.parse_args(ap_args)
+    assert bench.resumable(args, 2) is None  # no checkpoint: a fresh run
+    folder = bench.ckpt_dir(args, 2)
+    (folder / "checkpoint").mkdir(parents=True)
+    (folder / "args.json").write_text(json.dumps({**bench.run_args(args), "lr": 0.5}))
+    with pytest.raises(ValueError, match="lr differs"):
+        bench.resumable(args, 2)
+
+
+@pytest.mark.slow
+def test_an_interrupted_seed_continues_and_computes_what_the_uninterrupted_run_computes(tmp_path, monkeypatch):
+    """The real LM on GoToLocal: a run killed in its second iteration, restarted, gives the same rows as a run
+    that was never interrupted (everything but seconds), and leaves no checkpoint folder behind."""
+    import torch
+
+    torch.set_num_threads(1)
+    small = ["--seeds", "5", "--label", "t", "--groups", "1", "--group-size", "2", "--max-steps", "4",
+             "--probe-seeds", "1", "--probe-states", "4", "--eval-episodes", "1", "--iterations", "2"]
+    monkeypatch.setattr(bench, "summary", lambda args: None)
+    whole, cut = tmp_path / "whole.jsonl", tmp_path / "cut.jsonl"
+    bench.main([*small, "--out", str(whole)])
+
+    real = bench.gigpo_mod.GiGPOTrainer.iteration
+    calls = []
+
+    def killed_in_the_second(self):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("killed")
+        return real(self)
+
+    monkeypatch.setattr(bench.gigpo_mod.GiGPOTrainer, "iteration", killed_in_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        bench.main([*small, "--out", str(cut)])
+    assert bench.resumable(bench.parse_args([*small, "--out", str(cut)]), 5) == 1
+    monkeypatch.setattr(bench.gigpo_mod.GiGPOTrainer, "iteration", real)
+    bench.main([*small, "--out", str(cut)])
+
+    timing = {"seconds", "rollout_s", "learner_s"}
+
+    def rows(path):
+        return [{k: v for k, v in d.items() if k not in timing} for d in bench.read_jsonl(path)]
+
+    a, b = rows(whole), rows(cut)
+    assert [d["kind"] for d in a] == [d["kind"] for d in b]
+    assert [d for d in a if d["kind"] == "iteration"][-1]["iteration"] == 2
+    assert a == b
+    assert not bench.ckpt_dir(bench.parse_args([*small, "--out", str(cut)]), 5).exists()
