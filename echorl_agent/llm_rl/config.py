@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from echorl_agent.config import PlanningConfig
-from echorl_agent.llm.engine.config import WEIGHT_DTYPES
+from echorl_agent.llm.engine.config import PREFILL_DTYPES, WEIGHT_DTYPES
 
 __all__ = ["LLMPolicyConfig", "LORA_TARGETS"]
 
@@ -62,6 +62,10 @@ class LLMPolicyConfig:
     """With a quantized engine, the trained top layers stay float32 in the engine (``EngineConfig.float32_top_layers``):
     rollouts compute them as the learner does and an update re-packs nothing. False: they are packed too and
     re-packed after every update (their weights leave the GGUF grid, so the IS weights see a real mismatch)."""
+    engine_prefill_dtype: str = "float32"
+    """Prefill of the rollout engine's frozen layers: "float32" (exact) or "int8" (W8A8 after SmoothQuant
+    smoothing, ``EngineConfig.prefill_dtype``; faster scoring, a small policy shift). The learner then starts from
+    the activations the int8 layers captured, so rollout and learner log-probs still agree."""
     show_admissible: bool = True
     """List the admissible actions in each observation turn (off: shorter prompts when the set never changes)."""
     rollout_url: str | None = None
@@ -100,6 +104,9 @@ class LLMPolicyConfig:
         if self.engine_weight_dtype not in WEIGHT_DTYPES:
             raise ValueError(f"engine_weight_dtype must be one of {WEIGHT_DTYPES}, got "
                              f"engine_weight_dtype={self.engine_weight_dtype!r}")
+        if self.engine_prefill_dtype not in PREFILL_DTYPES:
+            raise ValueError(f"engine_prefill_dtype must be one of {PREFILL_DTYPES}, got "
+                             f"engine_prefill_dtype={self.engine_prefill_dtype!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got device={self.device!r}")
 

@@ -83,12 +83,14 @@ class TrainableLM:
         rollout_model.requires_grad_(False).eval()
         self.engine = LLMEngine(LoadedModel(rollout_model, base.tokenizer, base.name, base.extra),
                                 EngineConfig(prefix_cache=pc, weight_dtype=cfg.engine_weight_dtype,
-                                             float32_top_layers=cfg.train_layers * cfg.engine_float32_trained_layers))
+                                             float32_top_layers=cfg.train_layers * cfg.engine_float32_trained_layers,
+                                             prefill_dtype=cfg.engine_prefill_dtype))
         # captured activations are reused only where exact: the engine's frozen layers below b compute the learner's
         # float32 ones (float32 weights, or quantized copies that dequantize to exactly those weights -- the
-        # embedded SmolLM2 is a Q4_1 GGUF -- so the engine differs from float32 by summation order only)
+        # embedded SmolLM2 is a Q4_1 GGUF -- so the engine differs from float32 by summation order only); with int8
+        # prefill they are reused by design: the learner starts from what the rollout's int8 layers computed
         self.capture = (cfg.reuse_activations and self.boundary > 0
-                        and self.engine.runner.reproduces_layers(self.boundary))
+                        and (self.engine.runner.reproduces_layers(self.boundary) or cfg.engine_prefill_dtype == "int8"))
         if self.capture:
             self.engine.enable_capture(self.boundary)
 

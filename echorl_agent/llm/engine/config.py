@@ -12,7 +12,7 @@ from echorl_agent.llm.engine.scheduler import SchedulerConfig
 
 __all__ = [
     "EngineConfig", "SamplingParams", "GenerationResult", "ScoreResult", "QUANTIZED_BITS", "WEIGHT_DTYPES",
-    "SAMPLERS", "check_weight_dtype",
+    "SAMPLERS", "check_weight_dtype", "PREFILL_DTYPES", "check_prefill_dtype",
 ]
 
 #: The packed weight dtypes of :class:`~echorl_agent.llm.quant.linear.QuantizedLinear` and their bits per weight.
@@ -26,6 +26,9 @@ WEIGHT_DTYPES = ("float32", *QUANTIZED_BITS)
 #: tokens on one CPU thread); "inverse_cdf" draws one uniform number and finds it in the float64 cumulative sum of
 #: the probabilities (~0.09 ms). Same seed, different tokens between the two.
 SAMPLERS = ("multinomial", "inverse_cdf")
+#: Values of ``EngineConfig.prefill_dtype``: "float32" (exact) or "int8" (the frozen layers' projections run as
+#: SmoothQuant-smoothed int8 activations x int8 weights on multi-row forwards, :mod:`echorl_agent.llm.quant.w8a8`).
+PREFILL_DTYPES = ("float32", "int8")
 
 
 def check_weight_dtype(weight_dtype: str) -> str:
@@ -37,6 +40,16 @@ def check_weight_dtype(weight_dtype: str) -> str:
             "weights and fastest single stream"
         )
     return weight_dtype
+
+
+def check_prefill_dtype(prefill_dtype: str) -> str:
+    """Return ``prefill_dtype`` or raise a ValueError naming the field and the allowed values."""
+    if prefill_dtype not in PREFILL_DTYPES:
+        raise ValueError(
+            f"prefill_dtype must be one of {PREFILL_DTYPES}, got prefill_dtype={prefill_dtype!r}; use 'float32' "
+            "for exact prefill or 'int8' for int8 activations x int8 weights in the frozen layers"
+        )
+    return prefill_dtype
 
 
 @dataclass
@@ -105,10 +118,17 @@ class EngineConfig:
     """Decode weights: "float32" (exact), "int8" (fast on CPU, best batched) or "int4" (smallest, fastest single stream); see echorl_agent.llm.quant."""
     float32_top_layers: int = 0
     """With an int8/int4 ``weight_dtype``: the top k decoder layers keep the model's float32 weights (the layers an
-    RL learner trains: rollouts then compute them as the learner does, and a weight update re-packs nothing)."""
+    RL learner trains: rollouts then compute them as the learner does, and a weight update re-packs nothing).
+    With ``prefill_dtype="int8"``: the top k layers stay float32 in prefill too."""
+    prefill_dtype: str = "float32"
+    """Prefill of the layers below the ``float32_top_layers``: "float32" (exact) or "int8" (W8A8: per-token int8
+    activations x per-channel int8 weights after SmoothQuant smoothing calibrated when the engine is built, see
+    :meth:`LLMEngine.calibrate_prefill`). Applies to forward steps with more tokens than sequences (prefill and
+    scoring chunks; a decode token in the same step rides along); pure decode steps and the LM head are unchanged."""
 
     def __post_init__(self) -> None:
         check_weight_dtype(self.weight_dtype)
+        check_prefill_dtype(self.prefill_dtype)
         k = self.float32_top_layers
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ValueError(f"float32_top_layers must be an int >= 0, got float32_top_layers={k!r}")

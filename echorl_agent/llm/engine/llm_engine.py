@@ -64,7 +64,7 @@ class LLMEngine(_RequestsMixin):
         num_blocks = pc.num_blocks(ModelRunner.kv_bytes_per_token(self.llm.model))
         self.runner = ModelRunner(
             self.llm.model, num_blocks, pc.block_size, self.config.attention_backend, self.config.weight_dtype,
-            self.config.float32_top_layers,
+            self.config.float32_top_layers, self.config.prefill_dtype,
         )
         self.cache = PrefixCache(num_blocks, pc)
         self.scheduler = Scheduler(self.config.scheduler)
@@ -82,6 +82,10 @@ class LLMEngine(_RequestsMixin):
         self._stop = False
         self.num_steps = 0
         self.num_generated_tokens = 0
+        if self.runner.num_w8a8_layers:  # the built-in calibration set (an empty cache: nothing to invalidate)
+            from echorl_agent.llm.engine.calibration import calibration_token_ids
+
+            self.runner.calibrate_prefill(calibration_token_ids(self.llm))
 
     # ------------------------------------------------------------------ public API
     @property
@@ -238,6 +242,28 @@ class LLMEngine(_RequestsMixin):
     def on_weights_updated(self, names: list[str]) -> None:
         """Hook run after :meth:`update_weights` copied ``names``: re-packs the changed quantized linears."""
         self.runner.refresh_weights(names)
+
+    def calibrate_prefill(self, texts: Sequence | None = None) -> None:
+        """(Re-)calibrate the int8 prefill (``prefill_dtype="int8"``) on ``texts`` and invalidate the prefix cache.
+
+        Args:
+            texts: strings, token id lists or chat conversations (see
+                :func:`~echorl_agent.llm.engine.calibration.calibration_token_ids`); None = the built-in set
+                :data:`~echorl_agent.llm.engine.calibration.CALIBRATION_CONVERSATIONS` (what the engine uses when it
+                is built). Prompts like the ones the engine will serve give the smoothing their channel ranges.
+
+        Raises:
+            ValueError: the engine has no int8 prefill layers.
+            RuntimeError: requests are in flight.
+        """
+        from echorl_agent.llm.engine.calibration import calibration_token_ids
+
+        token_lists = calibration_token_ids(self.llm, texts)
+        with self._lock:
+            if self.has_work():
+                raise RuntimeError("calibrate_prefill while requests are in flight; wait for them to finish")
+            self.runner.calibrate_prefill(token_lists)
+            self.cache.invalidate()
 
     def enable_capture(self, layer: int | None) -> None:
         """Capture activations entering ``layer`` for every token (see :meth:`ModelRunner.enable_capture`).

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from echorl_agent.kernels.attention import decode_plan, paged_attention, paged_decode_attention
+from echorl_agent.llm.engine.calibration import LayerMaxima, W8A8Layer, activation_maxima, pack_layer
+from echorl_agent.llm.engine.config import check_prefill_dtype
 from echorl_agent.llm.quant.fused_decode import FusedDecoder
 from echorl_agent.llm.quant.linear import (
     KERNEL_ROWS,
@@ -38,6 +40,8 @@ _SMALL_BATCH_ROWS = 32
 :meth:`ModelRunner._linear`."""
 _OUT_SLICE = 256
 """Output features per slice."""
+_LAYER_PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                      "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
 
 @dataclass
@@ -91,7 +95,11 @@ class ModelRunner:
         weight_dtype: ``"float32"`` (the model's own weights, exact), ``"int8"`` or ``"int4"`` (packed copies of
             the projections, MLP and LM head, see :mod:`echorl_agent.llm.quant.linear`).
         float32_top_layers: with a quantized ``weight_dtype``, the top k decoder layers are not packed and run on
-            the model's float32 weights (decode steps: the fused C call for the layers below, torch for these).
+            the model's float32 weights (decode steps: the fused C call for the layers below, torch for these);
+            with ``prefill_dtype="int8"`` they also keep float32 prefill.
+        prefill_dtype: ``"float32"`` or ``"int8"``: the layers below the float32 top layers run their projections
+            as W8A8 (:mod:`echorl_agent.llm.quant.w8a8`) on forward steps with more tokens than sequences, once
+            :meth:`calibrate_prefill` has run (the engine calls it when it is built).
     """
 
     def __init__(
@@ -102,6 +110,7 @@ class ModelRunner:
         attention_backend: str = "auto",
         weight_dtype: str = "float32",
         float32_top_layers: int = 0,
+        prefill_dtype: str = "float32",
     ):
         cfg = model.config
         if cfg.model_type not in SUPPORTED_MODEL_TYPES:
@@ -148,6 +157,27 @@ class ModelRunner:
         """Runs whole decode steps in C with quantized weights (:mod:`echorl_agent.llm.quant.fused_decode`); None when
         it does not apply. ``use_fused_decode = False`` keeps the per-op Python path (for comparisons)."""
         self.use_fused_decode = True
+        self.prefill_dtype = check_prefill_dtype(prefill_dtype)
+        self.num_w8a8_layers = self.num_layers - float32_top_layers if prefill_dtype == "int8" else 0
+        """Decoder layers ``0..num_w8a8_layers-1`` run W8A8 projections in prefill (after calibration)."""
+        if self.num_w8a8_layers and self.device.type != "cpu":
+            raise ValueError(f"prefill_dtype='int8' runs on CPU only, got a model on {self.device}; use float32")
+        self.prefill_maxima: dict[int, LayerMaxima] = {}
+        """Calibrated per-channel activation maxima of each W8A8 layer (:meth:`calibrate_prefill`)."""
+        self.w8a8: dict[int, W8A8Layer] = {}
+        """Layer index -> its packed W8A8 projections (empty until :meth:`calibrate_prefill`)."""
+
+    def calibrate_prefill(self, token_lists: list[list[int]]) -> None:
+        """Take the W8A8 layers' activation maxima from the float32 model on ``token_lists`` and (re-)pack them.
+
+        KV computed before this call came from the old packing: the caller invalidates its prefix cache.
+        """
+        if not self.num_w8a8_layers:
+            raise ValueError(f"calibrate_prefill needs prefill_dtype='int8' and a layer below the float32 top "
+                             f"layers, got prefill_dtype={self.prefill_dtype!r}, {self.num_w8a8_layers} W8A8 layers")
+        layers = list(range(self.num_w8a8_layers))
+        self.prefill_maxima = activation_maxima(self.model, layers, token_lists)
+        self.w8a8 = {i: pack_layer(self.layers[i], self.prefill_maxima[i]) for i in layers}
 
     def enable_capture(self, layer: int | None) -> None:
         """Keep every token's residual stream entering ``layer`` in a pool beside the KV (None: stop).
@@ -198,10 +228,16 @@ class ModelRunner:
                 The tied embedding (``model.embed_tokens.weight``) refreshes the LM head that shares it.
 
         Returns:
-            The linears re-packed (empty in float32 mode, which reads the model's weights directly).
+            The linears re-packed (empty in float32 mode, which reads the model's weights directly). A W8A8
+            prefill layer (:meth:`calibrate_prefill`) is re-packed whole when any of its weights changed, with its
+            calibrated maxima; its seven projections are listed.
         """
+        w8a8 = sorted(self.w8a8) if names is None else self._w8a8_layers_of(names)
+        for i in w8a8:
+            self.w8a8[i] = pack_layer(self.layers[i], self.prefill_maxima.get(i))
+        repacked = [f"model.layers.{i}.{p}" for i in w8a8 for p in _LAYER_PROJECTIONS]
         if not self.quantized:
-            return []
+            return repacked
         todo = list(self.quantized) if names is None else self._linears_of(names)
         for name in todo:
             lin = self.model.get_submodule(name)
@@ -210,7 +246,16 @@ class ModelRunner:
                 self.quantized[name].bias = lin.bias.detach().float().clone()
         if self.fused is not None:
             self.fused.refresh()
-        return todo
+        return todo + [n for n in repacked if n not in self.quantized]
+
+    def _w8a8_layers_of(self, names: list[str]) -> list[int]:
+        """W8A8 layers holding one of the parameter/linear ``names`` (``model.layers.3.mlp.up_proj.weight``)."""
+        out = set()
+        for n in names:
+            parts = n.split(".")
+            if len(parts) > 2 and parts[:2] == ["model", "layers"] and parts[2].isdigit() and int(parts[2]) in self.w8a8:
+                out.add(int(parts[2]))
+        return sorted(out)
 
     def reproduces_layers(self, stop: int) -> bool:
         """True when decoder layers ``0..stop-1`` compute what the float32 model computes, up to float summation
@@ -265,6 +310,12 @@ class ModelRunner:
             for i in range(0, n_out, _OUT_SLICE)
         ]
         return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def _mlp_w8a8(packed: W8A8Layer, mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`_mlp` with W8A8 projections (gate and up in one product)."""
+        gate, up = packed.gate_up(x).split(packed.gate_up.splits, dim=-1)
+        return packed.down(mlp.act_fn(gate) * up)
 
     def _mlp(self, mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The gated MLP of Llama/Mistral/Qwen2 (``down(act(gate(x)) * up(x))``, as HF's ``LlamaMLP.forward``)."""
@@ -331,7 +382,8 @@ class ModelRunner:
     def _run_layers(self, chunks: list[SeqChunk], batch: FlatBatch) -> torch.Tensor:
         """Embed the flat batch, add soft tokens, run every decoder layer (writing its KV); the residual ``[N, hidden]``.
 
-        A pure decode step runs the fused C path when it applies, else the torch/Triton layers below.
+        A pure decode step runs the fused C path when it applies, else the torch/Triton layers below. Any other step
+        runs the W8A8 layers' projections in int8 when ``prefill_dtype="int8"`` (:meth:`calibrate_prefill`).
         """
         bs = self.block_size
         dev = self.device
@@ -362,6 +414,7 @@ class ModelRunner:
         plan = decode_plan(tables, ctx_t, bs, self.num_kv_heads) if pure_decode and first < self.num_layers else None
         if fused:
             x = self.fused.run(x, cos, sin, slots_t, tables, ctx_t)
+        w8a8 = self.w8a8 if n > len(chunks) else {}  # prefill / scoring rows present: W8A8 in the frozen layers
         for li, layer in enumerate(self.layers[first:], start=first):
             if li == self.capture_layer:  # before injection: captured activations never depend on soft tokens
                 self.h_pool[slots_t] = x
@@ -369,9 +422,16 @@ class ModelRunner:
                 x[cu[i] : cu[i + 1]] += e.to(device=dev, dtype=x.dtype)
             attn = layer.self_attn
             h = layer.input_layernorm(x)
-            q = self._linear(h, attn.q_proj).view(n, self.num_heads, self.head_dim)
-            k = self._linear(h, attn.k_proj).view(n, self.num_kv_heads, self.head_dim)
-            v = self._linear(h, attn.v_proj).view(n, self.num_kv_heads, self.head_dim)
+            packed = w8a8.get(li)
+            if packed is not None:
+                q, k, v = packed.qkv(h).split(packed.qkv.splits, dim=-1)
+                q = q.reshape(n, self.num_heads, self.head_dim)
+                k = k.reshape(n, self.num_kv_heads, self.head_dim)
+                v = v.reshape(n, self.num_kv_heads, self.head_dim)
+            else:
+                q = self._linear(h, attn.q_proj).view(n, self.num_heads, self.head_dim)
+                k = self._linear(h, attn.k_proj).view(n, self.num_kv_heads, self.head_dim)
+                v = self._linear(h, attn.v_proj).view(n, self.num_kv_heads, self.head_dim)
             q, k = self._apply_rope(q, k, cos, sin, unsqueeze_dim=1)
             k_flat[li, slots_t] = k
             v_flat[li, slots_t] = v
@@ -381,8 +441,13 @@ class ModelRunner:
                 o = paged_attention(
                     q, self.k_pool[li], self.v_pool[li], tables, ctx_t, cu_t, self.scale, use_triton=use_triton
                 )
-            x = x + self._linear(o.reshape(n, self.num_heads * self.head_dim), attn.o_proj)
-            x = x + self._mlp(layer.mlp, layer.post_attention_layernorm(x))
+            o = o.reshape(n, self.num_heads * self.head_dim)
+            if packed is not None:
+                x = x + packed.o(o)
+                x = x + self._mlp_w8a8(packed, layer.mlp, layer.post_attention_layernorm(x))
+            else:
+                x = x + self._linear(o, attn.o_proj)
+                x = x + self._mlp(layer.mlp, layer.post_attention_layernorm(x))
         return x
 
     def _gather_logits(

@@ -1,0 +1,182 @@
+"""W8A8 projections for the engine's prefill of frozen layers (``EngineConfig.prefill_dtype="int8"``).
+
+Prefill is compute-bound on a CPU, so int8 *weights* alone (:mod:`~echorl_agent.llm.quant.linear`) do not speed it
+up; int8 *activations* do, since an int8 x int8 product has a higher arithmetic rate than float32. Rounding
+SmolLM2's activations to int8 per token moves the policy (KL 0.031 over GoToLocal's admissible actions, RESULTS
+"int8 activations for prefill") because a few input channels carry outliers; SmoothQuant (Xiao et al. 2023, Eq. 4)
+moves them into the weights first: input channel ``j`` is divided by
+
+    s_j = max|X_j|^alpha / max|W_:j|^(1 - alpha)
+
+and weight column ``j`` multiplied by it (exact in float), then activations are rounded to int8 per row and
+weights per output channel (``benchmarks/int8_prefill_probe.py --mode smooth``: KL 0.0029 mean).
+
+:class:`W8A8Linear` holds one or more projections that read the same input (q/k/v, or gate/up) as one int8 weight
+with a shared smoothing vector (the input is divided and rounded once), :func:`pack_w8a8` builds one from the
+float linears and the calibrated maxima ``max|X_j|``. The integer product :func:`int8_matmul` is exact, so a row's
+result does not depend on the other rows or the thread count; it runs ``w8a8.c`` (AVX2) when it builds and
+``torch._int_mm`` otherwise (same integers; ~50x slower than float32 on an AVX2 host without VNNI, see the C
+file). Measured on that host (loaded): the kernel is ~1.4x a float32 GEMM, ~1.15x with the quantization passes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from echorl_agent.kernels.cbuild import build_shared_library
+
+__all__ = ["W8A8Linear", "pack_w8a8", "smoothing", "int8_matmul", "quantize_rows", "DEFAULT_ALPHA"]
+
+DEFAULT_ALPHA = 0.5
+"""SmoothQuant's migration strength: the probe's setting (0.5 halves each outlier's log-magnitude between the
+activation and the weight)."""
+_S_RANGE = (1e-5, 1e5)
+"""Smoothing factors are clamped to this range (a channel never seen in calibration keeps s = 1, see
+:func:`smoothing`)."""
+_MM_MIN_ROWS = 17
+"""``torch._int_mm`` needs more than 16 rows; fewer are zero-padded (padding rows do not change the others)."""
+_SRC = Path(__file__).with_name("w8a8.c")
+_lib: ctypes.CDLL | None = None
+_tried = False
+
+
+def _load() -> ctypes.CDLL | None:
+    """The compiled ``w8a8.c``, or None (one warning) without a C compiler."""
+    global _lib, _tried
+    if _tried:
+        return _lib
+    _tried = True
+    simd = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+    flags = ["-O3", "-shared", "-fPIC", "-std=gnu99", "-pthread"] + (["-mavx2"] if simd else [])
+    try:
+        lib = ctypes.CDLL(str(build_shared_library(_SRC, flags)))
+    except OSError as exc:
+        warnings.warn(f"W8A8 kernel unavailable ({exc}); using torch._int_mm", RuntimeWarning, stacklevel=2)
+        return None
+    p, i = ctypes.c_void_p, ctypes.c_int
+    lib.w8a8_gemm.argtypes = [p, i, i, p, i, p, i]
+    lib.w8a8_gemm.restype = i
+    lib.w8a8_simd.restype = i
+    _lib = lib
+    return lib
+
+
+def int8_matmul(a: torch.Tensor, w: torch.Tensor, use_kernel: bool | None = None) -> torch.Tensor:
+    """Exact ``a @ w.T`` in int32 for int8 ``a [M, K]`` and ``w [N, K]`` with values in -127..127.
+
+    Args:
+        use_kernel: True = ``w8a8.c`` (error when it is unavailable), False = ``torch._int_mm`` (the reference),
+            None = the kernel when it is built, K is a multiple of 32 and the tensors are on the CPU.
+    """
+    M, K = a.shape
+    N = w.shape[0]
+    lib = _load() if use_kernel is not False and a.device.type == "cpu" and K % 32 == 0 else None
+    if use_kernel and lib is None:
+        raise RuntimeError("the W8A8 kernel is unavailable (no C compiler, a non-CPU tensor or K % 32 != 0)")
+    if lib is not None:
+        a, w = a.contiguous(), w.contiguous()
+        y = torch.empty(M, N, dtype=torch.int32)
+        threads = torch.get_num_threads() if M * N * K >= 1 << 22 else 1
+        rc = lib.w8a8_gemm(a.data_ptr(), M, K, w.data_ptr(), N, y.data_ptr(), threads)
+        assert rc == 0, rc
+        return y
+    if M < _MM_MIN_ROWS:
+        a = torch.cat([a, a.new_zeros(_MM_MIN_ROWS - M, K)])
+    return torch._int_mm(a, w.t())[:M]
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row symmetric int8 of float ``x [M, K]``: codes in -127..127 and scales ``[M, 1]`` (``x ~ codes * scale``).
+
+    An all-zero row gets scale 0 (its codes are 0, so its products are exactly 0).
+    """
+    amax = x.abs().amax(dim=1, keepdim=True)
+    scale = amax / 127.0
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    return torch.round(x * inv).clamp_(-127, 127).to(torch.int8), scale
+
+
+def smoothing(act_max: torch.Tensor | None, weight: torch.Tensor, alpha: float = DEFAULT_ALPHA) -> torch.Tensor:
+    """SmoothQuant's ``s_j = max|X_j|^alpha / max|W_:j|^(1 - alpha)`` for float ``weight [out, in]``.
+
+    ``act_max`` None (no calibration) gives s = 1 everywhere (plain per-token W8A8). A channel whose calibrated
+    maximum or weight column is zero (or not finite) keeps s = 1: dividing by a tiny s would blow up any
+    activation the calibration never saw there and flatten every other channel of its row to zero.
+    """
+    if act_max is None:
+        return torch.ones(weight.shape[1], dtype=torch.float32, device=weight.device)
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got alpha={alpha}")
+    a = act_max.detach().float().to(weight.device)
+    wmax = weight.detach().float().abs().amax(dim=0)
+    if a.shape != wmax.shape:
+        raise ValueError(f"act_max must have one entry per input channel ({wmax.shape[0]}), got {tuple(a.shape)}")
+    ok = (a > 0) & (wmax > 0) & torch.isfinite(a) & torch.isfinite(wmax)
+    s = a.clamp_min(1e-30).pow(alpha) / wmax.clamp_min(1e-30).pow(1.0 - alpha)
+    return torch.where(ok, s, torch.ones_like(s)).clamp_(*_S_RANGE)
+
+
+class W8A8Linear(torch.nn.Module):
+    """``[x W_1^T + b_1, x W_2^T + b_2, ...]`` with ``x / s`` rounded to int8 per row and ``W_i * s`` per output.
+
+    Args:
+        weights: float weights ``[out_i, in]`` of the projections that read the same input (q/k/v, gate/up).
+        biases: their biases (None entries allowed; kept float32 and added after the product).
+        act_max: calibrated ``max|X_j|`` ``[in]`` of the shared input (None: no smoothing).
+        alpha: smoothing strength (:func:`smoothing`).
+
+    ``forward`` returns one float32 tensor ``[M, sum out_i]``; :attr:`splits` gives each projection's width.
+    """
+
+    def __init__(self, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor | None] | None = None,
+                 act_max: torch.Tensor | None = None, alpha: float = DEFAULT_ALPHA) -> None:
+        super().__init__()
+        ws = [w.detach().float() for w in weights]
+        if not ws or len({w.shape[1] for w in ws}) != 1:
+            raise ValueError(f"weights must share in_features, got shapes {[tuple(w.shape) for w in ws]}")
+        w = torch.cat(ws)  # [sum out, in]
+        self.in_features, self.out_features = w.shape[1], w.shape[0]
+        self.splits = [x.shape[0] for x in ws]
+        self.alpha = alpha
+        s = smoothing(act_max, w, alpha)
+        self.inv_s = (1.0 / s).contiguous()  # [in]
+        ws_ = w * s
+        wmax = ws_.abs().amax(dim=1)
+        self.w_scale = (wmax / 127.0).contiguous()  # [out]
+        inv = torch.where(wmax > 0, 127.0 / wmax, torch.zeros_like(wmax))
+        self.w_q = torch.round(ws_ * inv[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()  # [out, in]
+        bs = list(biases) if biases is not None else [None] * len(ws)
+        if len(bs) != len(ws):
+            raise ValueError(f"biases must have one entry per weight: {len(bs)} for {len(ws)}")
+        if all(b is None for b in bs):
+            self.bias = None
+        else:
+            self.bias = torch.cat([torch.zeros(n) if b is None else b.detach().float()
+                                   for n, b in zip(self.splits, bs, strict=True)])
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """float32 ``[out, in]``: the weight this module multiplies the un-smoothed input by (``w_q * scale / s``)."""
+        return self.w_q.float() * self.w_scale[:, None] * self.inv_s
+
+    def forward(self, x: torch.Tensor, use_kernel: bool | None = None) -> torch.Tensor:
+        x2 = x.reshape(-1, self.in_features).float()
+        xq, xs = quantize_rows(x2 * self.inv_s)
+        y = int8_matmul(xq, self.w_q, use_kernel).float().mul_(xs).mul_(self.w_scale)
+        if self.bias is not None:
+            y += self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, splits={self.splits}, alpha={self.alpha}"
+
+
+def pack_w8a8(linears: Sequence[torch.nn.Module], act_max: torch.Tensor | None,
+              alpha: float = DEFAULT_ALPHA) -> W8A8Linear:
+    """A :class:`W8A8Linear` of ``linears`` (``nn.Linear``-like: ``.weight``, ``.bias``) reading one input whose
+    per-channel maxima are ``act_max``."""
+    return W8A8Linear([lin.weight for lin in linears], [lin.bias for lin in linears], act_max, alpha)
