@@ -132,6 +132,7 @@ def action_distribution(engine, prompt, cands) -> torch.Tensor:
     return torch.log_softmax(means, 0)
 
 
+@pytest.mark.slow  # ~10-20 s of real GoToLocal scoring: an opt-in path
 def test_int8_prefill_scoring_stays_close_to_float32_on_gotolocal(llm):
     from echorl_agent.llm.engine import LLMEngine
 
@@ -188,6 +189,7 @@ def test_pure_decode_step_takes_the_float_path_and_refresh_repacks(llm):
     assert f32.refresh_weights(None) == []  # float32 prefill: nothing packed
 
 
+@pytest.mark.slow  # ~10-20 s of real GoToLocal scoring: an opt-in path
 def test_learner_from_captured_int8_activations_matches_the_rollout():
     """With int8 prefill the learner starts from the activations the int8 frozen layers captured: its log-probs
     equal the rollout's (as the float32 capture test in test_llm_rl asserts)."""
