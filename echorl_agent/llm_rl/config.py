@@ -64,8 +64,10 @@ class LLMPolicyConfig:
     re-packed after every update (their weights leave the GGUF grid, so the IS weights see a real mismatch)."""
     engine_prefill_dtype: str = "float32"
     """Prefill of the rollout engine's frozen layers: "float32" (exact) or "int8" (W8A8 after SmoothQuant
-    smoothing, ``EngineConfig.prefill_dtype``; faster scoring, a small policy shift). The learner then starts from
-    the activations the int8 layers captured, so rollout and learner log-probs still agree."""
+    smoothing, ``EngineConfig.prefill_dtype``; a small policy shift, KL ~0.004 per GoToLocal decision). The
+    learner then starts from the activations the int8 layers captured, so rollout and learner log-probs still
+    agree. Not faster on the AVX2 reference host (quiet: 1.02x at 1 thread, 0.72x at 2; benchmarks/RESULTS.md,
+    "Ninth session"): keep float32 unless your CPU's int8 GEMM is markedly faster than its float32 one."""
     show_admissible: bool = True
     """List the admissible actions in each observation turn (off: shorter prompts when the set never changes)."""
     rollout_url: str | None = None
