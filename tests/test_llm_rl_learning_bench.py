@@ -77,3 +77,30 @@ def test_main_skips_a_run_another_process_holds(tmp_path, monkeypatch):
     assert ran == [("frozen", 5)]
     assert not (tmp_path / "frozen-seed5.claim").exists()  # released after the run
     assert (tmp_path / "bc-seed5.claim").exists()  # the other process's claim is left alone
+
+
+def test_a_run_with_a_checkpoint_resumes_and_a_corrupt_one_starts_again(tmp_path, monkeypatch, capsys):
+    from echorl_agent.llm_rl import checkpoint as ckpt
+    from echorl_agent.llm_rl.train import LLMTrainConfig
+
+    calls = []
+    monkeypatch.setattr(bench, "train_llm", lambda cfg, resume=False: calls.append((cfg.checkpoint_every, resume)))
+    monkeypatch.setattr(bench, "evaluate", lambda model, args, seed: [])
+    monkeypatch.setattr(bench, "summary", lambda args: None)
+    argv = ["--methods", "bc+gigpo", "--seeds", "5", "--train-steps", "64", "--checkpoint-every", "1",
+            "--out", str(tmp_path)]
+    folder = tmp_path / "bc+gigpo-seed5"
+
+    bench.main(argv)  # nothing saved yet: a fresh run, with the period passed through
+    assert calls == [(1, False)]
+
+    (folder / "checkpoint").mkdir(parents=True)  # cut off before its manifest was written
+    (tmp_path / "episodes.jsonl").unlink(missing_ok=True)
+    bench.main(argv)
+    assert calls[-1] == (1, False) and not (folder / "checkpoint").exists()
+    assert "starting the run again" in capsys.readouterr().out
+
+    cfg = LLMTrainConfig(env_id="EchoRL/MiniGrid-Empty-Random-5x5-v0", method="bc+gigpo", train_steps=64)
+    ckpt._write(folder, cfg, "gigpo", {"iteration": 1, "timesteps": 32}, lambda d: (d / "x.pt").write_bytes(b"x"))
+    bench.main(argv)
+    assert calls[-1] == (1, True)
