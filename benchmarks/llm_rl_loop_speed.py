@@ -9,7 +9,8 @@ Loops measured (each a fresh process, alternating A/B/... over ``--rounds``, sam
   runs whole episodes, so it times at least one iteration (up to 8 x 64 steps);
 * ``gigpo-2x4-lean`` -- the same without the admissible-action list in the prompt (``show_admissible=False``);
 * with ``--baseline-tree DIR`` (a checkout of an older commit, e.g. ``git worktree add /tmp/old 16db19f``), the
-  ``ppo-1env`` loop of that tree too (``old-ppo-1env``), so the ratio new / old is measured in one run.
+  ``--baseline-loops`` (default ``ppo-1env``) of that tree too (``old-<loop>``, each right after the same loop of
+  this tree), so the ratio new / old is measured in one run.
 
 Each loop runs ``--steps`` env steps (after a warm-up that loads the model) and reports env steps/s, prompt tokens
 prefilled per env step, the prefix-cache hit rate and the rollout / learner split. The prefill-bound limit of a loop
@@ -157,7 +158,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", nargs="+", type=int, default=[1])
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--baseline-tree", help="checkout of an older commit: its ppo-1env loop is measured too")
+    ap.add_argument("--baseline-tree", help="checkout of an older commit: its --baseline-loops are measured too")
+    ap.add_argument("--baseline-loops", nargs="+", default=["ppo-1env"], choices=list(LOOPS),
+                    help="loops measured in --baseline-tree too, each right after the same loop of this tree")
     ap.add_argument("--glam", action="store_true", help="also the learner vs a GLAM-style learner")
     ap.add_argument("--glam-transitions", type=int, default=32, help="transitions in the learner comparison")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -170,9 +173,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.glam_worker:
         print(json.dumps(glam_compare(args.glam_transitions, args.seed)), flush=True)
         return
-    plan = [(loop, str(ROOT)) for loop in args.loops]
-    if args.baseline_tree:
-        plan.append(("old-ppo-1env", str(Path(args.baseline_tree).resolve())))
+    plan = []
+    for loop in args.loops:
+        plan.append((loop, str(ROOT)))
+        if args.baseline_tree and loop in args.baseline_loops:  # old and new of one loop back to back
+            plan.append((f"old-{loop}", str(Path(args.baseline_tree).resolve())))
     results = []
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     for threads in args.threads:

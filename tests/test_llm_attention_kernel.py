@@ -16,6 +16,7 @@ from echorl_agent.kernels.attention import (
     paged_attention_grouped,
     paged_attention_reference,
     positions_of_new_tokens,
+    prefix_plan,
 )
 
 torch.set_num_threads(1)
@@ -115,3 +116,60 @@ def test_decode_path_matches_dense_attention():
         v = dv[b].transpose(0, 1).repeat_interleave(3, 0)
         ref = F.scaled_dot_product_attention(q[b : b + 1].transpose(0, 1), k, v, scale=0.25).transpose(0, 1)
         torch.testing.assert_close(out[b : b + 1], ref, atol=1e-5, rtol=1e-5)
+
+
+def _shared_prefix_pool(seed: int, prefixes: list[int], members: list[list[int]], block_size: int = 4, h: int = 6,
+                        h_kv: int = 2, d: int = 8):
+    """Scoring-style sequences: per context, members that share its full blocks and own a copy of its partial block
+    (as the engine lays out candidates), then their own new tokens. Returns the paged batch and the groups."""
+    g = torch.Generator().manual_seed(seed)
+    n_blocks = 2 + sum((p // block_size + 1) + sum((p % block_size + m) // block_size + 1 for m in ms)
+                       for p, ms in zip(prefixes, members, strict=True))
+    k_pool = torch.randn(n_blocks, block_size, h_kv, d, generator=g)
+    v_pool = torch.randn(n_blocks, block_size, h_kv, d, generator=g)
+    free = list(torch.randperm(n_blocks, generator=g).tolist())
+    tables, ctx, ql, groups = [], [], [], []
+    for p, ms in zip(prefixes, members, strict=True):
+        full = [free.pop() for _ in range(p // block_size)]
+        partial = free.pop() if p % block_size else None
+        group = []
+        for m in ms:
+            own = [free.pop() for _ in range((p % block_size + m + block_size - 1) // block_size)]
+            if partial is not None:
+                k_pool[own[0]], v_pool[own[0]] = k_pool[partial], v_pool[partial]
+                # the member's new tokens overwrite the rest of its copy
+                k_pool[own[0], p % block_size :] = torch.randn(block_size - p % block_size, h_kv, d, generator=g)
+            group.append(len(tables))
+            tables.append(full + own)
+            ctx.append(p + m)
+            ql.append(m)
+        groups.append(group)
+    bt = torch.zeros(len(tables), max(map(len, tables)), dtype=torch.long)
+    for i, t in enumerate(tables):
+        bt[i, : len(t)] = torch.tensor(t)
+    q = torch.randn(sum(ql), h, d, generator=g)
+    cu = torch.tensor([0] + torch.tensor(ql).cumsum(0).tolist())
+    return q, k_pool, v_pool, bt, torch.tensor(ctx), cu, groups
+
+
+@pytest.mark.parametrize("block_size", [4, 8])
+def test_shared_prefix_plan_gives_the_reference_attention(block_size):
+    # three contexts (one ending on a block boundary, one with a single candidate: left to the usual path)
+    q, kp, vp, bt, cl, cu, groups = _shared_prefix_pool(5, [13, 8, 6], [[3, 2, 4, 1], [2, 5], [3]], block_size)
+    plan = prefix_plan(bt, cl, cu, groups, block_size)
+    assert plan is not None and plan.members == frozenset(range(6))  # the single candidate is not in a group
+    ref = paged_attention_reference(q, kp, vp, bt, cl, cu, scale=8**-0.5)
+    out = paged_attention_grouped(q, kp, vp, bt, cl, cu, scale=8**-0.5, prefix=plan)
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=0)
+    # a member that does not share the others' prefix gives a different answer: the plan really reads the prefix once
+    kp2 = kp.clone()
+    kp2[bt[1, 13 // block_size], : 13 % block_size] += 1.0  # member 1's copy of the partial block differs from 0's
+    ref2 = paged_attention_reference(q, kp2, vp, bt, cl, cu, scale=8**-0.5)
+    out2 = paged_attention_grouped(q, kp2, vp, bt, cl, cu, scale=8**-0.5, prefix=plan)
+    assert not torch.allclose(out2[cu[1] : cu[2]], ref2[cu[1] : cu[2]], atol=1e-4)
+
+
+def test_prefix_plan_rejects_members_starting_at_different_positions():
+    q, kp, vp, bt, cl, cu, groups = _shared_prefix_pool(1, [9], [[2, 3]])
+    with pytest.raises(ValueError, match="one position"):
+        prefix_plan(bt, cl + torch.tensor([0, 1]), cu, groups, 4)

@@ -27,7 +27,10 @@ dispatcher :func:`paged_attention` picks between them (see :mod:`echorl_agent.ke
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
+import torch.nn.functional as F
 
 from echorl_agent.kernels._dispatch import HAS_TRITON, next_power_of_2, tl, triton, use_kernel
 
@@ -38,6 +41,8 @@ __all__ = [
     "paged_attention_reference",
     "paged_decode_attention",
     "positions_of_new_tokens",
+    "prefix_plan",
+    "PrefixPlan",
 ]
 
 
@@ -149,58 +154,147 @@ def paged_attention_grouped(
     cu_q_lens: torch.Tensor,
     scale: float,
     short: int = 16,
+    prefix: PrefixPlan | None = None,
 ) -> torch.Tensor:
     """:func:`paged_attention_reference` arranged for the CPU: the same float32 softmax attention, with fewer copies.
 
-    Queries of a KV head's ``H / H_kv`` query heads are stacked so K and V are never repeated per query head, and
-    all sequences with at most ``short`` new tokens (scoring candidates, short turns) are gathered and attended in
-    one padded batch instead of one call each.
+    torch's fused ``scaled_dot_product_attention`` (grouped-query, so K and V are never repeated per query head;
+    masked tiles skipped, no ``[H, T, S]`` score tensor to scale, mask and softmax op by op), and all sequences with
+    at most ``short`` new tokens (scoring candidates, short turns) are gathered and attended in one padded batch
+    instead of one call each.
+
+    ``prefix`` (optional, :func:`prefix_plan`) names groups of sequences that hold the same KV before their new
+    tokens, which start at the same position in each (the candidates of one scoring context): a group's shared keys
+    are gathered once and all its new tokens attend to them in one pass. The result is the same attention; a wrong
+    promise gives wrong outputs, so only callers that built the sequences that way pass it.
     """
     _check(q, k_pool, v_pool, block_tables, ctx_lens, cu_q_lens)
     n, h, d = q.shape
     block_size, h_kv = k_pool.shape[1], k_pool.shape[2]
-    g = h // h_kv
-    if n == ctx_lens.shape[0] and n > 0:  # pure decode step: one new token per sequence
+    if n == ctx_lens.shape[0] and n > 0 and prefix is None:  # pure decode step: one new token per sequence
         return _decode_reference(q, k_pool, v_pool, block_tables, ctx_lens, scale)
     out = torch.empty_like(q)
     cu = cu_q_lens.tolist()
     lens = ctx_lens.tolist()
     qlen = [cu[b + 1] - cu[b] for b in range(len(lens))]
-    batched = [b for b in range(len(lens)) if 0 < qlen[b] <= short]
+    done: frozenset[int] = frozenset()
+    if prefix is not None:
+        _shared_prefix_attention(q, k_pool, v_pool, prefix, scale, out)
+        done = prefix.members
+    batched = [b for b in range(len(lens)) if 0 < qlen[b] <= short and b not in done]
     if batched:
         nb, t_max = len(batched), max(qlen[b] for b in batched)
         n_blocks = (max(lens[b] for b in batched) + block_size - 1) // block_size
         tb = block_tables[batched, :n_blocks]
-        k = k_pool[tb].reshape(nb, n_blocks * block_size, h_kv, d).permute(0, 2, 3, 1).float()  # [B, H_kv, D, S]
-        v = v_pool[tb].reshape(nb, n_blocks * block_size, h_kv, d).transpose(1, 2).float()  # [B, H_kv, S, D]
+        k = k_pool[tb].reshape(nb, n_blocks * block_size, h_kv, d).transpose(1, 2).float()  # [B, H_kv, S, D]
+        v = v_pool[tb].reshape(nb, n_blocks * block_size, h_kv, d).transpose(1, 2).float()
         rows = torch.zeros(nb, t_max, dtype=torch.long, device=q.device)
         valid = torch.zeros(nb, t_max, dtype=torch.bool, device=q.device)
         for i, b in enumerate(batched):
             rows[i, : qlen[b]] = torch.arange(cu[b], cu[b + 1], device=q.device)
             valid[i, : qlen[b]] = True
-        qb = q[rows].float().view(nb, t_max, h_kv, g, d).permute(0, 2, 3, 1, 4).reshape(nb, h_kv, g * t_max, d)
-        scores = torch.matmul(qb, k) * scale  # [B, H_kv, G*T, S]
         start = torch.tensor([lens[b] - qlen[b] for b in batched], device=q.device)
         pos = start[:, None] + torch.arange(t_max, device=q.device)[None, :]  # absolute position of each query
         allowed = torch.arange(n_blocks * block_size, device=q.device)[None, None, :] <= pos[:, :, None]
-        scores = scores.view(nb, h_kv, g, t_max, -1).masked_fill(~allowed[:, None, None], float("-inf"))
-        probs = torch.softmax(scores.view(nb, h_kv, g * t_max, -1), dim=-1)
-        o = torch.matmul(probs, v).view(nb, h_kv, g, t_max, d).permute(0, 3, 1, 2, 4).reshape(nb, t_max, h, d)
-        out[rows[valid]] = o[valid].to(q.dtype)
+        o = F.scaled_dot_product_attention(q[rows].float().transpose(1, 2), k, v, attn_mask=allowed[:, None],
+                                           scale=scale, enable_gqa=True)  # [B, H, T, D]
+        out[rows[valid]] = o.transpose(1, 2)[valid].to(q.dtype)
     for b in range(len(lens)):
         t, ctx = qlen[b], lens[b]
-        if t <= short:
+        if t <= short or b in done:
             continue
         lo, hi = cu[b], cu[b + 1]
         k, v = _sequence_kv(k_pool, v_pool, block_tables[b], ctx)
-        k, v = k.permute(1, 2, 0).float(), v.transpose(0, 1).float()  # [H_kv, D, S], [H_kv, S, D]
-        qb = q[lo:hi].float().view(t, h_kv, g, d).permute(1, 2, 0, 3).reshape(h_kv, g * t, d)
-        scores = torch.matmul(qb, k) * scale
-        causal = torch.ones(t, ctx, dtype=torch.bool, device=q.device).tril(ctx - t)
-        scores = scores.view(h_kv, g, t, ctx).masked_fill(~causal, float("-inf")).view(h_kv, g * t, ctx)
-        o = torch.matmul(torch.softmax(scores, dim=-1), v)
-        out[lo:hi] = o.view(h_kv, g, t, d).permute(2, 0, 1, 3).reshape(t, h, d).to(q.dtype)
+        k, v = k.transpose(0, 1).float()[None], v.transpose(0, 1).float()[None]  # [1, H_kv, S, D]
+        qb = q[lo:hi].float().transpose(0, 1)[None]  # [1, H, T, D]
+        if t == ctx:  # the whole sequence is new: plain causal
+            o = F.scaled_dot_product_attention(qb, k, v, is_causal=True, scale=scale, enable_gqa=True)
+        else:  # new tokens after a cached prefix: the bottom-right aligned causal mask
+            causal = torch.ones(t, ctx, dtype=torch.bool, device=q.device).tril(ctx - t)
+            o = F.scaled_dot_product_attention(qb, k, v, attn_mask=causal, scale=scale, enable_gqa=True)
+        out[lo:hi] = o[0].transpose(0, 1).to(q.dtype)
     return out
+
+
+class PrefixPlan(NamedTuple):
+    """Gather indices and mask for sequence groups that share their KV before their new tokens, built once per step
+    by :func:`prefix_plan` and used by every layer (see :func:`paged_attention_grouped`)."""
+
+    members: frozenset[int]
+    """Sequences attended through the plan (the others take the usual paths)."""
+    prefix_blocks: torch.Tensor
+    """``[G, P]`` pool blocks of each group's shared prefix (its first member's), zero-padded."""
+    new_slots: torch.Tensor
+    """``[G, T]`` pool slot of each group's new tokens, members one after another (padding: slot 0)."""
+    rows: torch.Tensor
+    """``[G, T]`` flat-batch row of each of those tokens (padding: row 0)."""
+    valid: torch.Tensor
+    """``[G, T]`` True on real tokens."""
+    mask: torch.Tensor
+    """``[G, 1, T, P * block_size + T]`` keys each query may see: its group's prefix, then its own sequence's new
+    tokens up to itself."""
+
+
+def prefix_plan(block_tables: torch.Tensor, ctx_lens: torch.Tensor, cu_q_lens: torch.Tensor,
+                groups: list[list[int]], block_size: int) -> PrefixPlan | None:
+    """The :class:`PrefixPlan` of ``groups`` (lists of sequence indices; groups of one are left out), or None.
+
+    Raises:
+        ValueError: a group's sequences start their new tokens at different positions.
+    """
+    groups = [g for g in groups if len(g) > 1]
+    if not groups:
+        return None
+    dev = block_tables.device
+    lens, cu = ctx_lens.tolist(), cu_q_lens.tolist()
+    tables = block_tables.tolist()
+    starts = []
+    for g in groups:
+        p = lens[g[0]] - (cu[g[0] + 1] - cu[g[0]])
+        if any(lens[b] - (cu[b + 1] - cu[b]) != p for b in g):
+            raise ValueError(f"a prefix group's sequences must start their new tokens at one position, got group {g}")
+        starts.append(p)
+    t_max = max(sum(cu[b + 1] - cu[b] for b in g) for g in groups)
+    n_pre = (max(starts) + block_size - 1) // block_size
+    prefix_blocks = torch.zeros(len(groups), n_pre, dtype=torch.long)
+    slots = torch.zeros(len(groups), t_max, dtype=torch.long)
+    rows = torch.zeros(len(groups), t_max, dtype=torch.long)
+    valid = torch.zeros(len(groups), t_max, dtype=torch.bool)
+    mask = torch.zeros(len(groups), t_max, n_pre * block_size + t_max, dtype=torch.bool)
+    for i, (g, p) in enumerate(zip(groups, starts, strict=True)):
+        nb = (p + block_size - 1) // block_size
+        prefix_blocks[i, :nb] = torch.tensor(tables[g[0]][:nb], dtype=torch.long)
+        mask[i, :, :p] = True
+        o = 0
+        for b in g:
+            m = cu[b + 1] - cu[b]
+            slots[i, o : o + m] = torch.tensor([tables[b][q // block_size] * block_size + q % block_size
+                                                for q in range(p, p + m)])
+            rows[i, o : o + m] = torch.arange(cu[b], cu[b + 1])
+            valid[i, o : o + m] = True
+            col = n_pre * block_size + o
+            mask[i, o : o + m, col : col + m] = torch.ones(m, m, dtype=torch.bool).tril()
+            o += m
+        mask[i, o:, 0] = True  # padding queries see one key (their outputs are dropped)
+    return PrefixPlan(frozenset(b for g in groups for b in g), prefix_blocks.to(dev), slots.to(dev), rows.to(dev),
+                      valid.to(dev), mask[:, None].to(dev))
+
+
+def _shared_prefix_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, plan: PrefixPlan,
+                             scale: float, out: torch.Tensor) -> None:
+    """The plan's queries over their group's prefix (gathered once per group) and their own new keys, into ``out``:
+    one padded batch, ``[G, H, T, D]`` queries over ``[G, H_kv, P * block_size + T, D]`` keys."""
+    _, _, h_kv, d = k_pool.shape
+    n_g = plan.prefix_blocks.shape[0]
+
+    def keys(pool: torch.Tensor) -> torch.Tensor:
+        pre = pool[plan.prefix_blocks].reshape(n_g, -1, h_kv, d)
+        new = pool.view(-1, h_kv, d)[plan.new_slots]
+        return torch.cat([pre, new], dim=1).float().transpose(1, 2)  # [G, H_kv, S, D]
+
+    o = F.scaled_dot_product_attention(q[plan.rows].float().transpose(1, 2), keys(k_pool), keys(v_pool),
+                                       attn_mask=plan.mask, scale=scale, enable_gqa=True)  # [G, H, T, D]
+    out[plan.rows[plan.valid]] = o.transpose(1, 2)[plan.valid].to(q.dtype)
 
 
 def decode_plan(
@@ -384,6 +478,7 @@ def paged_attention(
     cu_q_lens: torch.Tensor,
     scale: float,
     use_triton: bool | None = None,
+    prefix: PrefixPlan | None = None,
 ) -> torch.Tensor:
     """Attention of new tokens over their sequences' paged KV (prefix + rolling); see the module docstring.
 
@@ -397,10 +492,12 @@ def paged_attention(
         scale: softmax scale, usually ``D ** -0.5``.
         use_triton: True = Triton kernel, False = torch reference, None = kernel on CUDA (or when
             ``TRITON_INTERPRET=1`` / ``ECHORL_USE_TRITON=1``), :func:`paged_attention_grouped` otherwise.
+        prefix: sequences sharing their KV before their new tokens (:func:`prefix_plan`, for
+            :func:`paged_attention_grouped`); the Triton kernel reads each sequence's own blocks and ignores it.
 
     Returns:
         ``[N, H, D]`` attention outputs.
     """
     if use_kernel(use_triton, q, k_pool):
         return _paged_attention_triton(q, k_pool, v_pool, block_tables, ctx_lens, cu_q_lens, scale)
-    return paged_attention_grouped(q, k_pool, v_pool, block_tables, ctx_lens, cu_q_lens, scale)
+    return paged_attention_grouped(q, k_pool, v_pool, block_tables, ctx_lens, cu_q_lens, scale, prefix=prefix)

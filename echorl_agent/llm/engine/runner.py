@@ -20,7 +20,13 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from echorl_agent.kernels.attention import decode_plan, paged_attention, paged_decode_attention
+from echorl_agent.kernels.attention import (
+    PrefixPlan,
+    decode_plan,
+    paged_attention,
+    paged_decode_attention,
+    prefix_plan,
+)
 from echorl_agent.llm.engine.calibration import LayerMaxima, W8A8Layer, activation_maxima, pack_layer
 from echorl_agent.llm.engine.config import check_prefill_dtype
 from echorl_agent.llm.quant.fused_decode import FusedDecoder
@@ -61,6 +67,9 @@ class SeqChunk:
     (soft tokens such as EchoRL's plan embeddings; the layers below see only ``token_ids``)."""
     embeds_layer: int = 0
     """Layer whose input ``embeds`` is added to (0 = the token embeddings)."""
+    prefix_group: int | None = None
+    """Chunks of one step with the same ``prefix_group`` promise the same KV before ``start_pos`` (equal in all of
+    them, e.g. the candidates of one scoring context): attention reads that prefix once for the group."""
 
 
 class FlatBatch(NamedTuple):
@@ -82,6 +91,8 @@ class FlatBatch(NamedTuple):
     """``[B]`` context length of each sequence after this step."""
     n: int
     """``N``, the number of new tokens."""
+    prefix: PrefixPlan | None = None
+    """Attention plan of the chunks that share a prefix (``SeqChunk.prefix_group``), built once for every layer."""
 
 
 class ModelRunner:
@@ -368,15 +379,25 @@ class ModelRunner:
         for i, c in enumerate(chunks):
             tables[i, : len(c.block_table)] = torch.tensor(c.block_table, dtype=torch.long)
         tables = tables.to(dev)
+        cu_t = torch.tensor(cu, dtype=torch.long, device=dev)
+        ctx = torch.tensor(ctx_lens, dtype=torch.long, device=dev)
+        groups: dict[int, list[int]] = {}
+        for i, c in enumerate(chunks):
+            if c.prefix_group is not None:
+                groups.setdefault(c.prefix_group, []).append(i)
+        plan = None
+        if groups and len(ids) > len(chunks) and not self._use_triton():  # not a decode step; the kernel needs none
+            plan = prefix_plan(tables, ctx, cu_t, list(groups.values()), bs)
         return FlatBatch(
             ids=torch.tensor(ids, dtype=torch.long, device=dev),
             pos=torch.tensor(pos, dtype=torch.long, device=dev),
             slots=torch.tensor(slots, dtype=torch.long, device=dev),
             cu=cu,
-            cu_t=torch.tensor(cu, dtype=torch.long, device=dev),
+            cu_t=cu_t,
             tables=tables,
-            ctx=torch.tensor(ctx_lens, dtype=torch.long, device=dev),
+            ctx=ctx,
             n=len(ids),
+            prefix=plan,
         )
 
     def _run_layers(self, chunks: list[SeqChunk], batch: FlatBatch) -> torch.Tensor:
@@ -438,9 +459,8 @@ class ModelRunner:
             if plan is not None:
                 o = paged_decode_attention(q, self.k_pool[li], self.v_pool[li], plan, self.scale)
             else:
-                o = paged_attention(
-                    q, self.k_pool[li], self.v_pool[li], tables, ctx_t, cu_t, self.scale, use_triton=use_triton
-                )
+                o = paged_attention(q, self.k_pool[li], self.v_pool[li], tables, ctx_t, cu_t, self.scale,
+                                    use_triton=use_triton, prefix=batch.prefix)
             o = o.reshape(n, self.num_heads * self.head_dim)
             if packed is not None:
                 x = x + packed.o(o)

@@ -286,7 +286,8 @@ def _score_candidate_tokens(
         group = _share_context_blocks(runner, cache, ctx, candidates, pairs[i:])
         i += len(group)
         try:
-            logits = runner.forward([SeqChunk(candidates[k][j], lens[k], t, all_logits=True) for k, j, t in group])
+            logits = runner.forward([SeqChunk(candidates[k][j], lens[k], t, all_logits=True, prefix_group=k)
+                                     for k, j, t in group])
             for k, j, t in group:
                 if "candidate_states" in extras[k]:
                     end = lens[k] + len(candidates[k][j])
