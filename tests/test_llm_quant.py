@@ -82,8 +82,9 @@ def test_quantized_linear_row_result_does_not_depend_on_batch(dtype):
     assert torch.equal(torch.cat([q(x[i : i + 1]) for i in range(KERNEL_ROWS)]), small)
     assert torch.equal(q(x[2:5]), small[2:5])
     assert torch.equal(q(x[5:18]), small[5:18])
-    # prefill (dequantize + F.linear): the same dot products, summed in another order
-    torch.testing.assert_close(q(x)[:KERNEL_ROWS], small, atol=1e-4, rtol=1e-5)
+    # prefill (dequantize + F.linear): the same dot products, summed in another order (the BLAS's order depends on
+    # the CPU: on an AVX-512 host the 100x outlier row differs by ~5e-5 relative, so the bound is relative)
+    torch.testing.assert_close(q(x)[:KERNEL_ROWS], small, atol=1e-4, rtol=1e-4)
 
 
 def test_without_a_c_compiler_the_fallback_gives_the_same_values(monkeypatch):

@@ -204,14 +204,14 @@ def paged_attention_grouped(
         if t <= short or b in done:
             continue
         lo, hi = cu[b], cu[b + 1]
-        k, v = _sequence_kv(k_pool, v_pool, block_tables[b], ctx)
-        k, v = k.transpose(0, 1).float()[None], v.transpose(0, 1).float()[None]  # [1, H_kv, S, D]
+        # whole blocks, the keys past the context masked: the same key count as any other path that reads this
+        # sequence's blocks, so a row's result does not depend on whether its prefix came from the cache
+        ids = block_tables[b, : (ctx + block_size - 1) // block_size]
+        k = k_pool[ids].reshape(1, -1, h_kv, d).transpose(1, 2).float()  # [1, H_kv, S, D]
+        v = v_pool[ids].reshape(1, -1, h_kv, d).transpose(1, 2).float()
         qb = q[lo:hi].float().transpose(0, 1)[None]  # [1, H, T, D]
-        if t == ctx:  # the whole sequence is new: plain causal
-            o = F.scaled_dot_product_attention(qb, k, v, is_causal=True, scale=scale, enable_gqa=True)
-        else:  # new tokens after a cached prefix: the bottom-right aligned causal mask
-            causal = torch.ones(t, ctx, dtype=torch.bool, device=q.device).tril(ctx - t)
-            o = F.scaled_dot_product_attention(qb, k, v, attn_mask=causal, scale=scale, enable_gqa=True)
+        causal = torch.ones(t, k.shape[2], dtype=torch.bool, device=q.device).tril(ctx - t)  # bottom-right aligned
+        o = F.scaled_dot_product_attention(qb, k, v, attn_mask=causal, scale=scale, enable_gqa=True)
         out[lo:hi] = o[0].transpose(0, 1).to(q.dtype)
     return out
 
