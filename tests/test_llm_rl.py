@@ -137,7 +137,10 @@ def test_stale_prefix_is_never_reused_after_a_weight_update(fresh):
     cands = [lm.llm.encode(a) for a in ("turn left", "go forward")]
     before = eng.score(prompt, cands)
     again = eng.score(prompt, cands)
-    assert again.logprobs == before.logprobs
+    # the same numbers from the cache, up to float rounding: the fused attention's row results may depend on how many
+    # query rows share its call (on an AVX-512 host a block of 1-2 rows sums in another order), so a prompt computed
+    # in one chunk and the same prompt's last rows computed after a cached prefix agree to the engine's 1e-4 bound
+    np.testing.assert_allclose(again.logprobs, before.logprobs, rtol=0, atol=1e-4)
     assert again.num_cached_tokens > before.num_cached_tokens  # the prompt's blocks were reused
     v0 = eng.weight_version
     for p in lm.trainable_parameters():  # move the adapters, push them to the engine
