@@ -84,8 +84,13 @@ def test_action_logprobs_equal_a_full_hf_forward(lm):
 def test_top_layer_on_the_read_rows_only_equals_the_full_forward_and_its_gradients(lm):
     """``run_layers(keep=rows)`` skips the top layer's queries/MLP on rows nobody reads: same log-probs, same
     value-head input and the same gradients on the adapters as running every row."""
-    from echorl_agent.llm_rl.forward import (candidate_set_logprobs, candidate_token_logprobs, output_rows,
-                                             pack_sets, run_layers)
+    from echorl_agent.llm_rl.forward import (
+        candidate_set_logprobs,
+        candidate_token_logprobs,
+        output_rows,
+        pack_sets,
+        run_layers,
+    )
 
     policy, env = make_policy(lm)
     obs, _ = env.reset(seed=1)
