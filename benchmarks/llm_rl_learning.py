@@ -181,10 +181,15 @@ def target_table(args) -> None:
     the ratio's 95% bootstrap CI over seeds must lie below 0.7). A run that never reaches the target counts with
     its final env steps (censored: the ratio is then a bound, reported with the number of censored runs)."""
     ref = args.target_reference
+    episodes = Path(args.out) / "episodes.jsonl"
+    # finished runs only: a run still training (or cut off) has a curve.csv but no evaluation rows yet
+    done = {(d["method"], d["seed"]) for d in map(json.loads, open(episodes))} if episodes.exists() else set()
     runs = {}
     for method in GROUP_METHODS:
         for d in sorted(Path(args.out).glob(f"{method}-seed*")):
-            if d.name.rsplit("-seed", 1)[0] != method:
+            if not d.is_dir() or d.name.rsplit("-seed", 1)[0] != method:
+                continue
+            if (method, int(d.name.rsplit("seed", 1)[1])) not in done:
                 continue
             got = steps_to_target(d / "curve.csv", args.target)
             if got is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,27 @@ def test_a_run_with_a_checkpoint_resumes_and_a_corrupt_one_starts_again(tmp_path
     ckpt._write(folder, cfg, "gigpo", {"iteration": 1, "timesteps": 32}, lambda d: (d / "x.pt").write_bytes(b"x"))
     bench.main(argv)
     assert calls[-1] == (1, True)
+
+
+def test_steps_to_target_counts_finished_runs_only(tmp_path, capsys):
+    # curve.csv rows: env steps, rolling success, and one more column, as train_llm writes them
+    def run(method: str, seed: int, successes: list[float], finished: bool) -> None:
+        d = tmp_path / f"{method}-seed{seed}"
+        d.mkdir()
+        rows = "".join(f"{24 * (i + 1)},{s},0.0\n" for i, s in enumerate(successes))
+        (d / "curve.csv").write_text("timesteps,success_rate,loss\n" + rows)
+        if finished:
+            with open(tmp_path / "episodes.jsonl", "a") as f:
+                f.write(json.dumps({"method": method, "seed": seed, "mode": "stochastic", "won": True}) + "\n")
+
+    for seed in (1, 2):
+        run("bc+gigpo", seed, [0.2] * 25 + [0.6], finished=True)
+        run("bc+echorl", seed, [0.2] * 21 + [0.6], finished=True)
+    run("bc+gigpo", 3, [0.2] * 25 + [0.6], finished=True)
+    run("bc+echorl", 3, [0.2] * 20 + [0.9], finished=False)  # still training: its curve must not count
+    (tmp_path / "bc+echorl-seed4.claim").write_text("123")  # a claim file beside the run folders is ignored
+    args = bench.argparse.Namespace(out=str(tmp_path), target=0.5, target_reference="bc+gigpo")
+    bench.target_table(args)
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| bc+echorl"))
+    assert "|       2 |" in line and "3:" not in line  # seeds 1 and 2 only
+    assert "0.85 [0.85, 0.85]" in line  # 528 / 624 on both
