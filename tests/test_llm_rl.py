@@ -394,7 +394,8 @@ def test_echoppo_llm_policy_learns_end_to_end_and_round_trips(fresh, tmp_path):
     loaded = LLMPPO.load(tmp_path / "m.zip", custom_objects={"policy_kwargs": {"lm": fresh, "plan_tokens": 1,
                                                                                  "latent_dim": 4}})
     rec2 = loaded.policy.record(obs[0])
-    torch.testing.assert_close(rec2.rollout_logp, rec.rollout_logp, atol=1e-5, rtol=0)
+    # the engine's cached-vs-recomputed bound (the loaded policy's prompt may meet another cache state)
+    torch.testing.assert_close(rec2.rollout_logp, rec.rollout_logp, atol=1e-4, rtol=0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (bf16 learner and engine)")
