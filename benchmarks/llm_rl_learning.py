@@ -204,7 +204,8 @@ def target_table(args) -> None:
         ratio, lo, hi = ratio_bootstrap(steps, base)
         lines.append([f"{method} ÷ {ref}", len(seeds), f"{ratio:.2f} [{lo:.2f}, {hi:.2f}]",
                       sum(runs[method, s][0] is None for s in seeds), sum(runs[ref, s][0] is None for s in seeds),
-                      "holds" if hi < 0.7 else "not established",
+                      (f"partial ({len(seeds)} of {args.target_seeds} seeds)" if len(seeds) < args.target_seeds
+                       else "holds" if hi < 0.7 else "not established"),
                       ", ".join(f"{s}: {a:.0f}/{b:.0f}" for s, a, b in zip(seeds, steps, base, strict=True))])
     print(f"\nenv steps to a training success >= {args.target} over the last 20 episodes, vs {ref} "
           "(censored runs count with their final env steps):")
@@ -325,6 +326,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--target", type=float, default=None,
                     help="also print env steps to this training success (last 20 episodes) vs --target-reference")
     ap.add_argument("--target-reference", default="bc+gigpo", choices=GROUP_METHODS)
+    ap.add_argument("--target-seeds", type=int, default=10,
+                    help="seeds the registration needs before the claim column says holds / not established")
     ap.add_argument("--trace", nargs=2, metavar=("METHOD", "SEED"),
                     help="replay --eval-episodes greedy evaluation episodes of a saved run, printing its actions")
     args = ap.parse_args(argv)

@@ -124,8 +124,12 @@ def test_steps_to_target_counts_finished_runs_only(tmp_path, capsys):
     run("bc+gigpo", 3, [0.2] * 25 + [0.6], finished=True)
     run("bc+echorl", 3, [0.2] * 20 + [0.9], finished=False)  # still training: its curve must not count
     (tmp_path / "bc+echorl-seed4.claim").write_text("123")  # a claim file beside the run folders is ignored
-    args = bench.argparse.Namespace(out=str(tmp_path), target=0.5, target_reference="bc+gigpo")
+    args = bench.argparse.Namespace(out=str(tmp_path), target=0.5, target_reference="bc+gigpo", target_seeds=10)
     bench.target_table(args)
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| bc+echorl"))
     assert "|       2 |" in line and "3:" not in line  # seeds 1 and 2 only
     assert "0.85 [0.85, 0.85]" in line  # 528 / 624 on both
+    assert "partial (2 of 10 seeds)" in line  # no verdict before the registered seeds are in
+    args.target_seeds = 2
+    bench.target_table(args)
+    assert "not established" in capsys.readouterr().out  # 0.85 is not below 0.7
