@@ -13,13 +13,15 @@ float32 model and from a copy whose frozen layers (all but the top ``--trained``
 * ``smooth``: ``per-token`` after SmoothQuant-style smoothing (Xiao et al. 2023): each projection's input channel
   ``j`` is divided by ``s_j = max|X_j|^alpha / max|W_:j|^(1 - alpha)`` and its weight column multiplied by it
   (exact in float; ``max|X_j|`` from calibration states on other seeds), so outlier channels move into the weights;
+* ``bf16``: no int8 at all: activations and weights rounded to bfloat16 and multiplied in bfloat16 (float32
+  accumulation inside the GEMM); fast only where the CPU has bfloat16 units (AVX512-BF16 / AMX), slow on AVX2;
 
 and reports KL(float32 || int8) per state, argmax agreement and the wall time of both (HF forward per candidate,
 so the ratio is a lower bound of what an engine path would gain). A microbenchmark of one [512, 576] x [576, 1536]
 GEMM is printed first.
 
 Run: ``python benchmarks/int8_prefill_probe.py --mode per-token [--skip down_proj] --seeds 3`` (``--mode smooth
---alpha 0.5``).
+--alpha 0.5``, ``--mode bf16``).
 """
 
 from __future__ import annotations
@@ -78,6 +80,19 @@ class SmoothInt8Linear(PerTokenInt8Linear):
         return super().forward(x * self.inv_s)
 
 
+class Bf16Linear(torch.nn.Module):
+    """``x W^T + b`` with ``x`` and ``W`` rounded to bfloat16 (the product accumulates in float32 in the GEMM)."""
+
+    def __init__(self, lin: torch.nn.Linear) -> None:
+        super().__init__()
+        self.w = lin.weight.detach().to(torch.bfloat16)
+        self.b = None if lin.bias is None else lin.bias.detach()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.linear(x.to(torch.bfloat16), self.w).float()
+        return y if self.b is None else y + self.b
+
+
 @torch.no_grad()
 def calibrate(model: torch.nn.Module, prompts: list[list[int]]) -> dict[str, torch.Tensor]:
     """Per input channel, the largest |activation| entering every projection over ``prompts``."""
@@ -100,7 +115,9 @@ def gemm_microbenchmark() -> None:
     a8 = torch.randint(-127, 127, (512, 576), dtype=torch.int8)
     b8 = torch.randint(-127, 127, (576, 1536), dtype=torch.int8)
     a, b = torch.randn(512, 576), torch.randn(576, 1536)
-    for name, f in (("float32 matmul", lambda: a @ b), ("torch._int_mm int8", lambda: torch._int_mm(a8, b8))):
+    a16, b16 = a.bfloat16(), b.bfloat16()
+    for name, f in (("float32 matmul", lambda: a @ b), ("torch._int_mm int8", lambda: torch._int_mm(a8, b8)),
+                    ("bfloat16 matmul", lambda: a16 @ b16)):
         f()
         t = time.perf_counter()
         for _ in range(20):
@@ -122,7 +139,9 @@ def quantized_copy(model: torch.nn.Module, mode: str, trained: int, skip: set[st
             for name in PROJ:
                 if hasattr(part, name) and name not in skip:
                     lin = getattr(part, name)
-                    if mode == "smooth":
+                    if mode == "bf16":
+                        setattr(part, name, Bf16Linear(lin))
+                    elif mode == "smooth":
                         key = f"model.layers.{i}.{'self_attn' if part is layers[i].self_attn else 'mlp'}.{name}"
                         setattr(part, name, SmoothInt8Linear(lin, act_max[key], alpha))
                     else:
@@ -141,7 +160,7 @@ def action_logprobs(model, ids: list[int], cands: list[list[int]]) -> torch.Tens
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mode", choices=("per-token", "fbgemm", "smooth"), default="per-token")
+    ap.add_argument("--mode", choices=("per-token", "fbgemm", "smooth", "bf16"), default="per-token")
     ap.add_argument("--alpha", type=float, default=0.5, help="smoothing strength of --mode smooth")
     ap.add_argument("--calibration-seeds", type=int, default=4,
                     help="--mode smooth: episodes (env seeds 1000..) whose states set max|X|")
@@ -190,8 +209,8 @@ def main() -> None:
         kls.append(float((p.exp() * (p - q)).sum()))
         agree += int(p.argmax() == q.argmax())
     print(f"mode {args.mode}{f' alpha {args.alpha}' if args.mode == 'smooth' else ''}, float32 kept: {args.skip or 'none'} + top {args.trained} layers; {len(kls)} states")
-    print(f"KL(float32 || int8) over the admissible actions: mean {np.mean(kls):.4f}, max {np.max(kls):.4f}; "
-          f"argmax agreement {agree}/{len(kls)}; time float32 {times[0]:.1f} s, int8 {times[1]:.1f} s "
+    print(f"KL(float32 || {'bf16' if args.mode == 'bf16' else 'int8'}) over the admissible actions: mean {np.mean(kls):.4f}, max {np.max(kls):.4f}; "
+          f"argmax agreement {agree}/{len(kls)}; time float32 {times[0]:.1f} s, quantized {times[1]:.1f} s "
           f"({times[0] / times[1]:.2f}x)")
 
 
