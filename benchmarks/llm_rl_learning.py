@@ -52,7 +52,7 @@ from tabulate import tabulate  # noqa: E402
 import echorl_envs  # noqa: E402,F401
 from echorl_agent.eval.claims import claim as claim_file  # noqa: E402
 from echorl_agent.eval.report import wilson_interval as wilson  # noqa: E402
-from echorl_agent.eval.stats import mcnemar_exact, paired_bootstrap, ratio_bootstrap  # noqa: E402
+from echorl_agent.eval.stats import mcnemar_exact, paired_bootstrap, ratio_bootstrap, read_jsonl  # noqa: E402
 from echorl_agent.llm_rl.train import LLMTrainConfig, make_llm_env, train_llm  # noqa: E402
 
 METHODS = ("frozen", "bc", "ppo", "bc+ppo", "echoppo", "gigpo", "bc+gigpo", "bc+gigpo+plan", "bc+gigpo+replay",
@@ -181,9 +181,8 @@ def target_table(args) -> None:
     the ratio's 95% bootstrap CI over seeds must lie below 0.7). A run that never reaches the target counts with
     its final env steps (censored: the ratio is then a bound, reported with the number of censored runs)."""
     ref = args.target_reference
-    episodes = Path(args.out) / "episodes.jsonl"
     # finished runs only: a run still training (or cut off) has a curve.csv but no evaluation rows yet
-    done = {(d["method"], d["seed"]) for d in map(json.loads, open(episodes))} if episodes.exists() else set()
+    done = {(d["method"], d["seed"]) for d in read_jsonl(Path(args.out) / "episodes.jsonl")}
     runs = {}
     for method in GROUP_METHODS:
         for d in sorted(Path(args.out).glob(f"{method}-seed*")):
