@@ -66,7 +66,7 @@ def main() -> None:
 
     def recompute(item: LLMTransition) -> tuple[torch.Tensor, list[torch.Tensor]]:
         batch = pack(len(item.context), item.cands)
-        ids = torch.tensor(item.context + [t for c in item.cands for t in c])
+        ids = torch.tensor(batch.row_ids(item.context))
         with torch.no_grad():
             x = run_layers(parts, parts.embed(ids), batch, 0, b)
         return x[: len(item.context)], [x[lo:hi] for lo, hi in batch.cand_spans]

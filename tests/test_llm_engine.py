@@ -114,6 +114,24 @@ def test_continuous_batching_matches_one_by_one_and_threads(llm):
     assert [out[i] for i in range(4)] == single
 
 
+def test_a_candidates_last_token_is_never_run_and_one_token_candidates_need_no_forward(llm):
+    eng = _engine(llm)
+    eng.enable_capture(20)
+    p = _prompt(llm, "You see a door and a key. Which action?")
+    cands = [llm.encode("open the door"), llm.encode("take key"), [llm.encode(" north")[0]]]
+    assert len(cands[2]) == 1 and len(cands[0]) > 2
+    res = eng.score(p, cands, capture=True)
+    assert [tuple(c.shape) for c in res.candidate_states] == [(len(c) - 1, 576) for c in cands]
+    with torch.inference_mode():
+        direct = [sum(torch.log_softmax(llm.model(torch.tensor([p + c])).logits[0].float(), -1)[len(p) - 1 + j, t].item()
+                      for j, t in enumerate(c)) for c in cands]
+    assert res.logprobs == pytest.approx(direct, abs=1e-3)
+    # the captured rows are those of the candidate's tokens (but the last) computed as a prompt continuation
+    for c, got in zip(cands, res.candidate_states, strict=True):
+        want = eng.score(p + c, [[c[-1]]], capture=True).context_states[len(p) : len(p) + len(c) - 1]
+        torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-4)
+
+
 def test_scoring_shared_prefix_equals_naive(llm):
     eng = _engine(llm)
     p = _prompt(llm, "You see a door and a key. Which action?")
@@ -121,7 +139,7 @@ def test_scoring_shared_prefix_equals_naive(llm):
     shared, naive = eng.score(p, cands), eng.score(p, cands, share_prefix=False)
     for a, b in zip(shared.logprobs, naive.logprobs, strict=True):
         assert abs(a - b) < 1e-3
-    assert shared.num_computed_tokens == len(p) + sum(map(len, cands))
+    assert shared.num_computed_tokens == len(p) + sum(len(c) - 1 for c in cands)  # a last token is never run
     assert naive.num_computed_tokens == 4 * len(p) + sum(map(len, cands))
     # the direct definition: sum of token log-probs from one HF forward
     with torch.inference_mode():

@@ -33,7 +33,7 @@ class FrozenLayers(torch.nn.Module):
             return self.proj(x.cumsum(0) / torch.arange(1, len(ids) + 1)[:, None])
 
         ctx = causal(item.context)
-        return ctx, [causal(item.context + c)[len(item.context):] for c in item.cands]
+        return ctx, [causal(item.context + c[:-1])[len(item.context):] for c in item.cands]  # no row for the last
 
 
 def make_item(i: int, advantage: float = 0.0, ret: float = 0.0, value: float | None = None, version: int = 0,
@@ -326,6 +326,24 @@ def test_save_load_round_trip_and_corruption(tmp_path):
         b_.close()
 
 
+def test_files_with_a_row_for_each_candidates_last_token_load_without_it():
+    # files written before the learner stopped giving a candidate's last token a row kept len(cand) rows per candidate
+    from echorl_agent.replay.llm_items import pack_items, unpack_items
+
+    item = make_item(2, frozen=FrozenLayers())
+    full = [torch.cat([c, torch.randn(1, HIDDEN)]) for c in item.cand_states]
+    arrays, meta = pack_items([dataclasses.replace(item, cand_states=full)])
+    (back,) = unpack_items(arrays, meta)
+    assert all(torch.equal(a, b) for a, b in zip(back.cand_states, item.cand_states, strict=True))
+    arrays, meta = pack_items([item])  # today's layout round-trips as it is
+    (same,) = unpack_items(arrays, meta)
+    assert [c.shape[0] for c in same.cand_states] == [len(c) - 1 for c in item.cands]
+    arrays["cand_states"] = arrays["cand_states"][:-1]  # a row count that is neither layout
+    arrays["cand_states_rows"] = arrays["cand_states_rows"] - 1
+    with pytest.raises(ReplayFileError, match="candidate-state rows"):
+        unpack_items(arrays, meta)
+
+
 # ------------------------------------------------------------------------------------------------ the real LM
 @pytest.mark.slow
 def test_smollm2_dropped_activations_are_recomputed_from_the_frozen_layers():
@@ -344,7 +362,8 @@ def test_smollm2_dropped_activations_are_recomputed_from_the_frozen_layers():
     parts, b = lm.parts, lm.boundary
 
     def packed(item: LLMTransition):
-        return pack(len(item.context), item.cands), torch.tensor(item.context + [t for c in item.cands for t in c])
+        batch = pack(len(item.context), item.cands)
+        return batch, torch.tensor(batch.row_ids(item.context))
 
     def recompute(item: LLMTransition) -> tuple[torch.Tensor, list[torch.Tensor]]:
         batch, ids = packed(item)

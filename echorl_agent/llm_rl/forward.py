@@ -1,9 +1,10 @@
 """The learner's forward: one prompt and all its candidate actions in one packed sequence, from any layer up.
 
 For a context ``C`` (prompt tokens, then optional soft plan tokens; ``P`` rows) and candidates ``a_1..a_N`` the
-packed sequence is ``[C, a_1, ..., a_N]``; candidate ``a_i`` sits at positions ``P .. P + |a_i| - 1`` and attends to
-all of ``C`` and to its own earlier tokens (a block mask, as lamorel's ``pre_encode_inputs`` but in one pass). Every
-token of ``C`` is computed once however many candidates there are.
+packed sequence is ``[C, a_1[:-1], ..., a_N[:-1]]``; candidate ``a_i`` sits at positions ``P .. P + |a_i| - 2`` and
+attends to all of ``C`` and to its own earlier tokens (a block mask, as lamorel's ``pre_encode_inputs`` but in one
+pass). Every token of ``C`` is computed once however many candidates there are, and a candidate's last token gets
+no row at all: its output would predict past the candidate and no row attends to it (its id is only a target).
 
 The forward can start at any layer ``b``: given the activations entering layer ``b`` (the rollout engine captured
 them, see :meth:`echorl_agent.llm.engine.runner.ModelRunner.enable_capture`) only layers ``b..L-1`` run -- with gradients
@@ -60,7 +61,7 @@ class CandidateSet:
     """The candidates of one state in a packed sequence: they see the first ``prefix`` context rows."""
 
     prefix: int
-    spans: list[tuple[int, int]]  # rows of each candidate in the packed sequence
+    spans: list[tuple[int, int]]  # rows of each candidate's tokens but its last in the packed sequence
     ids: list[list[int]]
 
 
@@ -86,6 +87,11 @@ class PackedBatch:
     def cand_ids(self) -> list[list[int]]:
         return [c for s in self.sets for c in s.ids]
 
+    def row_ids(self, context: Sequence[int]) -> list[int]:
+        """The token id of every packed row: the context's ``context_len`` tokens, then each candidate's tokens but
+        its last (what :func:`run_layers` embeds when it starts from layer 0)."""
+        return list(context[: self.context_len]) + [t for c in self.cand_ids for t in c[:-1]]
+
 
 def pack(context_len: int, cand_ids: Sequence[Sequence[int]], device: torch.device | str = "cpu") -> PackedBatch:
     """Build the block mask and positions for a context of ``context_len`` rows and the candidates."""
@@ -103,9 +109,11 @@ def pack_sets(context_len: int, sets: Sequence[tuple[int, Sequence[Sequence[int]
             raise ValueError(f"a candidate set's prefix must be in [1, {context_len}], got prefix={prefix}")
         spans = []
         for c in cands:
-            spans.append((row, row + len(c)))
-            pos.extend(range(prefix, prefix + len(c)))
-            row += len(c)
+            if not c:
+                raise ValueError("every candidate needs at least one token, got an empty candidate")
+            spans.append((row, row + len(c) - 1))
+            pos.extend(range(prefix, prefix + len(c) - 1))
+            row += len(c) - 1
         out.append(CandidateSet(prefix, spans, [list(c) for c in cands]))
     mask = torch.zeros(row, row, dtype=torch.bool)
     mask[:context_len, :context_len] = torch.ones(context_len, context_len, dtype=torch.bool).tril()
@@ -198,7 +206,7 @@ def _candidate_token_rows(batch: PackedBatch) -> tuple[list[int], list[int], lis
         for (lo, hi), ids in zip(s.spans, s.ids, strict=True):
             # ids[0] is predicted by the set's last context row, ids[j] (j >= 1) by row lo + j - 1
             rows.append(s.prefix - 1)
-            rows.extend(range(lo, hi - 1))
+            rows.extend(range(lo, hi))
             targets.extend(ids)
             owners.extend([n] * len(ids))
             n += 1

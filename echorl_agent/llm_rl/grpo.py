@@ -148,7 +148,7 @@ class GRPOTrainer:
 
         The sequence is ``[prompt, c_1, ..., c_n]``: the prompt rows run once and each completion attends to the
         prompt and to its own earlier tokens (:func:`~echorl_agent.llm_rl.forward.pack`), so a group costs one
-        forward of ``|prompt| + sum |c_i|`` rows instead of ``n`` forwards of ``|prompt| + |c_i|``. Equal to
+        forward of ``|prompt| + sum (|c_i| - 1)`` rows instead of ``n`` forwards of ``|prompt| + |c_i|``. Equal to
         :meth:`completion_logprobs` of each completion (up to float rounding).
         """
         lm, parts, b = self.lm, self.lm.parts, self.lm.boundary
@@ -156,12 +156,11 @@ class GRPOTrainer:
         batch = pack(p, [list(o.token_ids) for o in outs], lm.device)
         captured = all(o.states is not None and o.states.shape[0] == p + len(o.token_ids) - 1 for o in outs)
         if captured and outs:
-            # rows entering layer b as the engine computed them; a completion's last token is never an input to a
-            # needed row (nothing attends to it, its own output predicts past the completion), so it gets a zero row
-            zero = outs[0].states.new_zeros(1, outs[0].states.shape[1])
-            x = torch.cat([outs[0].states[:p]] + [torch.cat([o.states[p:], zero]) for o in outs]).to(lm.device)
+            # rows entering layer b as the engine computed them: the prompt, then each completion but its last token
+            # (the packed sequence has no row for it: nothing attends to it and its output predicts past the end)
+            x = torch.cat([outs[0].states[:p]] + [o.states[p:] for o in outs]).to(lm.device)
         else:
-            tokens = list(prompt) + [t for o in outs for t in o.token_ids]
+            tokens = batch.row_ids(prompt)
             with torch.no_grad():
                 x = run_layers(parts, parts.embed(torch.tensor(tokens, device=lm.device)), batch, 0, b)
         rows = output_rows(batch)  # the top layer runs only the rows that predict a completion token

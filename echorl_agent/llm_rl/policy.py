@@ -56,6 +56,7 @@ class StepRecord:
     context_states: torch.Tensor | None = None
     """Captured activations entering the first trained layer, ``[len(context), hidden]`` (None: recompute)."""
     cand_states: list[torch.Tensor] | None = None
+    """Per candidate, the captured activations of its tokens but the last, ``[len(cand) - 1, hidden]``."""
     window: torch.Tensor | None = None
     """Plan features of steps t-k-1..t, ``[k + 2, hidden]``."""
     learner_logp: torch.Tensor | None = None
@@ -336,7 +337,7 @@ class LLMPolicy(BasePolicy):
             # the frozen layers' activations as the rollout captured them (a prefix's are the same rows)
             x = torch.cat([head.context_states] + [c for r in reps for c in r.cand_states], dim=0).to(dev)
         else:
-            ids = torch.tensor(head.context + [t for r in reps for c in r.cands for t in c], device=dev)
+            ids = torch.tensor(batch.row_ids(head.context), device=dev)
             with torch.no_grad():
                 x = run_layers(parts, parts.embed(ids), batch, 0, b)
         inject = {b: (head.num_prompt, soft)} if soft is not None else None

@@ -43,7 +43,8 @@ __all__ = ["LLMReplayBuffer", "LLMReplaySample", "LLMTransition", "Recompute", "
            "off_policy_ratio", "mix_batch"]
 
 Recompute = Callable[[LLMTransition], tuple[torch.Tensor, list[torch.Tensor]]]
-"""``item -> (context_states [len(context), hidden], [cand_states [len(cand_i), hidden] ...])`` from the frozen layers."""
+"""``item -> (context_states [len(context), hidden], [cand_states [len(cand_i) - 1, hidden] ...])`` from the frozen
+layers."""
 Rescore = Callable[[list[LLMTransition]], list[LLMTransition]]
 """Stale items -> the same items re-scored under the current weights (new ``rollout_logp``/``value``/``advantage``/
 ``ret`` and ``version``)."""

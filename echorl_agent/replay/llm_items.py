@@ -65,7 +65,8 @@ class LLMTransition:
     context_states: torch.Tensor | None = None
     """``[len(context), hidden]`` activations entering the first trained layer (None: dropped or never captured)."""
     cand_states: list[torch.Tensor] | None = None
-    """``[len(cands[i]), hidden]`` activations of each candidate's tokens entering the first trained layer."""
+    """``[len(cands[i]) - 1, hidden]`` activations of each candidate's tokens but its last entering the first trained
+    layer (the learner gives a candidate's last token no row: it is only a target)."""
 
     @classmethod
     def from_record(cls, rec: Any, *, action: int, advantage: float, ret: float, version: int,
@@ -110,8 +111,9 @@ class LLMTransition:
                 raise ValueError(f"context_states must be [len(context)={len(self.context)}, hidden], got "
                                  f"context_states.shape={tuple(self.context_states.shape)}")
             shapes = [tuple(s.shape) for s in self.cand_states]
-            if shapes != [(len(c), hidden) for c in self.cands]:
-                raise ValueError(f"cand_states must be [len(cands[i]), {hidden}] per candidate, got shapes {shapes}")
+            if shapes != [(len(c) - 1, hidden) for c in self.cands]:
+                raise ValueError(f"cand_states must be [len(cands[i]) - 1, {hidden}] per candidate (every token but "
+                                 f"the last), got shapes {shapes}")
 
     # ------------------------------------------------------------------ sizes (the memory budget's units)
     @property
@@ -230,16 +232,22 @@ def unpack_items(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> list[LL
             tok += length
         lens = cand_len[ci : ci + int(num_cands[i])]
         ci += int(num_cands[i])
-        cs = ragged["cand_states"][i]
-        if cs is not None and cs.shape[0] != sum(lens):
-            raise ReplayFileError(f"items: stored item {i} has {cs.shape[0]} candidate-state rows for {sum(lens)} tokens")
+        cs, cand_states = ragged["cand_states"][i], None
+        if cs is not None:
+            if cs.shape[0] == sum(lens):  # written before the last token's row was dropped: drop it on load
+                cand_states = [c[:-1] for c in torch.split(cs, lens)]
+            elif cs.shape[0] == sum(lens) - len(lens):
+                cand_states = list(torch.split(cs, [n - 1 for n in lens]))
+            else:
+                raise ReplayFileError(f"items: stored item {i} has {cs.shape[0]} candidate-state rows for "
+                                      f"{sum(lens) - len(lens)} input tokens")
         it = LLMTransition(
             context=context, num_prompt=scal["num_prompt"][i], cands=cands, action=scal["action"][i],
             rollout_logp=ragged["rollout_logp"][i], advantage=scal["advantage"][i], ret=scal["ret"][i],
             value=scal["value"][i] if scal["has_value"][i] else None, version=scal["version"][i],
             group=scal["group"][i] if scal["has_group"][i] else None, free_text=scal["free_text"][i],
             plan=ragged["plan"][i], window=ragged["window"][i], context_states=ragged["context_states"][i],
-            cand_states=None if cs is None else list(torch.split(cs, lens)))
+            cand_states=cand_states)
         try:
             if it.rollout_logp is None:
                 raise ValueError("rollout_logp is missing")

@@ -180,4 +180,5 @@ class ScoreResult:
     context_states: Any = None
     """With ``capture=True`` and runner capture on: captured activations ``[p (+ m soft), hidden]``."""
     candidate_states: Any = None
-    """With ``capture=True`` and runner capture on: per candidate ``[len, hidden]`` captured activations."""
+    """With ``capture=True`` and runner capture on: per candidate ``[len - 1, hidden]`` captured activations of its
+    tokens but the last (the last token is never run: nothing reads its output)."""

@@ -5,7 +5,9 @@ For a prompt ``P`` (length p) and candidates ``a_1..a_N`` (lengths s_i), the log
 ``N (p + s)`` token forwards; sharing the prompt's KV costs ``p + N s`` (EchoRL's KV_frozen reused N times): the
 prompt is prefilled once (its leading blocks may already sit in the prefix cache), every candidate gets a block
 table that shares the prompt's full blocks (ref counts) plus a copy of the partial last block (copy-on-write),
-and all candidates run in one batched forward.
+and all candidates run in one batched forward. A candidate's last token is never run: its logits would predict
+past the candidate and no other token attends to it, so ``a_i`` costs ``s_i - 1`` token forwards (a one-token
+candidate is scored from the prompt's last logits alone).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def _register_full(cache: PrefixCache, table: list[int], tokens: Sequence[int], 
 
 
 def _candidate_logprob(first: torch.Tensor, rest: torch.Tensor | None, cand: Sequence[int]) -> float:
-    """``first``: logits predicting cand[0]; ``rest``: logits after each candidate token (last row unused)."""
+    """``first``: logits predicting cand[0]; ``rest``: logits after each candidate token but the last."""
     total = float(torch.log_softmax(first, -1)[cand[0]])
     if len(cand) > 1 and rest is not None:
         lp = torch.log_softmax(rest[: len(cand) - 1], -1)
@@ -262,7 +264,8 @@ def _captured_context(runner: ModelRunner, ctx: _Contexts, candidates: list[list
         ex = {"hidden": last.clone()}
         if runner.h_pool is not None:
             ex["context_states"] = runner.gather_hidden(ctx.tables[k], 0, ctx.lens[k])
-            ex["candidate_states"] = [None] * len(candidates[k])
+            # filled by _score_candidate_tokens; a one-token candidate has no input rows
+            ex["candidate_states"] = [ex["context_states"][:0]] * len(candidates[k])
         extras.append(ex)
     return extras
 
@@ -270,27 +273,28 @@ def _captured_context(runner: ModelRunner, ctx: _Contexts, candidates: list[list
 def _score_candidate_tokens(
     runner: ModelRunner, cache: PrefixCache, ctx: _Contexts, candidates: list[list[list[int]]], extras: list[dict]
 ) -> list[list[float]]:
-    """Step 3: every candidate of every prompt, sharing its context's full blocks (+ a copy of the partial one).
+    """Step 3: every candidate of every prompt but its last token, sharing its context's full blocks (+ a copy of
+    the partial one).
 
     Candidates run in batched forwards of as many as fit the free blocks; each one's blocks are released as soon
-    as its batch is done.
+    as its batch is done. A one-token candidate needs no forward (the context's last logits predict it).
 
     Returns:
         Per prompt, the log-likelihood of each candidate.
     """
-    pairs = [(k, j) for k in range(len(candidates)) for j in range(len(candidates[k]))]
-    scores = [[0.0] * len(c) for c in candidates]
+    pairs = [(k, j) for k in range(len(candidates)) for j in range(len(candidates[k])) if len(candidates[k][j]) > 1]
+    scores = [[_candidate_logprob(ctx.firsts[k], None, c) for c in cands] for k, cands in enumerate(candidates)]
     lens = ctx.lens
     i = 0
     while i < len(pairs):
         group = _share_context_blocks(runner, cache, ctx, candidates, pairs[i:])
         i += len(group)
         try:
-            logits = runner.forward([SeqChunk(candidates[k][j], lens[k], t, all_logits=True, prefix_group=k)
+            logits = runner.forward([SeqChunk(candidates[k][j][:-1], lens[k], t, all_logits=True, prefix_group=k)
                                      for k, j, t in group])
             for k, j, t in group:
                 if "candidate_states" in extras[k]:
-                    end = lens[k] + len(candidates[k][j])
+                    end = lens[k] + len(candidates[k][j]) - 1
                     extras[k]["candidate_states"][j] = runner.gather_hidden(t, lens[k], end)
         finally:
             for _, _, t in group:
@@ -308,7 +312,8 @@ def _share_context_blocks(
     pairs: list[tuple[int, int]],
 ) -> list[tuple[int, int, list[int]]]:
     """Block tables for the leading ``pairs`` (prompt k, candidate j) that fit the free blocks: the context's full
-    blocks shared (ref counts) plus new blocks, the first holding a copy of the context's partial block.
+    blocks shared (ref counts) plus new blocks for the candidate's tokens but its last, the first holding a copy of
+    the context's partial block.
 
     Raises:
         MemoryError: not even the first candidate fits.
@@ -319,7 +324,7 @@ def _share_context_blocks(
     for k, j in pairs:
         c, p, table = candidates[k][j], ctx.lens[k], ctx.tables[k]
         full, partial = p // bs, p % bs
-        need = cache.num_blocks_needed(p + len(c)) - full
+        need = cache.num_blocks_needed(p + len(c) - 1) - full
         if need > free:
             break
         free -= need
@@ -343,11 +348,11 @@ def _assemble_results(
 ) -> list[ScoreResult]:
     """Step 4: one :class:`ScoreResult` per prompt, and the token counts into the prefix cache's stats.
 
-    Candidates reuse the whole context's KV (KV_frozen) and compute only their own tokens.
+    Candidates reuse the whole context's KV (KV_frozen) and compute only their own tokens but the last.
     """
     out = []
     for k, cands in enumerate(candidates):
-        n_cand = sum(len(c) for c in cands)
+        n_cand = sum(len(c) - 1 for c in cands)
         p, cached = lens[k], allocs[k].num_cached_tokens
         cache.stats.num_cached_tokens += p * len(cands)
         cache.stats.num_computed_tokens += n_cand
