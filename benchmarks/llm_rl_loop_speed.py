@@ -8,6 +8,9 @@ Loops measured (each a fresh process, alternating A/B/... over ``--rounds``, sam
 * ``gigpo-2x4``  -- GiGPO, 2 groups x 4 episodes per iteration (one batched engine call per step); an iteration
   runs whole episodes, so it times at least one iteration (up to 8 x 64 steps);
 * ``gigpo-2x4-lean`` -- the same without the admissible-action list in the prompt (``show_admissible=False``);
+* ``bc+gigpo-2x4-lean`` -- the lean loop from a BC warm start on 2 expert episodes (done in the untimed warm-up): its
+  groups have reward variance, so the timed iterations include their updates (from the pretrained LM GoToLocal
+  episodes rarely succeed, and an iteration without reward variance runs no update);
 * with ``--baseline-tree DIR`` (a checkout of an older commit, e.g. ``git worktree add /tmp/old 16db19f``), the
   ``--baseline-loops`` (default ``ppo-1env``) of that tree too (``old-<loop>``, each right after the same loop of
   this tree), so the ratio new / old is measured in one run.
@@ -42,6 +45,10 @@ LOOPS = {
     "gigpo-2x4": dict(method="gigpo", n_envs=8, group_size=4),
     # the same GiGPO without the admissible-action list in every observation turn (the candidates are scored anyway)
     "gigpo-2x4-lean": dict(method="gigpo", n_envs=8, group_size=4, policy={"show_admissible": False}),
+    # the lean loop after the BC warm start of preregistered.md §8 (2 expert episodes, 20 epochs, lr 2e-3; in the
+    # untimed warm-up): episodes now succeed sometimes, so groups have reward variance and updates run
+    "bc+gigpo-2x4-lean": dict(method="gigpo", n_envs=8, group_size=4, policy={"show_admissible": False},
+                              warm="bc+gigpo", bc=dict(bc_episodes=8, bc_epochs=20, bc_learning_rate=2e-3, bc_batch_size=8)),
 }
 
 
@@ -65,14 +72,15 @@ def worker(loop: str, steps: int, seed: int) -> dict:
 
     kw = dict(LOOPS[loop.removeprefix("old-")])
     method = kw.pop("method")
+    warm = kw.pop("warm", method)
     extra = {"group_size": kw.pop("group_size")} if "group_size" in kw else {}
     policy = {"lora_rank": 8, "train_layers": 2, **kw.pop("policy", {})}
-    common = dict(env_id=ENV, method=method, history=2, max_episode_steps=24, seed=seed, learning_rate=1e-4, bc_episodes=1,
-                  policy_kwargs=policy, **kw, **extra)
-    # warm-up: load the model and run one short loop (not timed)
+    common = dict(env_id=ENV, method=method, history=2, max_episode_steps=24, seed=seed, learning_rate=1e-4,
+                  policy_kwargs=policy, **{"bc_episodes": 1, **kw.pop("bc", {})}, **kw, **extra)
+    # warm-up: load the model and run one short loop (not timed); a BC warm start happens here
     t0 = time.perf_counter()
-    model = train_llm(LLMTrainConfig(train_steps=0 if method == "gigpo" else kw["n_steps"] * kw["n_envs"],
-                                     **common))
+    model = train_llm(LLMTrainConfig(**{**common, "method": warm,
+                                        "train_steps": 0 if method == "gigpo" else kw["n_steps"] * kw["n_envs"]}))
     lm = model.policy.lm
     setup = time.perf_counter() - t0
     prefill = _prefill_tok_s(lm.engine)
@@ -93,6 +101,8 @@ def worker(loop: str, steps: int, seed: int) -> dict:
     if hist:
         out["rollout_s"] = sum(h["rollout_s"] for h in hist)
         out["learner_s"] = sum(h["learner_s"] for h in hist)
+        out["iterations"] = len(hist)
+        out["groups_without_variance"] = sum(h["frac_zero_std"] for h in hist) / len(hist)  # 1.0: no update ran
     return out
 
 
@@ -200,7 +210,8 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"[{threads} thr, round {r}] {loop}: {row['env_steps_per_s']:.3f} env steps/s "
                       f"({row['env_steps']} steps, {row['prefilled_tokens_per_step']:.0f} prefilled tok/step, "
                       f"cache hit {row['cache_hit_rate']:.2f}, prefill-bound {row['prefill_bound_steps_per_s']:.2f} "
-                      f"steps/s)", flush=True)
+                      f"steps/s, learner {row.get('learner_s', 0):.1f} s, groups without reward variance "
+                      f"{row.get('groups_without_variance', float('nan')):.2f})", flush=True)
             if args.glam:
                 res = subprocess.run([sys.executable, __file__, "--glam-worker", "--seed", str(args.seed + r),
                                       "--glam-transitions", str(args.glam_transitions)],
