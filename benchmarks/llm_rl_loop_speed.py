@@ -8,9 +8,11 @@ Loops measured (each a fresh process, alternating A/B/... over ``--rounds``, sam
 * ``gigpo-2x4``  -- GiGPO, 2 groups x 4 episodes per iteration (one batched engine call per step); an iteration
   runs whole episodes, so it times at least one iteration (up to 8 x 64 steps);
 * ``gigpo-2x4-lean`` -- the same without the admissible-action list in the prompt (``show_admissible=False``);
-* ``bc+gigpo-2x4-lean`` -- the lean loop from a BC warm start on 2 expert episodes (done in the untimed warm-up): its
+* ``bc+gigpo-2x4-lean`` -- the lean loop from a BC warm start on 8 expert episodes (done in the untimed warm-up): its
   groups have reward variance, so the timed iterations include their updates (from the pretrained LM GoToLocal
   episodes rarely succeed, and an iteration without reward variance runs no update);
+* ``gigpo-2x4-lean-bf16``, ``bc+gigpo-2x4-lean-bf16`` -- those two with ``engine_prefill_dtype="bfloat16"`` (the
+  frozen layers' prefill in bfloat16; faster only where the CPU has AMX or AVX-512 BF16);
 * with ``--baseline-tree DIR`` (a checkout of an older commit, e.g. ``git worktree add /tmp/old 16db19f``), the
   ``--baseline-loops`` (default ``ppo-1env``) of that tree too (``old-<loop>``, each right after the same loop of
   this tree), so the ratio new / old is measured in one run.
@@ -45,11 +47,14 @@ LOOPS = {
     "gigpo-2x4": dict(method="gigpo", n_envs=8, group_size=4),
     # the same GiGPO without the admissible-action list in every observation turn (the candidates are scored anyway)
     "gigpo-2x4-lean": dict(method="gigpo", n_envs=8, group_size=4, policy={"show_admissible": False}),
-    # the lean loop after the BC warm start of preregistered.md §8 (2 expert episodes, 20 epochs, lr 2e-3; in the
+    # the lean loop after a BC warm start (8 expert episodes, 20 epochs, lr 2e-3, as §8's harness but 8 episodes; in the
     # untimed warm-up): episodes now succeed sometimes, so groups have reward variance and updates run
     "bc+gigpo-2x4-lean": dict(method="gigpo", n_envs=8, group_size=4, policy={"show_admissible": False},
                               warm="bc+gigpo", bc=dict(bc_episodes=8, bc_epochs=20, bc_learning_rate=2e-3, bc_batch_size=8)),
 }
+# the same loops with the engine's frozen layers prefilled in bfloat16 (fast only on CPUs with AMX / AVX-512 BF16)
+LOOPS.update({f"{name}-bf16": {**kw, "policy": {**kw["policy"], "engine_prefill_dtype": "bfloat16"}}
+              for name, kw in list(LOOPS.items()) if name.endswith("-lean")})
 
 
 def _prefill_tok_s(engine, n: int = 512) -> float:

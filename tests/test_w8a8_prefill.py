@@ -1,9 +1,10 @@
-"""The W8A8 prefill of the frozen layers (``EngineConfig.prefill_dtype="int8"``, echorl_agent.llm.quant.w8a8).
+"""The low-precision prefill of the frozen layers: W8A8 (``EngineConfig.prefill_dtype="int8"``,
+echorl_agent.llm.quant.w8a8) and bfloat16 (``"bfloat16"``, echorl_agent.llm.quant.bf16).
 
 Projection-level tests use random and real SmolLM2 activations; engine-level tests score real BabyAI-GoToLocal
 prompts with int8 and float32 prefill (the KL between the two candidate distributions), check that a pure decode
 step takes the unchanged float path, and that a learner starting from the captured activations reproduces the
-int8 rollout's log-probabilities.
+low-precision rollout's log-probabilities.
 """
 
 from __future__ import annotations
@@ -189,10 +190,78 @@ def test_pure_decode_step_takes_the_float_path_and_refresh_repacks(llm):
     assert f32.refresh_weights(None) == []  # float32 prefill: nothing packed
 
 
+def test_bf16_linear_is_the_product_of_bfloat16_rounded_inputs():
+    from echorl_agent.llm.quant.bf16 import BF16Linear
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(7, 64, generator=g)
+    w1, w2, b2 = torch.randn(32, 64, generator=g), torch.randn(16, 64, generator=g), torch.randn(16, generator=g)
+    lin = BF16Linear([w1, w2], [None, b2])
+    assert lin.splits == [32, 16] and lin.weight.dtype == torch.bfloat16
+    y = lin(x)
+    r = lambda t: t.bfloat16().double()  # noqa: E731
+    # the products of rounded inputs, accumulated in float32, the sum rounded to bfloat16 (a CPU GEMM's bfloat16
+    # output), then the float32 bias: within one bfloat16 rounding step (2^-8 relative) of the exact value
+    want = torch.cat([r(x) @ r(w1).T, r(x) @ r(w2).T], dim=1)
+    assert y.dtype == torch.float32
+    bias = torch.cat([torch.zeros(32), b2])
+    torch.testing.assert_close((y - bias).double(), want, atol=1e-4, rtol=2 ** -8)
+    assert float((y.double() - torch.cat([x @ w1.T, x @ w2.T + b2], 1).double()).abs().max()) > 1e-3  # rounded
+
+
+def test_bfloat16_prefill_refreshes_its_copies_and_warns_without_native_bf16(llm, monkeypatch):
+    from echorl_agent.llm.engine import runner as runner_mod
+    from echorl_agent.llm.engine.calibration import calibration_token_ids
+    from echorl_agent.llm.engine.runner import ModelRunner, SeqChunk
+    from echorl_agent.llm.quant.bf16 import BF16Linear
+
+    bf = ModelRunner(llm.model, 8, 16, prefill_dtype="bfloat16", float32_top_layers=2)
+    assert sorted(bf.w8a8) == list(range(28)) and isinstance(bf.w8a8[0].qkv, BF16Linear)
+    f32 = ModelRunner(llm.model, 8, 16)
+    prompt = calibration_token_ids(llm)[4][:40]
+    a = bf.forward([SeqChunk(prompt, 0, [0, 1, 2, 3])])[0]
+    b = f32.forward([SeqChunk(prompt, 0, [0, 1, 2, 3])])[0]
+    assert not torch.equal(a, b) and int(a.argmax()) == int(b.argmax())  # bfloat16 ran, same next token
+    up = llm.model.model.layers[0].mlp.up_proj.weight
+    old = up.detach().clone()
+    try:
+        with torch.no_grad():
+            up.mul_(2.0)
+        names = bf.refresh_weights(["model.layers.0.mlp.up_proj.weight"])
+        assert "model.layers.0.mlp.up_proj" in names and len(names) == 7
+        assert torch.equal(bf.w8a8[0].gate_up.weight[bf.w8a8[0].gate_up.splits[0]:], up.detach().bfloat16())
+    finally:
+        with torch.no_grad():
+            up.copy_(old)
+        bf.refresh_weights(["model.layers.0.mlp.up_proj.weight"])
+    monkeypatch.setattr(runner_mod, "cpu_has_native_bf16", lambda: False)
+    with pytest.warns(UserWarning, match="without AMX or AVX-512 BF16"):
+        ModelRunner(llm.model, 8, 16, prefill_dtype="bfloat16", float32_top_layers=2)
+
+
 @pytest.mark.slow  # ~10-20 s of real GoToLocal scoring: an opt-in path
-def test_learner_from_captured_int8_activations_matches_the_rollout():
-    """With int8 prefill the learner starts from the activations the int8 frozen layers captured: its log-probs
-    equal the rollout's (as the float32 capture test in test_llm_rl asserts)."""
+def test_bfloat16_prefill_scoring_stays_close_to_float32_on_gotolocal(llm):
+    from echorl_agent.llm.engine import LLMEngine
+
+    f32 = LLMEngine(llm, EngineConfig())
+    bf = LLMEngine(llm, EngineConfig(prefill_dtype="bfloat16", float32_top_layers=2))
+    kls, agree = [], 0
+    states = gotolocal_states(llm)
+    for prompt, cands in states:
+        p, q = action_distribution(f32, prompt, cands), action_distribution(bf, prompt, cands)
+        kls.append(float((p.exp() * (p - q)).sum()))
+        agree += int(p.argmax() == q.argmax())
+        assert not torch.equal(p, q)  # bfloat16 really ran
+    assert len(states) >= 4
+    assert np.mean(kls) < 0.002 and max(kls) < 0.01, kls  # the probe: 0.0001 mean, 0.0003 max
+    assert agree == len(states)
+
+
+@pytest.mark.slow  # ~10-20 s of real GoToLocal scoring: an opt-in path
+@pytest.mark.parametrize("dtype", ["int8", "bfloat16"])
+def test_learner_from_captured_low_precision_activations_matches_the_rollout(dtype):
+    """With int8 or bfloat16 prefill the learner starts from the activations those frozen layers captured: its
+    log-probs equal the rollout's (as the float32 capture test in test_llm_rl asserts)."""
     import gymnasium as gym
     from stable_baselines3.common.utils import ConstantSchedule
 
@@ -206,10 +275,10 @@ def test_learner_from_captured_int8_activations_matches_the_rollout():
     torch.set_num_threads(1)
     try:
         lm = TrainableLM(LLMPolicyConfig(lora_rank=4, train_layers=2, max_kv_tokens=4096,
-                                         engine_prefill_dtype="int8"))
+                                         engine_prefill_dtype=dtype))
     except ValueError as e:
         pytest.skip(str(e))
-    assert lm.capture and lm.engine.runner.num_w8a8_layers == lm.boundary == 28
+    assert lm.capture and sorted(lm.engine.runner.w8a8) == list(range(lm.boundary)) and lm.boundary == 28
     env = LLMObservationWrapper(gym.make("EchoRL/MiniGrid-Empty-5x5-v0", max_episode_steps=12), history=1,
                                 max_actions=8)
     policy = LLMPolicy(env.observation_space, env.action_space, ConstantSchedule(1e-3), lm=lm)

@@ -63,11 +63,12 @@ class LLMPolicyConfig:
     rollouts compute them as the learner does and an update re-packs nothing. False: they are packed too and
     re-packed after every update (their weights leave the GGUF grid, so the IS weights see a real mismatch)."""
     engine_prefill_dtype: str = "float32"
-    """Prefill of the rollout engine's frozen layers: "float32" (exact) or "int8" (W8A8 after SmoothQuant
-    smoothing, ``EngineConfig.prefill_dtype``; a small policy shift, KL ~0.004 per GoToLocal decision). The
-    learner then starts from the activations the int8 layers captured, so rollout and learner log-probs still
-    agree. Not faster on the AVX2 reference host (quiet: 1.02x at 1 thread, 0.72x at 2; benchmarks/RESULTS.md,
-    "Ninth session"): keep float32 unless your CPU's int8 GEMM is markedly faster than its float32 one."""
+    """Prefill of the rollout engine's frozen layers: "float32" (exact), "int8" (W8A8 after SmoothQuant
+    smoothing, ``EngineConfig.prefill_dtype``; a small policy shift, KL ~0.004 per GoToLocal decision) or "bfloat16"
+    (KL ~0.0001; fast only on CPUs with AMX / AVX-512 BF16). The learner then starts from the activations those
+    layers captured, so rollout and learner log-probs still agree. int8 is not faster on the AVX2 reference host
+    (quiet: 1.02x at 1 thread, 0.72x at 2; benchmarks/RESULTS.md, "Ninth session") and bfloat16 is slower there:
+    keep float32 unless your CPU multiplies int8 or bfloat16 markedly faster than float32."""
     show_admissible: bool = True
     """List the admissible actions in each observation turn (off: shorter prompts when the set never changes)."""
     rollout_url: str | None = None

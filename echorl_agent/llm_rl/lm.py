@@ -88,9 +88,10 @@ class TrainableLM:
         # captured activations are reused only where exact: the engine's frozen layers below b compute the learner's
         # float32 ones (float32 weights, or quantized copies that dequantize to exactly those weights -- the
         # embedded SmolLM2 is a Q4_1 GGUF -- so the engine differs from float32 by summation order only); with int8
-        # prefill they are reused by design: the learner starts from what the rollout's int8 layers computed
+        # (or bfloat16) prefill they are reused by design: the learner starts from what the rollout's layers computed
         self.capture = (cfg.reuse_activations and self.boundary > 0
-                        and (self.engine.runner.reproduces_layers(self.boundary) or cfg.engine_prefill_dtype == "int8"))
+                        and (self.engine.runner.reproduces_layers(self.boundary)
+                             or cfg.engine_prefill_dtype in ("int8", "bfloat16")))
         if self.capture:
             self.engine.enable_capture(self.boundary)
 

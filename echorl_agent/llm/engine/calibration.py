@@ -17,9 +17,10 @@ from typing import NamedTuple
 
 import torch
 
+from echorl_agent.llm.quant.bf16 import BF16Linear, pack_bf16
 from echorl_agent.llm.quant.w8a8 import DEFAULT_ALPHA, W8A8Linear, pack_w8a8
 
-__all__ = ["CALIBRATION_CONVERSATIONS", "LayerMaxima", "W8A8Layer", "activation_maxima", "pack_layer",
+__all__ = ["CALIBRATION_CONVERSATIONS", "LayerMaxima", "W8A8Layer", "activation_maxima", "pack_layer", "pack_layer_bf16",
            "calibration_token_ids"]
 
 _SYSTEM = "You are an agent in a text game. Reply with the single best action from the admissible actions."
@@ -84,12 +85,14 @@ class LayerMaxima(NamedTuple):
 
 
 class W8A8Layer(NamedTuple):
-    """One decoder layer's projections as W8A8: q/k/v share one product, gate/up another."""
+    """One decoder layer's prefill projections: q/k/v share one product, gate/up another. W8A8
+    (:class:`W8A8Linear`, ``prefill_dtype="int8"``) or bfloat16 (:class:`BF16Linear`, ``"bfloat16"``): both take a
+    float32 input and return float32, with ``splits`` giving each projection's width."""
 
-    qkv: W8A8Linear
-    o: W8A8Linear
-    gate_up: W8A8Linear
-    down: W8A8Linear
+    qkv: W8A8Linear | BF16Linear
+    o: W8A8Linear | BF16Linear
+    gate_up: W8A8Linear | BF16Linear
+    down: W8A8Linear | BF16Linear
 
 
 def calibration_token_ids(llm, texts: Sequence | None = None) -> list[list[int]]:
@@ -146,6 +149,13 @@ def activation_maxima(model: torch.nn.Module, layers: Sequence[int],
         for h in hooks:
             h.remove()
     return {i: LayerMaxima(*(seen[(i, p)] for p in LayerMaxima._fields)) for i in layers}
+
+
+def pack_layer_bf16(layer: torch.nn.Module) -> W8A8Layer:
+    """The bfloat16 prefill projections of one decoder layer from its current float weights (no calibration)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return W8A8Layer(qkv=pack_bf16([attn.q_proj, attn.k_proj, attn.v_proj]), o=pack_bf16([attn.o_proj]),
+                     gate_up=pack_bf16([mlp.gate_proj, mlp.up_proj]), down=pack_bf16([mlp.down_proj]))
 
 
 def pack_layer(layer: torch.nn.Module, maxima: LayerMaxima | None, alpha: float = DEFAULT_ALPHA) -> W8A8Layer:

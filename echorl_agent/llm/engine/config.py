@@ -26,10 +26,12 @@ WEIGHT_DTYPES = ("float32", *QUANTIZED_BITS)
 #: tokens on one CPU thread); "inverse_cdf" draws one uniform number and finds it in the float64 cumulative sum of
 #: the probabilities (~0.09 ms). Same seed, different tokens between the two.
 SAMPLERS = ("multinomial", "inverse_cdf")
-#: Values of ``EngineConfig.prefill_dtype``: "float32" (exact) or "int8" (the frozen layers' projections run as
+#: Values of ``EngineConfig.prefill_dtype``: "float32" (exact), "int8" (the frozen layers' projections run as
 #: SmoothQuant-smoothed int8 activations x int8 weights on multi-row forwards, :mod:`echorl_agent.llm.quant.w8a8`;
-#: measured on the AVX2 reference host it is not faster: 1.02x float32's scoring at 1 thread, 0.72x at 2).
-PREFILL_DTYPES = ("float32", "int8")
+#: measured on the AVX2 reference host it is not faster: 1.02x float32's scoring at 1 thread, 0.72x at 2) or
+#: "bfloat16" (activations and weights rounded to bfloat16, :mod:`echorl_agent.llm.quant.bf16`; faster only on CPUs
+#: with AMX or AVX-512 BF16, slower elsewhere).
+PREFILL_DTYPES = ("float32", "int8", "bfloat16")
 
 
 def check_weight_dtype(weight_dtype: str) -> str:
@@ -48,7 +50,8 @@ def check_prefill_dtype(prefill_dtype: str) -> str:
     if prefill_dtype not in PREFILL_DTYPES:
         raise ValueError(
             f"prefill_dtype must be one of {PREFILL_DTYPES}, got prefill_dtype={prefill_dtype!r}; use 'float32' "
-            "for exact prefill or 'int8' for int8 activations x int8 weights in the frozen layers"
+            "for exact prefill, 'int8' for int8 activations x int8 weights in the frozen layers or 'bfloat16' for "
+            "bfloat16 products there (fast on CPUs with AMX / AVX-512 BF16)"
         )
     return prefill_dtype
 
@@ -120,12 +123,14 @@ class EngineConfig:
     float32_top_layers: int = 0
     """With an int8/int4 ``weight_dtype``: the top k decoder layers keep the model's float32 weights (the layers an
     RL learner trains: rollouts then compute them as the learner does, and a weight update re-packs nothing).
-    With ``prefill_dtype="int8"``: the top k layers stay float32 in prefill too."""
+    With ``prefill_dtype`` "int8" or "bfloat16": the top k layers stay float32 in prefill too."""
     prefill_dtype: str = "float32"
-    """Prefill of the layers below the ``float32_top_layers``: "float32" (exact) or "int8" (W8A8: per-token int8
+    """Prefill of the layers below the ``float32_top_layers``: "float32" (exact), "int8" (W8A8: per-token int8
     activations x per-channel int8 weights after SmoothQuant smoothing calibrated when the engine is built, see
-    :meth:`LLMEngine.calibrate_prefill`). Applies to forward steps with more tokens than sequences (prefill and
-    scoring chunks; a decode token in the same step rides along); pure decode steps and the LM head are unchanged."""
+    :meth:`LLMEngine.calibrate_prefill`) or "bfloat16" (activations and weights rounded to bfloat16, float32
+    accumulation; no calibration; faster only where the CPU has AMX or AVX-512 BF16, a warning says so elsewhere).
+    Applies to forward steps with more tokens than sequences (prefill and scoring chunks; a decode token in the same
+    step rides along); pure decode steps and the LM head are unchanged."""
 
     def __post_init__(self) -> None:
         check_weight_dtype(self.weight_dtype)

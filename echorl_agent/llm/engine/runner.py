@@ -14,6 +14,7 @@ RoPE, grouped-query attention): Llama, SmolLM2, Mistral (no sliding window), Qwe
 from __future__ import annotations
 
 import importlib
+import warnings
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -27,8 +28,15 @@ from echorl_agent.kernels.attention import (
     paged_decode_attention,
     prefix_plan,
 )
-from echorl_agent.llm.engine.calibration import LayerMaxima, W8A8Layer, activation_maxima, pack_layer
+from echorl_agent.llm.engine.calibration import (
+    LayerMaxima,
+    W8A8Layer,
+    activation_maxima,
+    pack_layer,
+    pack_layer_bf16,
+)
 from echorl_agent.llm.engine.config import check_prefill_dtype
+from echorl_agent.llm.quant.bf16 import cpu_has_native_bf16
 from echorl_agent.llm.quant.fused_decode import FusedDecoder
 from echorl_agent.llm.quant.linear import (
     KERNEL_ROWS,
@@ -107,10 +115,11 @@ class ModelRunner:
             the projections, MLP and LM head, see :mod:`echorl_agent.llm.quant.linear`).
         float32_top_layers: with a quantized ``weight_dtype``, the top k decoder layers are not packed and run on
             the model's float32 weights (decode steps: the fused C call for the layers below, torch for these);
-            with ``prefill_dtype="int8"`` they also keep float32 prefill.
-        prefill_dtype: ``"float32"`` or ``"int8"``: the layers below the float32 top layers run their projections
-            as W8A8 (:mod:`echorl_agent.llm.quant.w8a8`) on forward steps with more tokens than sequences, once
-            :meth:`calibrate_prefill` has run (the engine calls it when it is built).
+            with ``prefill_dtype`` "int8" or "bfloat16" they also keep float32 prefill.
+        prefill_dtype: ``"float32"``, ``"int8"`` or ``"bfloat16"``: the layers below the float32 top layers run
+            their projections as W8A8 (:mod:`echorl_agent.llm.quant.w8a8`, once :meth:`calibrate_prefill` has run;
+            the engine calls it when it is built) or in bfloat16 (:mod:`echorl_agent.llm.quant.bf16`) on forward
+            steps with more tokens than sequences.
     """
 
     def __init__(
@@ -176,7 +185,14 @@ class ModelRunner:
         self.prefill_maxima: dict[int, LayerMaxima] = {}
         """Calibrated per-channel activation maxima of each W8A8 layer (:meth:`calibrate_prefill`)."""
         self.w8a8: dict[int, W8A8Layer] = {}
-        """Layer index -> its packed W8A8 projections (empty until :meth:`calibrate_prefill`)."""
+        """Layer index -> its low-precision prefill projections: W8A8 (empty until :meth:`calibrate_prefill`) or,
+        with ``prefill_dtype="bfloat16"``, bfloat16 copies of the frozen layers' weights (built here)."""
+        if prefill_dtype == "bfloat16":
+            if self.device.type == "cpu" and not cpu_has_native_bf16():
+                warnings.warn("prefill_dtype='bfloat16' on a CPU without AMX or AVX-512 BF16 (/proc/cpuinfo): its "
+                              "bfloat16 products are emulated and slower than float32; keep prefill_dtype='float32'",
+                              stacklevel=3)
+            self.w8a8 = {i: pack_layer_bf16(self.layers[i]) for i in range(self.num_layers - float32_top_layers)}
 
     def calibrate_prefill(self, token_lists: list[list[int]]) -> None:
         """Take the W8A8 layers' activation maxima from the float32 model on ``token_lists`` and (re-)pack them.
@@ -245,7 +261,8 @@ class ModelRunner:
         """
         w8a8 = sorted(self.w8a8) if names is None else self._w8a8_layers_of(names)
         for i in w8a8:
-            self.w8a8[i] = pack_layer(self.layers[i], self.prefill_maxima.get(i))
+            self.w8a8[i] = (pack_layer_bf16(self.layers[i]) if self.prefill_dtype == "bfloat16"
+                            else pack_layer(self.layers[i], self.prefill_maxima.get(i)))
         repacked = [f"model.layers.{i}.{p}" for i in w8a8 for p in _LAYER_PROJECTIONS]
         if not self.quantized:
             return repacked
@@ -260,7 +277,8 @@ class ModelRunner:
         return todo + [n for n in repacked if n not in self.quantized]
 
     def _w8a8_layers_of(self, names: list[str]) -> list[int]:
-        """W8A8 layers holding one of the parameter/linear ``names`` (``model.layers.3.mlp.up_proj.weight``)."""
+        """Low-precision prefill layers holding one of the parameter/linear ``names``
+        (``model.layers.3.mlp.up_proj.weight``)."""
         out = set()
         for n in names:
             parts = n.split(".")
@@ -324,7 +342,7 @@ class ModelRunner:
 
     @staticmethod
     def _mlp_w8a8(packed: W8A8Layer, mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """:meth:`_mlp` with W8A8 projections (gate and up in one product)."""
+        """:meth:`_mlp` with W8A8 or bfloat16 projections (gate and up in one product)."""
         gate, up = packed.gate_up(x).split(packed.gate_up.splits, dim=-1)
         return packed.down(mlp.act_fn(gate) * up)
 
@@ -404,7 +422,8 @@ class ModelRunner:
         """Embed the flat batch, add soft tokens, run every decoder layer (writing its KV); the residual ``[N, hidden]``.
 
         A pure decode step runs the fused C path when it applies, else the torch/Triton layers below. Any other step
-        runs the W8A8 layers' projections in int8 when ``prefill_dtype="int8"`` (:meth:`calibrate_prefill`).
+        runs the frozen layers' projections in int8 when ``prefill_dtype="int8"`` (:meth:`calibrate_prefill`) or in
+        bfloat16 when ``prefill_dtype="bfloat16"``.
         """
         bs = self.block_size
         dev = self.device
