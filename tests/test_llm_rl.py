@@ -490,8 +490,11 @@ def test_quantized_rollouts_are_corrected_by_learner_recomputed_log_probs():
         assert torch.all(w <= policy.cfg.is_truncation) and torch.all(w > 0)
         return w
 
-    # the embedded GGUF is Q4_1: int4 reproduces its weights, so rollout and learner agree (the correction is ~1)
-    assert torch.all((rollout_and_weights() - 1).abs() < 1e-3)
+    # the embedded GGUF is Q4_1: int4 reproduces its weights, so rollout and learner differ only by the int4 kernel's
+    # int16 rounding of the activations in the packed top layers: per candidate up to 3.2e-3 in log-probability on
+    # these states (seen on 21 candidates, before and after the engine stopped running a candidate's last token;
+    # which candidate lands near the bound moves with float rounding elsewhere), so the correction is ~1
+    assert torch.all((rollout_and_weights() - 1).abs() < 5e-3)
     g = torch.Generator().manual_seed(0)
     for p in lm.trainable_parameters():  # a learner update moves the top layers off the Q4_1 grid
         p.data.add_(0.05 * torch.randn(p.shape, generator=g, dtype=p.dtype))

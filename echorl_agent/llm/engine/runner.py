@@ -431,9 +431,13 @@ class ModelRunner:
         tables, ctx_t, n = batch.tables, batch.ctx, batch.n
         use_triton = self._use_triton()
 
+        # a scoring step (candidate tokens, all logits read) runs as prefill even when every chunk has one token (a
+        # two-token candidate without its last token): the prefill arithmetic whatever the candidates' lengths, and
+        # the candidates of one context read its KV once (SeqChunk.prefix_group) instead of once each
+        scoring = any(c.all_logits for c in chunks)
         # a pure decode step (one new token per sequence) on the torch path: the gather rows and padding mask
         # depend only on the block tables, so they are built once here instead of once per layer
-        pure_decode = not use_triton and n == len(chunks)
+        pure_decode = not use_triton and n == len(chunks) and not scoring
 
         x = self.inner.embed_tokens(ids_t)  # [N, hidden]
         injections: dict[int, list[tuple[int, torch.Tensor]]] = {}
@@ -454,7 +458,7 @@ class ModelRunner:
         plan = decode_plan(tables, ctx_t, bs, self.num_kv_heads) if pure_decode and first < self.num_layers else None
         if fused:
             x = self.fused.run(x, cos, sin, slots_t, tables, ctx_t)
-        w8a8 = self.w8a8 if n > len(chunks) else {}  # prefill / scoring rows present: W8A8 in the frozen layers
+        w8a8 = self.w8a8 if n > len(chunks) or scoring else {}  # prefill / scoring rows: low precision in the frozen layers
         for li, layer in enumerate(self.layers[first:], start=first):
             if li == self.capture_layer:  # before injection: captured activations never depend on soft tokens
                 self.h_pool[slots_t] = x
