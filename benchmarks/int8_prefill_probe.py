@@ -80,19 +80,6 @@ class SmoothInt8Linear(PerTokenInt8Linear):
         return super().forward(x * self.inv_s)
 
 
-class Bf16Linear(torch.nn.Module):
-    """``x W^T + b`` with ``x`` and ``W`` rounded to bfloat16 (the product accumulates in float32 in the GEMM)."""
-
-    def __init__(self, lin: torch.nn.Linear) -> None:
-        super().__init__()
-        self.w = lin.weight.detach().to(torch.bfloat16)
-        self.b = None if lin.bias is None else lin.bias.detach()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.nn.functional.linear(x.to(torch.bfloat16), self.w).float()
-        return y if self.b is None else y + self.b
-
-
 @torch.no_grad()
 def calibrate(model: torch.nn.Module, prompts: list[list[int]]) -> dict[str, torch.Tensor]:
     """Per input channel, the largest |activation| entering every projection over ``prompts``."""
@@ -127,6 +114,8 @@ def gemm_microbenchmark() -> None:
 
 def quantized_copy(model: torch.nn.Module, mode: str, trained: int, skip: set[str],
                    act_max: dict[str, torch.Tensor] | None = None, alpha: float = 0.5) -> torch.nn.Module:
+    from echorl_agent.llm.quant.bf16 import pack_bf16
+
     q = copy.deepcopy(model)
     layers = q.model.layers
     for i in range(len(layers) - trained):
@@ -140,7 +129,7 @@ def quantized_copy(model: torch.nn.Module, mode: str, trained: int, skip: set[st
                 if hasattr(part, name) and name not in skip:
                     lin = getattr(part, name)
                     if mode == "bf16":
-                        setattr(part, name, Bf16Linear(lin))
+                        setattr(part, name, pack_bf16([lin]))  # the engine's bfloat16 prefill projection
                     elif mode == "smooth":
                         key = f"model.layers.{i}.{'self_attn' if part is layers[i].self_attn else 'mlp'}.{name}"
                         setattr(part, name, SmoothInt8Linear(lin, act_max[key], alpha))

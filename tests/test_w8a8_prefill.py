@@ -133,6 +133,20 @@ def action_distribution(engine, prompt, cands) -> torch.Tensor:
     return torch.log_softmax(means, 0)
 
 
+def kl_to_float32(llm, f32, low) -> tuple[list[float], int, list]:
+    """KL(float32 || low-precision engine) over the candidates of real GoToLocal states, how many argmaxes agree,
+    and the states; asserts the low-precision path really ran (no distribution equals float32's) on >= 4 states."""
+    kls, agree = [], 0
+    states = gotolocal_states(llm)
+    for prompt, cands in states:
+        p, q = action_distribution(f32, prompt, cands), action_distribution(low, prompt, cands)
+        kls.append(float((p.exp() * (p - q)).sum()))
+        agree += int(p.argmax() == q.argmax())
+        assert not torch.equal(p, q)
+    assert len(states) >= 4
+    return kls, agree, states
+
+
 @pytest.mark.slow  # ~10-20 s of real GoToLocal scoring: an opt-in path
 def test_int8_prefill_scoring_stays_close_to_float32_on_gotolocal(llm):
     from echorl_agent.llm.engine import LLMEngine
@@ -140,14 +154,7 @@ def test_int8_prefill_scoring_stays_close_to_float32_on_gotolocal(llm):
     f32 = LLMEngine(llm, EngineConfig())
     i8 = LLMEngine(llm, EngineConfig(prefill_dtype="int8", float32_top_layers=2))
     assert sorted(i8.runner.w8a8) == list(range(28)) and not f32.runner.w8a8
-    kls, agree = [], 0
-    states = gotolocal_states(llm)
-    for prompt, cands in states:
-        p, q = action_distribution(f32, prompt, cands), action_distribution(i8, prompt, cands)
-        kls.append(float((p.exp() * (p - q)).sum()))
-        agree += int(p.argmax() == q.argmax())
-        assert not torch.equal(p, q)  # int8 really ran
-    assert len(states) >= 4
+    kls, agree, states = kl_to_float32(llm, f32, i8)
     assert np.mean(kls) < 0.01 and max(kls) < 0.05, kls
     assert agree >= len(states) - 1
 
@@ -245,14 +252,7 @@ def test_bfloat16_prefill_scoring_stays_close_to_float32_on_gotolocal(llm):
 
     f32 = LLMEngine(llm, EngineConfig())
     bf = LLMEngine(llm, EngineConfig(prefill_dtype="bfloat16", float32_top_layers=2))
-    kls, agree = [], 0
-    states = gotolocal_states(llm)
-    for prompt, cands in states:
-        p, q = action_distribution(f32, prompt, cands), action_distribution(bf, prompt, cands)
-        kls.append(float((p.exp() * (p - q)).sum()))
-        agree += int(p.argmax() == q.argmax())
-        assert not torch.equal(p, q)  # bfloat16 really ran
-    assert len(states) >= 4
+    kls, agree, states = kl_to_float32(llm, f32, bf)
     assert np.mean(kls) < 0.002 and max(kls) < 0.01, kls  # 14 states: 0.00011 mean, 0.00023 max
     assert agree >= len(states) - 1  # a near-tie may flip (13/14 on 14 states)
 

@@ -91,7 +91,7 @@ class TrainableLM:
         # (or bfloat16) prefill they are reused by design: the learner starts from what the rollout's layers computed
         self.capture = (cfg.reuse_activations and self.boundary > 0
                         and (self.engine.runner.reproduces_layers(self.boundary)
-                             or cfg.engine_prefill_dtype in ("int8", "bfloat16")))
+                             or cfg.engine_prefill_dtype != "float32"))
         if self.capture:
             self.engine.enable_capture(self.boundary)
 

@@ -192,7 +192,7 @@ class ModelRunner:
                 warnings.warn("prefill_dtype='bfloat16' on a CPU without AMX or AVX-512 BF16 (/proc/cpuinfo): its "
                               "bfloat16 products are emulated and slower than float32; keep prefill_dtype='float32'",
                               stacklevel=3)
-            self.w8a8 = {i: pack_layer_bf16(self.layers[i]) for i in range(self.num_layers - float32_top_layers)}
+            self.w8a8 = {i: self._pack_prefill_layer(i) for i in range(self.num_layers - float32_top_layers)}
 
     def calibrate_prefill(self, token_lists: list[list[int]]) -> None:
         """Take the W8A8 layers' activation maxima from the float32 model on ``token_lists`` and (re-)pack them.
@@ -204,7 +204,14 @@ class ModelRunner:
                              f"layers, got prefill_dtype={self.prefill_dtype!r}, {self.num_w8a8_layers} W8A8 layers")
         layers = list(range(self.num_w8a8_layers))
         self.prefill_maxima = activation_maxima(self.model, layers, token_lists)
-        self.w8a8 = {i: pack_layer(self.layers[i], self.prefill_maxima[i]) for i in layers}
+        self.w8a8 = {i: self._pack_prefill_layer(i) for i in layers}
+
+    def _pack_prefill_layer(self, i: int) -> W8A8Layer:
+        """Layer ``i``'s low-precision prefill projections from its current weights (W8A8 with its calibrated
+        maxima, or bfloat16)."""
+        if self.prefill_dtype == "bfloat16":
+            return pack_layer_bf16(self.layers[i])
+        return pack_layer(self.layers[i], self.prefill_maxima.get(i))
 
     def enable_capture(self, layer: int | None) -> None:
         """Keep every token's residual stream entering ``layer`` in a pool beside the KV (None: stop).
@@ -261,8 +268,7 @@ class ModelRunner:
         """
         w8a8 = sorted(self.w8a8) if names is None else self._w8a8_layers_of(names)
         for i in w8a8:
-            self.w8a8[i] = (pack_layer_bf16(self.layers[i]) if self.prefill_dtype == "bfloat16"
-                            else pack_layer(self.layers[i], self.prefill_maxima.get(i)))
+            self.w8a8[i] = self._pack_prefill_layer(i)
         repacked = [f"model.layers.{i}.{p}" for i in w8a8 for p in _LAYER_PROJECTIONS]
         if not self.quantized:
             return repacked

@@ -43,11 +43,9 @@ def _register_full(cache: PrefixCache, table: list[int], tokens: Sequence[int], 
         hashes.append(cache.register(table[i], prev, tokens[i * bs : (i + 1) * bs]))
 
 
-def _candidate_logprob(first: torch.Tensor, rest: torch.Tensor | None, cand: Sequence[int],
-                       first_is_logprobs: bool = False) -> float:
-    """``first``: logits predicting cand[0] (log-probabilities if ``first_is_logprobs``); ``rest``: logits after each
-    candidate token but the last."""
-    total = float((first if first_is_logprobs else torch.log_softmax(first, -1))[cand[0]])
+def _candidate_logprob(first: torch.Tensor, rest: torch.Tensor | None, cand: Sequence[int]) -> float:
+    """``first``: log-probabilities predicting cand[0]; ``rest``: logits after each candidate token but the last."""
+    total = float(first[cand[0]])
     if len(cand) > 1 and rest is not None:
         lp = torch.log_softmax(rest[: len(cand) - 1], -1)
         total += float(lp.gather(1, torch.tensor(cand[1:])[:, None]).sum())
@@ -104,7 +102,7 @@ def _score_unshared(
         finally:
             cache.release(alloc.block_table)
         computed += len(tokens)
-        out.append(_candidate_logprob(lg[p - 1], lg[p:], c))
+        out.append(_candidate_logprob(torch.log_softmax(lg[p - 1], -1), lg[p:], c))
     return ScoreResult(out, [len(c) for c in candidates], 0, computed)
 
 
@@ -286,7 +284,7 @@ def _score_candidate_tokens(
     """
     pairs = [(k, j) for k in range(len(candidates)) for j in range(len(candidates[k])) if len(candidates[k][j]) > 1]
     firsts = [torch.log_softmax(f, -1) for f in ctx.firsts]  # once per context, not per candidate
-    scores = [[_candidate_logprob(firsts[k], None, c, True) for c in cands] for k, cands in enumerate(candidates)]
+    scores = [[_candidate_logprob(firsts[k], None, c) for c in cands] for k, cands in enumerate(candidates)]
     lens = ctx.lens
     i = 0
     while i < len(pairs):
@@ -303,7 +301,7 @@ def _score_candidate_tokens(
             for _, _, t in group:
                 cache.release(t)
         for (k, j, _), lg in zip(group, logits, strict=True):
-            scores[k][j] = _candidate_logprob(firsts[k], lg, candidates[k][j], True)
+            scores[k][j] = _candidate_logprob(firsts[k], lg, candidates[k][j])
     return scores
 
 
