@@ -121,9 +121,9 @@ def test_batched_scoring_equals_one_state_at_a_time(policy):
 def test_packed_learner_equals_one_record_at_a_time(policy):
     rows = _states(2, 3)  # consecutive steps of two episodes: prompts that are prefixes of later ones
     recs = policy.record_many(rows)
-    from echorl_agent.llm_rl.policy import _merge_prefixes
+    from echorl_agent.llm_rl.policy import merge_prefixes
 
-    segments = _merge_prefixes(recs)
+    segments = merge_prefixes(recs)
     assert len(segments) < len(recs)  # some steps share a context
     logps, values, _ = policy.learner_scores_many(recs)
     for rec, lp, v in zip(recs, logps, values, strict=True):
@@ -131,6 +131,25 @@ def test_packed_learner_equals_one_record_at_a_time(policy):
         torch.testing.assert_close(lp, lp1, atol=5e-5, rtol=0)
         torch.testing.assert_close(v, v1, atol=5e-5, rtol=0)
         torch.testing.assert_close(lp, rec.rollout_logp, atol=1e-3, rtol=0)  # learner == rollout engine
+
+
+def test_learner_micro_batches_keep_prefix_segments_whole():
+    from types import SimpleNamespace
+
+    from echorl_agent.llm_rl.learner import Sample, _micro
+
+    # rollout order interleaves two chains (episode 0: contexts 1-2-3 extend each other, episode 1: 7-8) and a
+    # state reached by both episodes of a group (context 1 twice); consecutive chunks of 2 would split every chain
+    ctx = {"a": [1], "b": [1, 2], "c": [1, 2, 3], "d": [7], "e": [7, 8], "f": [1]}
+    order = ["a", "d", "b", "e", "c", "f"]
+    samples = [Sample(SimpleNamespace(context=ctx[k], name=k), 0, 1.0) for k in order]  # type: ignore[arg-type]
+    chunks = _micro(samples, 2)
+    names = [[s.record.name for s in ch] for ch in chunks]
+    assert sorted(n for ch in names for n in ch) == sorted(order)  # every sample once
+    chain = next(ch for ch in names if "c" in ch)
+    assert set(chain) == {"a", "b", "c", "f"}  # one segment: larger than the size, kept whole
+    assert next(ch for ch in names if "e" in ch) == ["d", "e"]
+    assert len(_micro(samples, 100)) == 1
 
 
 def test_truncated_final_state_gets_a_value_only_record(policy):

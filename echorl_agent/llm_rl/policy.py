@@ -35,7 +35,7 @@ from echorl_agent.llm_rl.plan import PlanHead
 from echorl_agent.llm_rl.prompt import candidate_ids, render_prompt
 from echorl_envs.wrappers.llm import decode_llm_obs
 
-__all__ = ["LLMPolicy", "StepRecord"]
+__all__ = ["LLMPolicy", "StepRecord", "merge_prefixes"]
 
 _MAX_FEATURES = 20_000
 _REFRESH_CHUNK = 32
@@ -74,7 +74,7 @@ class StepRecord:
                    cand_states=None if item.cand_states is None else list(item.cand_states), window=item.window)
 
 
-def _merge_prefixes(recs: list[StepRecord]) -> list[tuple[int, list[int]]]:
+def merge_prefixes(recs: list[StepRecord]) -> list[tuple[int, list[int]]]:
     """Group records whose context is a prefix of a longer one's: ``[(head, members)]``, head = the longest."""
     order = sorted(range(len(recs)), key=lambda i: -len(recs[i].context))
     segments: list[tuple[int, list[int]]] = []
@@ -306,7 +306,7 @@ class LLMPolicy(BasePolicy):
         (:func:`~echorl_agent.llm_rl.forward.pack_sets`). With soft plan tokens every record is its own sequence.
         """
         dev = self.lm.device
-        segments = _merge_prefixes(recs) if self.plan is None else [(i, [i]) for i in range(len(recs))]
+        segments = merge_prefixes(recs) if self.plan is None else [(i, [i]) for i in range(len(recs))]
         plans = self.plan.plans(torch.stack([r.window for r in recs]).to(dev)) if self.plan is not None else None
         logps: list[torch.Tensor | None] = [None] * len(recs)
         values: list[torch.Tensor | None] = [None] * len(recs)
