@@ -169,6 +169,27 @@ def test_shared_prefix_plan_gives_the_reference_attention(block_size):
     assert not torch.allclose(out2[cu[1] : cu[2]], ref2[cu[1] : cu[2]], atol=1e-4)
 
 
+def test_bfloat16_compute_is_the_attention_of_bfloat16_rounded_inputs_on_every_path():
+    """``compute_dtype=torch.bfloat16`` (the frozen layers of a bfloat16 prefill): every path of the grouped kernel
+    (batched short runs, long runs one by one, the shared-prefix plan) gives the float32 attention of the
+    bfloat16-rounded queries, keys and values, to within the bfloat16 rounding of the products and the output."""
+    r = lambda t: t.bfloat16().float()  # noqa: E731
+    ctx, ql = [7, 13, 1, 9, 40, 21], [3, 1, 1, 9, 20, 2]
+    q, kp, vp, bt, cl, cu, _, _ = _random_paged(3, ctx, ql)
+    ref = paged_attention_reference(r(q), r(kp), r(vp), bt, cl, cu, scale=8**-0.5)
+    out = paged_attention_grouped(q, kp, vp, bt, cl, cu, scale=8**-0.5, compute_dtype=torch.bfloat16)
+    f32 = paged_attention_grouped(q, kp, vp, bt, cl, cu, scale=8**-0.5)
+    assert out.dtype == torch.float32 and not torch.equal(out, f32)  # bfloat16 really ran
+    torch.testing.assert_close(out, ref, atol=2e-2, rtol=0)
+    torch.testing.assert_close(paged_attention(q, kp, vp, bt, cl, cu, 8**-0.5, use_triton=False,
+                                               compute_dtype=torch.bfloat16), out, atol=0, rtol=0)
+    q, kp, vp, bt, cl, cu, groups = _shared_prefix_pool(5, [13, 8, 6], [[3, 2, 4, 1], [2, 5], [3]], 4)
+    plan = prefix_plan(bt, cl, cu, groups, 4)
+    ref = paged_attention_reference(r(q), r(kp), r(vp), bt, cl, cu, scale=8**-0.5)
+    out = paged_attention_grouped(q, kp, vp, bt, cl, cu, scale=8**-0.5, prefix=plan, compute_dtype=torch.bfloat16)
+    torch.testing.assert_close(out, ref, atol=2e-2, rtol=0)
+
+
 def test_prefix_plan_rejects_members_starting_at_different_positions():
     q, kp, vp, bt, cl, cu, groups = _shared_prefix_pool(1, [9], [[2, 3]])
     with pytest.raises(ValueError, match="one position"):

@@ -253,7 +253,7 @@ def test_bfloat16_prefill_scoring_stays_close_to_float32_on_gotolocal(llm):
     f32 = LLMEngine(llm, EngineConfig())
     bf = LLMEngine(llm, EngineConfig(prefill_dtype="bfloat16", float32_top_layers=2))
     kls, agree, states = kl_to_float32(llm, f32, bf)
-    assert np.mean(kls) < 0.002 and max(kls) < 0.01, kls  # 14 states: 0.00011 mean, 0.00023 max
+    assert np.mean(kls) < 0.002 and max(kls) < 0.01, kls  # 0.00032 mean, 0.00089 max (bfloat16 attention too)
     assert agree >= len(states) - 1  # a near-tie may flip (13/14 on 14 states)
 
 

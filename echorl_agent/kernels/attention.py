@@ -155,6 +155,7 @@ def paged_attention_grouped(
     scale: float,
     short: int = 16,
     prefix: PrefixPlan | None = None,
+    compute_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """:func:`paged_attention_reference` arranged for the CPU: the same float32 softmax attention, with fewer copies.
 
@@ -167,6 +168,10 @@ def paged_attention_grouped(
     tokens, which start at the same position in each (the candidates of one scoring context): a group's shared keys
     are gathered once and all its new tokens attend to them in one pass. The result is the same attention; a wrong
     promise gives wrong outputs, so only callers that built the sequences that way pass it.
+
+    ``compute_dtype``: queries, keys and values are cast to it for the fused attention (float32 by default;
+    ``torch.bfloat16`` in the frozen layers of a bfloat16 prefill, where the CPU's bfloat16 units compute the
+    products and the kernel accumulates and normalises in float32). Pure decode steps always compute in float32.
     """
     _check(q, k_pool, v_pool, block_tables, ctx_lens, cu_q_lens)
     n, h, d = q.shape
@@ -178,16 +183,17 @@ def paged_attention_grouped(
     lens = ctx_lens.tolist()
     qlen = [cu[b + 1] - cu[b] for b in range(len(lens))]
     done: frozenset[int] = frozenset()
+    dt = compute_dtype
     if prefix is not None:
-        _shared_prefix_attention(q, k_pool, v_pool, prefix, scale, out)
+        _shared_prefix_attention(q, k_pool, v_pool, prefix, scale, out, dt)
         done = prefix.members
     batched = [b for b in range(len(lens)) if 0 < qlen[b] <= short and b not in done]
     if batched:
         nb, t_max = len(batched), max(qlen[b] for b in batched)
         n_blocks = (max(lens[b] for b in batched) + block_size - 1) // block_size
         tb = block_tables[batched, :n_blocks]
-        k = k_pool[tb].reshape(nb, n_blocks * block_size, h_kv, d).transpose(1, 2).float()  # [B, H_kv, S, D]
-        v = v_pool[tb].reshape(nb, n_blocks * block_size, h_kv, d).transpose(1, 2).float()
+        k = k_pool[tb].reshape(nb, n_blocks * block_size, h_kv, d).transpose(1, 2).to(dt)  # [B, H_kv, S, D]
+        v = v_pool[tb].reshape(nb, n_blocks * block_size, h_kv, d).transpose(1, 2).to(dt)
         rows = torch.zeros(nb, t_max, dtype=torch.long, device=q.device)
         valid = torch.zeros(nb, t_max, dtype=torch.bool, device=q.device)
         for i, b in enumerate(batched):
@@ -196,7 +202,7 @@ def paged_attention_grouped(
         start = torch.tensor([lens[b] - qlen[b] for b in batched], device=q.device)
         pos = start[:, None] + torch.arange(t_max, device=q.device)[None, :]  # absolute position of each query
         allowed = torch.arange(n_blocks * block_size, device=q.device)[None, None, :] <= pos[:, :, None]
-        o = F.scaled_dot_product_attention(q[rows].float().transpose(1, 2), k, v, attn_mask=allowed[:, None],
+        o = F.scaled_dot_product_attention(q[rows].to(dt).transpose(1, 2), k, v, attn_mask=allowed[:, None],
                                            scale=scale, enable_gqa=True)  # [B, H, T, D]
         out[rows[valid]] = o.transpose(1, 2)[valid].to(q.dtype)
     for b in range(len(lens)):
@@ -207,9 +213,9 @@ def paged_attention_grouped(
         # whole blocks, the keys past the context masked: the same key count as any other path that reads this
         # sequence's blocks, so a row's result does not depend on whether its prefix came from the cache
         ids = block_tables[b, : (ctx + block_size - 1) // block_size]
-        k = k_pool[ids].reshape(1, -1, h_kv, d).transpose(1, 2).float()  # [1, H_kv, S, D]
-        v = v_pool[ids].reshape(1, -1, h_kv, d).transpose(1, 2).float()
-        qb = q[lo:hi].float().transpose(0, 1)[None]  # [1, H, T, D]
+        k = k_pool[ids].reshape(1, -1, h_kv, d).transpose(1, 2).to(dt)  # [1, H_kv, S, D]
+        v = v_pool[ids].reshape(1, -1, h_kv, d).transpose(1, 2).to(dt)
+        qb = q[lo:hi].to(dt).transpose(0, 1)[None]  # [1, H, T, D]
         causal = torch.ones(t, k.shape[2], dtype=torch.bool, device=q.device).tril(ctx - t)  # bottom-right aligned
         o = F.scaled_dot_product_attention(qb, k, v, attn_mask=causal, scale=scale, enable_gqa=True)
         out[lo:hi] = o[0].transpose(0, 1).to(q.dtype)
@@ -281,7 +287,7 @@ def prefix_plan(block_tables: torch.Tensor, ctx_lens: torch.Tensor, cu_q_lens: t
 
 
 def _shared_prefix_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, plan: PrefixPlan,
-                             scale: float, out: torch.Tensor) -> None:
+                             scale: float, out: torch.Tensor, dt: torch.dtype = torch.float32) -> None:
     """The plan's queries over their group's prefix (gathered once per group) and their own new keys, into ``out``:
     one padded batch, ``[G, H, T, D]`` queries over ``[G, H_kv, P * block_size + T, D]`` keys."""
     _, _, h_kv, d = k_pool.shape
@@ -290,9 +296,9 @@ def _shared_prefix_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torc
     def keys(pool: torch.Tensor) -> torch.Tensor:
         pre = pool[plan.prefix_blocks].reshape(n_g, -1, h_kv, d)
         new = pool.view(-1, h_kv, d)[plan.new_slots]
-        return torch.cat([pre, new], dim=1).float().transpose(1, 2)  # [G, H_kv, S, D]
+        return torch.cat([pre, new], dim=1).to(dt).transpose(1, 2)  # [G, H_kv, S, D]
 
-    o = F.scaled_dot_product_attention(q[plan.rows].float().transpose(1, 2), keys(k_pool), keys(v_pool),
+    o = F.scaled_dot_product_attention(q[plan.rows].to(dt).transpose(1, 2), keys(k_pool), keys(v_pool),
                                        attn_mask=plan.mask, scale=scale, enable_gqa=True)  # [G, H, T, D]
     out[plan.rows[plan.valid]] = o.transpose(1, 2)[plan.valid].to(q.dtype)
 
@@ -479,6 +485,7 @@ def paged_attention(
     scale: float,
     use_triton: bool | None = None,
     prefix: PrefixPlan | None = None,
+    compute_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """Attention of new tokens over their sequences' paged KV (prefix + rolling); see the module docstring.
 
@@ -494,10 +501,13 @@ def paged_attention(
             ``TRITON_INTERPRET=1`` / ``ECHORL_USE_TRITON=1``), :func:`paged_attention_grouped` otherwise.
         prefix: sequences sharing their KV before their new tokens (:func:`prefix_plan`, for
             :func:`paged_attention_grouped`); the Triton kernel reads each sequence's own blocks and ignores it.
+        compute_dtype: what :func:`paged_attention_grouped` casts queries, keys and values to (``torch.bfloat16``
+            for the frozen layers of a bfloat16 prefill); the Triton kernel and decode steps compute in float32.
 
     Returns:
         ``[N, H, D]`` attention outputs.
     """
     if use_kernel(use_triton, q, k_pool):
         return _paged_attention_triton(q, k_pool, v_pool, block_tables, ctx_lens, cu_q_lens, scale)
-    return paged_attention_grouped(q, k_pool, v_pool, block_tables, ctx_lens, cu_q_lens, scale, prefix=prefix)
+    return paged_attention_grouped(q, k_pool, v_pool, block_tables, ctx_lens, cu_q_lens, scale, prefix=prefix,
+                                   compute_dtype=compute_dtype)

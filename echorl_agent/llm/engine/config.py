@@ -128,7 +128,8 @@ class EngineConfig:
     """Prefill of the layers below the ``float32_top_layers``: "float32" (exact), "int8" (W8A8: per-token int8
     activations x per-channel int8 weights after SmoothQuant smoothing calibrated when the engine is built, see
     :meth:`LLMEngine.calibrate_prefill`) or "bfloat16" (activations and weights rounded to bfloat16, float32
-    accumulation; no calibration; faster only where the CPU has AMX or AVX-512 BF16, a warning says so elsewhere).
+    accumulation, and the attention of those layers computed on bfloat16 queries, keys and values; no calibration;
+    faster only where the CPU has AMX or AVX-512 BF16, a warning says so elsewhere).
     Applies to forward steps with more tokens than sequences (prefill and scoring chunks; a decode token in the same
     step rides along); pure decode steps and the LM head are unchanged."""
 

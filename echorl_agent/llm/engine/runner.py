@@ -118,8 +118,9 @@ class ModelRunner:
             with ``prefill_dtype`` "int8" or "bfloat16" they also keep float32 prefill.
         prefill_dtype: ``"float32"``, ``"int8"`` or ``"bfloat16"``: the layers below the float32 top layers run
             their projections as W8A8 (:mod:`echorl_agent.llm.quant.w8a8`, once :meth:`calibrate_prefill` has run;
-            the engine calls it when it is built) or in bfloat16 (:mod:`echorl_agent.llm.quant.bf16`) on forward
-            steps with more tokens than sequences.
+            the engine calls it when it is built) or in bfloat16 (:mod:`echorl_agent.llm.quant.bf16`; their
+            attention too, ``paged_attention(compute_dtype=torch.bfloat16)``) on forward steps with more tokens than
+            sequences.
     """
 
     def __init__(
@@ -465,6 +466,8 @@ class ModelRunner:
         if fused:
             x = self.fused.run(x, cos, sin, slots_t, tables, ctx_t)
         w8a8 = self.w8a8 if n > len(chunks) or scoring else {}  # prefill / scoring rows: low precision in the frozen layers
+        # a bfloat16 prefill also attends in bfloat16 in those layers (the int8 path's attention stays float32)
+        attn_dtype = torch.bfloat16 if self.prefill_dtype == "bfloat16" else torch.float32
         for li, layer in enumerate(self.layers[first:], start=first):
             if li == self.capture_layer:  # before injection: captured activations never depend on soft tokens
                 self.h_pool[slots_t] = x
@@ -489,7 +492,8 @@ class ModelRunner:
                 o = paged_decode_attention(q, self.k_pool[li], self.v_pool[li], plan, self.scale)
             else:
                 o = paged_attention(q, self.k_pool[li], self.v_pool[li], tables, ctx_t, cu_t, self.scale,
-                                    use_triton=use_triton, prefix=batch.prefix)
+                                    use_triton=use_triton, prefix=batch.prefix,
+                                    compute_dtype=attn_dtype if packed is not None else torch.float32)
             o = o.reshape(n, self.num_heads * self.head_dim)
             if packed is not None:
                 x = x + packed.o(o)
