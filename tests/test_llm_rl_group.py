@@ -89,6 +89,24 @@ def test_gigpo_config_rejects_bad_input():
         GiGPOConfig(ref_kl_coef=-0.1)
     with pytest.raises(ValueError, match="target_kl"):
         GiGPOConfig(target_kl=0.0)
+    with pytest.raises(ValueError, match="sample_weighting must be 'sample' or 'episode', got sample_weighting='token'"):
+        GiGPOConfig(sample_weighting="token")
+
+
+def test_episode_weighting_balances_long_failures_against_short_successes():
+    from echorl_agent.llm_rl.advantage import episode_sample_weights
+
+    # a group of a 2-step success and a 6-step failure (the step limit): episode advantages +1 / -1
+    eps = [_ep(0, [0, 1], ["A", "B"]), _ep(0, [0] * 6, ["A", "C", "D", "E", "F", "G"])]
+    adv = gigpo_advantages(eps, gamma=0.9, step_weight=0.0)
+    steps = np.concatenate(adv)
+    assert steps.mean() == pytest.approx(-0.5, abs=1e-5)  # per step: (2 * 1 - 6 * 1) / 8
+    assert episode_sample_weights(eps, "sample") == [1.0, 1.0]
+    w = episode_sample_weights(eps, "episode")
+    assert w == pytest.approx([8 / (2 * 2), 8 / (2 * 6)])  # N / (E * len)
+    ws = np.concatenate([np.full(len(a), x) for a, x in zip(adv, w, strict=True)])
+    assert ws.mean() == pytest.approx(1.0)  # the loss keeps its scale
+    assert (ws * steps).sum() == pytest.approx(0.0, abs=1e-5)  # each episode the same total weight
 
 
 # ------------------------------------------------------------------ with the real LM
@@ -231,10 +249,35 @@ def test_gigpo_learner_options_reach_the_gigpo_config():
     assert (default.epochs, default.minibatch_size, default.ent_coef, default.groups) == (1, None, 0.0, 2)
     tuned, pk = gigpo_config(LLMTrainConfig(env_id=ENV, method="echorl", n_envs=8, group_size=4,
                                             gigpo_kwargs={"epochs": 4, "minibatch_size": 32, "clip_range": 0.1,
-                                                          "ref_kl_coef": 0.05}))
+                                                          "ref_kl_coef": 0.05, "sample_weighting": "episode"}))
     assert (tuned.epochs, tuned.minibatch_size, tuned.clip_range, tuned.kl_coef) == (4, 32, 0.1, 0.01)
     assert tuned.ref_kl_coef == 0.05 and default.ref_kl_coef == 0.0
+    assert tuned.sample_weighting == "episode" and default.sample_weighting == "sample"
     assert pk["plan_tokens"] == 2 and tuned.replay == {"capacity": 4096, "replay_memory_mb": 1024.0}
+
+
+def test_gigpo_episode_weighting_reaches_the_learner_and_reports_the_weighted_mean_advantage(policy, monkeypatch):
+    import echorl_agent.llm_rl.gigpo as gigpo_mod
+    from echorl_agent.llm_rl.gigpo import GiGPOConfig, GiGPOTrainer
+
+    seen = []
+    monkeypatch.setattr(gigpo_mod, "update_policy", lambda pol, samples, **kw: seen.extend(samples) or {})
+    monkeypatch.setattr(policy, "sync_engine", lambda: None)
+    cfg = GiGPOConfig(env_id=ENV, groups=1, group_size=2, history=1, max_episode_steps=4, seed=3, ent_coef=0.01,
+                      sample_weighting="episode", lm={"lora_rank": 4})
+    lrs = [g["lr"] for g in policy.optimizer.param_groups]
+    try:
+        tr = GiGPOTrainer(cfg, policy)  # sets the optimizer's lr to the config's
+        out = tr.iteration()
+    finally:
+        for g, lr in zip(policy.optimizer.param_groups, lrs, strict=True):
+            g["lr"] = lr
+    eps = tr.last_episodes
+    n, e = sum(len(ep.steps) for ep in eps), len(eps)
+    want = {id(st.record): n / (e * len(ep.steps)) for ep in eps for st in ep.steps}
+    assert len(seen) == n  # ent_coef > 0: every step is learned from
+    assert [s.weight for s in seen] == pytest.approx([want[id(s.record)] for s in seen])
+    assert out["advantage_mean"] == pytest.approx(sum(s.weight * s.advantage for s in seen) / n, abs=1e-9)
 
 
 def test_reference_kl_is_exact_and_pulls_the_policy_back(policy):

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 import echorl_envs
-from echorl_agent.llm_rl.advantage import anchor_groups, gigpo_advantages
+from echorl_agent.llm_rl.advantage import anchor_groups, episode_sample_weights, gigpo_advantages
 from echorl_agent.llm_rl.config import LLMPolicyConfig
 from echorl_agent.llm_rl.learner import Sample, trainable_snapshot, update_policy
 from echorl_agent.llm_rl.policy import LLMPolicy, StepRecord
@@ -54,6 +54,9 @@ class GiGPOConfig:
     """Discount of the step-level returns."""
     normalize: str = "std"
     """"std" (divide by the group's std, GRPO) or "mean" (centre only)."""
+    sample_weighting: str = "sample"
+    """How the steps' loss terms are weighted: "sample" (each step 1) or "episode" (each episode the same total
+    weight, ``N / (E * len(episode))``; see :func:`~echorl_agent.llm_rl.advantage.episode_sample_weights`)."""
     history: int = 2
     """History window k of the prompts."""
     max_episode_steps: int | None = None
@@ -97,6 +100,7 @@ class GiGPOConfig:
             raise ValueError(f"step_advantage_weight must be >= 0, got step_advantage_weight={self.step_advantage_weight!r}")
         if self.normalize not in ("std", "mean"):
             raise ValueError(f"normalize must be 'std' or 'mean', got normalize={self.normalize!r}")
+        episode_sample_weights([], self.sample_weighting)  # ValueError naming sample_weighting
         if not self.learning_rate > 0:
             raise ValueError(f"learning_rate must be > 0, got learning_rate={self.learning_rate!r}")
         if isinstance(self.lm, dict):
@@ -177,8 +181,12 @@ class GiGPOTrainer:
         self.last_episodes = episodes
         t1 = time.perf_counter()
         adv = gigpo_advantages(episodes, cfg.gamma, cfg.step_advantage_weight, cfg.normalize)
-        fresh = [(e.group, Sample(s.record, s.action, float(a))) for e, ea in zip(episodes, adv, strict=True)
+        weights = episode_sample_weights(episodes, cfg.sample_weighting)
+        fresh = [(e.group, Sample(s.record, s.action, float(a), weight=w))
+                 for e, ea, w in zip(episodes, adv, weights, strict=True)
                  for s, a in zip(e.steps, ea, strict=True) if cfg.ent_coef > 0 or cfg.ref_kl_coef > 0 or abs(a) > 1e-12]
+        steps_w = np.concatenate([np.full(len(ea), w) for ea, w in zip(adv, weights, strict=True)]) if adv else np.zeros(0)
+        steps_a = np.concatenate(adv) if adv else np.zeros(0)
         samples = [smp for _, smp in fresh]
         replayed = self._replayed(len(samples))
         upd = update_policy(self.policy, samples + replayed, clip_range=cfg.clip_range,
@@ -209,6 +217,8 @@ class GiGPOTrainer:
             "anchor_groups_multi": float(sum(len(v) > 1 for v in anchors.values())),
             "anchor_steps_grouped": float(sum(len(v) for v in anchors.values() if len(v) > 1)) / max(steps, 1),
             "cache_hit_rate": cached / max(cached + computed, 1),
+            # the loss-weighted mean advantage over all steps (negative: the update mostly pushes sampled actions down)
+            "advantage_mean": float((steps_w * steps_a).sum() / max(steps_w.sum(), 1e-12)),
             "rollout_s": t1 - t0, "learner_s": t2 - t1, "env_steps_per_s": steps / max(t2 - t0, 1e-9),
             **upd,
         }
