@@ -153,7 +153,7 @@ def evaluate(trainer, seed: int, episodes: int, phase: str) -> list[dict]:
 
 RUN_ARGS = ("env", "bc_episodes", "max_steps", "history", "iterations", "train_steps", "lr", "groups", "group_size",
             "epochs", "minibatch_size", "ent_coef", "ref_kl_coef", "target_kl", "temperature", "omega", "normalize",
-            "probe_seeds", "probe_states", "probe_file", "eval_episodes")
+            "probe_seeds", "probe_states", "probe_file", "eval_episodes", "sample_weighting")
 """The arguments a checkpointed run must be resumed with (the trainer's own config is checked by the checkpoint)."""
 
 
@@ -175,7 +175,7 @@ def resumable(args, seed: int) -> int | None:
     folder = ckpt_dir(args, seed)
     if not (folder / ckpt.CHECKPOINT).is_dir() and not (folder / (ckpt.CHECKPOINT + ".old")).is_dir():
         return None
-    saved = json.loads((folder / "args.json").read_text())
+    saved = {"sample_weighting": "sample", **json.loads((folder / "args.json").read_text())}  # older runs: default
     now = json.loads(json.dumps(run_args(args)))
     for k in sorted(set(saved) | set(now)):
         if saved.get(k) != now.get(k):
@@ -197,7 +197,8 @@ def run_seed(args, seed: int, resume: bool = False) -> None:
                          step_advantage_weight=args.omega,
                          gigpo_kwargs={"epochs": args.epochs, "minibatch_size": args.minibatch_size,
                                        "ent_coef": args.ent_coef, "normalize": args.normalize,
-                                       "ref_kl_coef": args.ref_kl_coef, "target_kl": args.target_kl})
+                                       "ref_kl_coef": args.ref_kl_coef, "target_kl": args.target_kl,
+                                       "sample_weighting": args.sample_weighting})
     gcfg, _ = gigpo_config(cfg)
     folder = ckpt_dir(args, seed)
     opened = ckpt.open_checkpoint(folder, cfg) if resume else None  # verified before the model loads
@@ -249,7 +250,7 @@ def run_seed(args, seed: int, resume: bool = False) -> None:
         row = {"kind": "iteration", **{k: s[k] for k in ("iteration", "timesteps", "success_rate", "frac_zero_std",
                                                          "entropy", "clip_fraction", "num_samples", "ref_kl",
                                                          "approx_kl", "optimizer_steps", "stopped_early",
-                                                         "rollout_s", "learner_s")},
+                                                         "rollout_s", "learner_s", "advantage_mean")},
                **al, "alignment_variants": others, "probe_p_expert": p, "probe_top_expert": top,
                "probe_n": len(rows), "seconds": time.perf_counter() - t0}
         write(row)
@@ -343,6 +344,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--temperature", type=float, default=1.0, help="policy temperature (rollouts and learner)")
     ap.add_argument("--omega", type=float, default=1.0, help="step_advantage_weight")
     ap.add_argument("--normalize", default="std", choices=("std", "mean"))
+    ap.add_argument("--sample-weighting", default="sample", choices=("sample", "episode"),
+                    help="GiGPO loss weight per step ('sample') or per episode ('episode')")
     ap.add_argument("--probe-seeds", type=int, default=8, help="held-out episodes whose states form the probe")
     ap.add_argument("--probe-states", type=int, default=64)
     ap.add_argument("--probe-file", help="load the probe states from this .npz if it exists, else save them to it "
