@@ -320,6 +320,35 @@ def summary(args) -> None:
                               verdict(paired_bootstrap(diffs)[1], len(per_seed))])
     print(tabulate(lines, headers=["recipe", "measure", "seeds", "before (BC)", "after (BC + GiGPO)",
                                    "after − before [95% CI over seeds]", "CI above 0"], tablefmt="github"))
+    print("\nupdate dynamics per seed (all iteration rows, finished or not): the steps' mean advantage (loss-weighted "
+          "when the row has advantage_mean, else step-weighted from adv_expert/adv_other) and the policy entropy")
+    print(tabulate(dynamics(data), headers=["recipe", "seed", "updates", "mean advantage", "negative updates",
+                                            "entropy first 3", "entropy last 3"], tablefmt="github"))
+
+
+def _mean_advantage(d: dict) -> float | None:
+    if d.get("advantage_mean") is not None:
+        return float(d["advantage_mean"])
+    n = (d.get("n_expert") or 0) + (d.get("n_other") or 0)
+    if not n or d.get("adv_expert") is None:
+        return None
+    return (d["adv_expert"] * d["n_expert"] + d["adv_other"] * d["n_other"]) / n
+
+
+def dynamics(data: list[dict]) -> list[list]:
+    """Per (recipe, seed): updates (iterations with samples), their mean advantage, how many were negative, and the
+    entropy of the first and last three updates."""
+    out = []
+    for label, seed in sorted({(d["label"], d["seed"]) for d in data if d.get("kind") == "iteration"}):
+        its = [d for d in data if d.get("kind") == "iteration" and d["label"] == label and d["seed"] == seed
+               and (d.get("num_samples") or 0) > 0]
+        its.sort(key=lambda d: d["iteration"])
+        adv = [a for a in map(_mean_advantage, its) if a is not None]
+        ent = [d["entropy"] for d in its if d.get("entropy")]
+        if adv and ent:
+            out.append([label, seed, len(its), f"{np.mean(adv):+.3f}", f"{sum(a < 0 for a in adv)} of {len(adv)}",
+                        f"{np.mean(ent[:3]):.2f}", f"{np.mean(ent[-3:]):.2f}"])
+    return out
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
