@@ -70,7 +70,7 @@ def test_summary_pairs_after_with_before_per_seed(tmp_path, capsys):
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     bench.main(["--summary", "--out", str(out), "--min-seeds", "2"])
     table = {tuple(c.strip() for c in line.strip("|").split("|")[:2]): [c.strip() for c in line.strip("|").split("|")]
-             for line in capsys.readouterr().out.splitlines()[2:]}
+             for line in capsys.readouterr().out.split("\n\n")[0].splitlines()[2:]}  # the first table
     assert set(table) == {("r", "probe p(expert)"), ("r", "probe argmax = expert"), ("r", "success (stochastic)")}
     seeds, before, after, diff, verdict = table["r", "probe p(expert)"][2:]
     assert (int(seeds), float(before), float(after)) == (2, 0.25, 0.35)  # seed 3 never finished: left out
@@ -78,7 +78,8 @@ def test_summary_pairs_after_with_before_per_seed(tmp_path, capsys):
     seeds, before, after, diff, verdict = table["r", "success (stochastic)"][2:]
     assert (float(before), float(after), diff, verdict) == (0.25, 0.75, "+0.500 [+0.500, +0.500]", "holds")
     bench.main(["--summary", "--out", str(out)])  # the default needs 10 seeds: no verdict from 2
-    assert all("partial (2 of 10 seeds)" in line for line in capsys.readouterr().out.splitlines()[2:])
+    assert all("partial (2 of 10 seeds)" in line
+               for line in capsys.readouterr().out.split("\n\n")[0].splitlines()[2:])
 
 
 def test_exact_anchors_split_aliased_observations():
@@ -204,3 +205,13 @@ def test_an_interrupted_seed_continues_and_computes_what_the_uninterrupted_run_c
     assert [d for d in a if d["kind"] == "iteration"][-1]["iteration"] == 2
     assert a == b
     assert not bench.ckpt_dir(bench.parse_args([*small, "--out", str(cut)]), 5).exists()
+
+
+def test_update_dynamics_weigh_expert_and_other_steps_and_prefer_the_logged_mean():
+    rows = [{"label": "r", "seed": 1, "kind": "iteration", "iteration": 0},  # the probe before any update: skipped
+            {"label": "r", "seed": 1, "kind": "iteration", "iteration": 1, "num_samples": 4, "entropy": 0.5,
+             "adv_expert": 1.0, "n_expert": 1, "adv_other": -1.0, "n_other": 3},  # (1 - 3) / 4 = -0.5
+            {"label": "r", "seed": 1, "kind": "iteration", "iteration": 2, "num_samples": 4, "entropy": 0.9,
+             "adv_expert": 1.0, "n_expert": 1, "adv_other": -1.0, "n_other": 3, "advantage_mean": 0.25}]
+    [row] = bench.dynamics(rows)
+    assert row == ["r", 1, 2, "-0.125", "1 of 2", "0.70", "0.70"]  # mean of -0.5 and the logged +0.25
