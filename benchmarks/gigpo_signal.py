@@ -153,7 +153,8 @@ def evaluate(trainer, seed: int, episodes: int, phase: str) -> list[dict]:
 
 RUN_ARGS = ("env", "bc_episodes", "max_steps", "history", "iterations", "train_steps", "lr", "groups", "group_size",
             "epochs", "minibatch_size", "ent_coef", "ref_kl_coef", "target_kl", "temperature", "omega", "normalize",
-            "probe_seeds", "probe_states", "probe_file", "eval_episodes", "sample_weighting")
+            "probe_seeds", "probe_states", "probe_file", "eval_episodes", "sample_weighting",
+            "center_advantages")
 """The arguments a checkpointed run must be resumed with (the trainer's own config is checked by the checkpoint)."""
 
 
@@ -175,7 +176,7 @@ def resumable(args, seed: int) -> int | None:
     folder = ckpt_dir(args, seed)
     if not (folder / ckpt.CHECKPOINT).is_dir() and not (folder / (ckpt.CHECKPOINT + ".old")).is_dir():
         return None
-    saved = {"sample_weighting": "sample", **json.loads((folder / "args.json").read_text())}  # older runs: default
+    saved = {"sample_weighting": "sample", "center_advantages": False, **json.loads((folder / "args.json").read_text())}  # older runs: default
     now = json.loads(json.dumps(run_args(args)))
     for k in sorted(set(saved) | set(now)):
         if saved.get(k) != now.get(k):
@@ -198,7 +199,8 @@ def run_seed(args, seed: int, resume: bool = False) -> None:
                          gigpo_kwargs={"epochs": args.epochs, "minibatch_size": args.minibatch_size,
                                        "ent_coef": args.ent_coef, "normalize": args.normalize,
                                        "ref_kl_coef": args.ref_kl_coef, "target_kl": args.target_kl,
-                                       "sample_weighting": args.sample_weighting})
+                                       "sample_weighting": args.sample_weighting,
+                                       "center_advantages": args.center_advantages})
     gcfg, _ = gigpo_config(cfg)
     folder = ckpt_dir(args, seed)
     opened = ckpt.open_checkpoint(folder, cfg) if resume else None  # verified before the model loads
@@ -375,6 +377,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--normalize", default="std", choices=("std", "mean"))
     ap.add_argument("--sample-weighting", default="sample", choices=("sample", "episode"),
                     help="GiGPO loss weight per step ('sample') or per episode ('episode')")
+    ap.add_argument("--center-advantages", action="store_true",
+                    help="subtract each iteration's loss-weighted mean advantage (GiGPOConfig.center_advantages)")
     ap.add_argument("--probe-seeds", type=int, default=8, help="held-out episodes whose states form the probe")
     ap.add_argument("--probe-states", type=int, default=64)
     ap.add_argument("--probe-file", help="load the probe states from this .npz if it exists, else save them to it "

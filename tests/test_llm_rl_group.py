@@ -91,6 +91,8 @@ def test_gigpo_config_rejects_bad_input():
         GiGPOConfig(target_kl=0.0)
     with pytest.raises(ValueError, match="sample_weighting must be 'sample' or 'episode', got sample_weighting='token'"):
         GiGPOConfig(sample_weighting="token")
+    with pytest.raises(ValueError, match="center_advantages must be True or False, got center_advantages=1"):
+        GiGPOConfig(center_advantages=1)
 
 
 def test_episode_weighting_balances_long_failures_against_short_successes():
@@ -256,7 +258,9 @@ def test_gigpo_learner_options_reach_the_gigpo_config():
     assert pk["plan_tokens"] == 2 and tuned.replay == {"capacity": 4096, "replay_memory_mb": 1024.0}
 
 
-def test_gigpo_episode_weighting_reaches_the_learner_and_reports_the_weighted_mean_advantage(policy, monkeypatch):
+@pytest.mark.parametrize("center", [False, True])
+def test_gigpo_episode_weighting_reaches_the_learner_and_reports_the_weighted_mean_advantage(policy, monkeypatch,
+                                                                                           center):
     import echorl_agent.llm_rl.gigpo as gigpo_mod
     from echorl_agent.llm_rl.gigpo import GiGPOConfig, GiGPOTrainer
 
@@ -264,7 +268,7 @@ def test_gigpo_episode_weighting_reaches_the_learner_and_reports_the_weighted_me
     monkeypatch.setattr(gigpo_mod, "update_policy", lambda pol, samples, **kw: seen.extend(samples) or {})
     monkeypatch.setattr(policy, "sync_engine", lambda: None)
     cfg = GiGPOConfig(env_id=ENV, groups=1, group_size=2, history=1, max_episode_steps=4, seed=3, ent_coef=0.01,
-                      sample_weighting="episode", lm={"lora_rank": 4})
+                      sample_weighting="episode", center_advantages=center, lm={"lora_rank": 4})
     lrs = [g["lr"] for g in policy.optimizer.param_groups]
     try:
         tr = GiGPOTrainer(cfg, policy)  # sets the optimizer's lr to the config's
@@ -278,6 +282,8 @@ def test_gigpo_episode_weighting_reaches_the_learner_and_reports_the_weighted_me
     assert len(seen) == n  # ent_coef > 0: every step is learned from
     assert [s.weight for s in seen] == pytest.approx([want[id(s.record)] for s in seen])
     assert out["advantage_mean"] == pytest.approx(sum(s.weight * s.advantage for s in seen) / n, abs=1e-9)
+    if center:  # the loss-weighted mean advantage is removed: as much push up as down
+        assert out["advantage_mean"] == pytest.approx(0.0, abs=1e-9)
 
 
 def test_reference_kl_is_exact_and_pulls_the_policy_back(policy):

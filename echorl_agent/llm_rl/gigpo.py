@@ -57,6 +57,9 @@ class GiGPOConfig:
     sample_weighting: str = "sample"
     """How the steps' loss terms are weighted: "sample" (each step 1) or "episode" (each episode the same total
     weight, ``N / (E * len(episode))``; see :func:`~echorl_agent.llm_rl.advantage.episode_sample_weights`)."""
+    center_advantages: bool = False
+    """Subtract the loss-weighted mean advantage of the iteration's steps from every step's advantage, so the update
+    pushes sampled actions up and down with equal weight (every step is then learned from)."""
     history: int = 2
     """History window k of the prompts."""
     max_episode_steps: int | None = None
@@ -101,6 +104,8 @@ class GiGPOConfig:
         if self.normalize not in ("std", "mean"):
             raise ValueError(f"normalize must be 'std' or 'mean', got normalize={self.normalize!r}")
         episode_sample_weights([], self.sample_weighting)  # ValueError naming sample_weighting
+        if not isinstance(self.center_advantages, bool):
+            raise ValueError(f"center_advantages must be True or False, got center_advantages={self.center_advantages!r}")
         if not self.learning_rate > 0:
             raise ValueError(f"learning_rate must be > 0, got learning_rate={self.learning_rate!r}")
         if isinstance(self.lm, dict):
@@ -182,6 +187,10 @@ class GiGPOTrainer:
         t1 = time.perf_counter()
         adv = gigpo_advantages(episodes, cfg.gamma, cfg.step_advantage_weight, cfg.normalize)
         weights = episode_sample_weights(episodes, cfg.sample_weighting)
+        if cfg.center_advantages and adv:
+            n_w = sum(w * len(a) for a, w in zip(adv, weights, strict=True))
+            shift = sum(w * float(a.sum()) for a, w in zip(adv, weights, strict=True)) / max(n_w, 1e-12)
+            adv = [a - shift for a in adv]
         fresh = [(e.group, Sample(s.record, s.action, float(a), weight=w))
                  for e, ea, w in zip(episodes, adv, weights, strict=True)
                  for s, a in zip(e.steps, ea, strict=True) if cfg.ent_coef > 0 or cfg.ref_kl_coef > 0 or abs(a) > 1e-12]
