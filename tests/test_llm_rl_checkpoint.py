@@ -264,3 +264,17 @@ def test_grpo_resumes_exactly(lm_and_state, tmp_path):
     assert all(torch.equal(w_straight[k], v) for k, v in lm.trainable_state().items())
     assert [h["reward_mean"] for h in resumed.history] == [h["reward_mean"] for h in straight.history]
     assert _rows(tmp_path / "a" / "curve.csv") == _rows(tmp_path / "b" / "curve.csv")
+
+
+def test_gigpo_rows_of_a_run_resumed_from_an_older_checkpoint_gain_the_new_columns(tmp_path):
+    # rows restored from a checkpoint written before a statistic existed lack its key; later rows have it
+    from types import SimpleNamespace
+
+    from echorl_agent.llm_rl.train import _write_gigpo_rows
+
+    trainer = SimpleNamespace(episodes_done=[(4, True, 1.0)],
+                              history=[{"iteration": 1.0, "loss": 0.5}, {"iteration": 2.0, "loss": 0.25,
+                                                                          "advantage_mean": -0.1}])
+    _write_gigpo_rows(trainer, tmp_path)
+    lines = (tmp_path / "gigpo.csv").read_text().splitlines()
+    assert lines == ["iteration,loss,advantage_mean", "1.0,0.5,", "2.0,0.25,-0.1"]

@@ -472,6 +472,7 @@ def _write_gigpo_rows(trainer: Any, out: Path) -> None:
             w.writerow([steps, float(np.mean(recent)), ret])
     if trainer.history:
         with open(out / "gigpo.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(trainer.history[0]))
+            # every key of every row, first-seen order (a run resumed from an older checkpoint gains new columns)
+            w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for h in trainer.history for k in h)))
             w.writeheader()
             w.writerows(trainer.history)
