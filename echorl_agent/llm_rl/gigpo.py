@@ -187,15 +187,14 @@ class GiGPOTrainer:
         t1 = time.perf_counter()
         adv = gigpo_advantages(episodes, cfg.gamma, cfg.step_advantage_weight, cfg.normalize)
         weights = episode_sample_weights(episodes, cfg.sample_weighting)
-        if cfg.center_advantages and adv:
-            n_w = sum(w * len(a) for a, w in zip(adv, weights, strict=True))
-            shift = sum(w * float(a.sum()) for a, w in zip(adv, weights, strict=True)) / max(n_w, 1e-12)
-            adv = [a - shift for a in adv]
+        # the loss-weighted mean advantage over all steps (negative: the update mostly pushes sampled actions down)
+        adv_mean = float(np.average(np.concatenate(adv), weights=np.repeat(weights, [len(a) for a in adv])))
+        if cfg.center_advantages:
+            adv = [a - adv_mean for a in adv]
+            adv_mean = 0.0
         fresh = [(e.group, Sample(s.record, s.action, float(a), weight=w))
                  for e, ea, w in zip(episodes, adv, weights, strict=True)
                  for s, a in zip(e.steps, ea, strict=True) if cfg.ent_coef > 0 or cfg.ref_kl_coef > 0 or abs(a) > 1e-12]
-        steps_w = np.concatenate([np.full(len(ea), w) for ea, w in zip(adv, weights, strict=True)]) if adv else np.zeros(0)
-        steps_a = np.concatenate(adv) if adv else np.zeros(0)
         samples = [smp for _, smp in fresh]
         replayed = self._replayed(len(samples))
         upd = update_policy(self.policy, samples + replayed, clip_range=cfg.clip_range,
@@ -226,8 +225,7 @@ class GiGPOTrainer:
             "anchor_groups_multi": float(sum(len(v) > 1 for v in anchors.values())),
             "anchor_steps_grouped": float(sum(len(v) for v in anchors.values() if len(v) > 1)) / max(steps, 1),
             "cache_hit_rate": cached / max(cached + computed, 1),
-            # the loss-weighted mean advantage over all steps (negative: the update mostly pushes sampled actions down)
-            "advantage_mean": float((steps_w * steps_a).sum() / max(steps_w.sum(), 1e-12)),
+            "advantage_mean": adv_mean,
             "rollout_s": t1 - t0, "learner_s": t2 - t1, "env_steps_per_s": steps / max(t2 - t0, 1e-9),
             **upd,
         }
