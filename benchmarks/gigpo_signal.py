@@ -34,6 +34,7 @@ import os
 import shutil
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -326,6 +327,10 @@ def summary(args) -> None:
           "when the row has advantage_mean, else step-weighted from adv_expert/adv_other) and the policy entropy")
     print(tabulate(dynamics(data), headers=["recipe", "seed", "updates", "mean advantage", "negative updates",
                                             "entropy first 3", "entropy last 3"], tablefmt="github"))
+    print("\nwhat the policy does on the held-out episodes (finished seeds): share of each action among all steps, "
+          "and the mean episode length")
+    print(tabulate(action_shares(data), headers=["recipe", "mode", "phase", "seeds", "episodes", "mean steps",
+                                                 "actions (share of steps)"], tablefmt="github"))
 
 
 def _mean_advantage(d: dict) -> float | None:
@@ -350,6 +355,27 @@ def dynamics(data: list[dict]) -> list[list]:
         if adv and ent:
             out.append([label, seed, len(its), f"{np.mean(adv):+.3f}", f"{sum(a < 0 for a in adv)} of {len(adv)}",
                         f"{np.mean(ent[:3]):.2f}", f"{np.mean(ent[-3:]):.2f}"])
+    return out
+
+
+def action_shares(data: list[dict]) -> list[list]:
+    """Per (recipe, mode, phase) over the finished seeds' held-out episodes: seeds, episodes, mean episode length and
+    every action's share of all steps taken (most frequent first) -- what reward did to the policy's behaviour, e.g.
+    a collapse onto one action, shows here before any success rate does."""
+    done = {(d["label"], d["seed"]) for d in data if d.get("kind") == "done"}
+    eps = [d for d in data if d.get("kind") == "episode" and (d["label"], d["seed"]) in done and d.get("actions")]
+    out = []
+    for label in sorted({d["label"] for d in eps}):
+        for mode in ("stochastic", "deterministic"):
+            for phase in ("before", "after"):
+                sel = [d for d in eps if d["label"] == label and d["mode"] == mode and d["phase"] == phase]
+                if not sel:
+                    continue
+                counts = Counter(a for d in sel for a in d["actions"])
+                total = sum(counts.values()) or 1
+                shares = ", ".join(f"{a} {c / total:.0%}" for a, c in counts.most_common())
+                out.append([label, mode, phase, len({d["seed"] for d in sel}), len(sel),
+                            f"{np.mean([d['steps'] for d in sel]):.1f}", shares])
     return out
 
 

@@ -215,3 +215,18 @@ def test_update_dynamics_weigh_expert_and_other_steps_and_prefer_the_logged_mean
              "adv_expert": 1.0, "n_expert": 1, "adv_other": -1.0, "n_other": 3, "advantage_mean": 0.25}]
     [row] = bench.dynamics(rows)
     assert row == ["r", 1, 2, "-0.125", "1 of 2", "0.70", "0.70"]  # mean of -0.5 and the logged +0.25
+
+
+def test_action_shares_count_every_step_of_finished_seeds_per_mode_and_phase():
+    def ep(seed, phase, mode, actions, label="r"):
+        return {"label": label, "seed": seed, "kind": "episode", "phase": phase, "mode": mode, "actions": actions,
+                "steps": len(actions), "won": False}
+
+    rows = [ep(1, "before", "stochastic", ["go forward", "turn left", "go forward"]),
+            ep(2, "before", "stochastic", ["turn right"]),
+            ep(1, "after", "stochastic", ["go forward"] * 4),
+            ep(3, "after", "stochastic", ["done"]),  # seed 3 never finished: left out
+            {"label": "r", "seed": 1, "kind": "done"}, {"label": "r", "seed": 2, "kind": "done"}]
+    assert bench.action_shares(rows) == [
+        ["r", "stochastic", "before", 2, 2, "2.0", "go forward 50%, turn left 25%, turn right 25%"],
+        ["r", "stochastic", "after", 1, 1, "4.0", "go forward 100%"]]
