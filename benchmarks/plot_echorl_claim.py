@@ -1,0 +1,51 @@
+"""Figure for the README: EchoRL's parts on the LM (preregistered §8, issue 26) -- the rolling training success of
+BC + GiGPO, + plan, + replay and BC + EchoRL (both) on BabyAI-GoToLocal vs env steps, mean and 95% CI over seeds,
+with the target success that the steps-to-target ratios are counted at, and the held-out evaluation of BC and of
+each method (both modes) as points with CIs over seeds. The number of seeds each method has is in the legend.
+
+Run: ``python benchmarks/plot_echorl_claim.py`` (reads the committed results, writes
+``docs/figures/echorl_claim_lm.png``); the ratios themselves come from ``python benchmarks/llm_rl_learning.py
+--summary --out benchmarks/results/llm_rl_gotolocal_s950 --target 0.5 --target-reference bc+gigpo``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from plot_reward_teaches_lm import ROOT, group_rl_panel  # noqa: E402
+
+METHODS = ("bc+gigpo", "bc+gigpo+plan", "bc+gigpo+replay", "bc+echorl")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", default=str(ROOT / "benchmarks/results/llm_rl_gotolocal_s950"))
+    ap.add_argument("--target", type=float, default=0.5, help="the preregistered target training success")
+    ap.add_argument("--out", default=str(ROOT / "docs/figures/echorl_claim_lm.png"))
+    args = ap.parse_args(argv)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5.2))
+    group_rl_panel(ax, Path(args.results), "BabyAI-GoToLocal, 24-step budget, BC on 2 demos, then (§8)",
+                   trained=METHODS, starts=("bc",))
+    ax.axhline(args.target, color="k", lw=0.7, ls="--")
+    ax.text(ax.get_xlim()[0], args.target, f" target {args.target:g} (rolling success over the last 20 episodes)",
+            fontsize=7, va="bottom")
+    fig.suptitle("EchoRL's parts on the LM (SmolLM2-135M, LoRA r=8 top 2 layers, CPU): mean and 95% CI over seeds",
+                 fontsize=10)
+    fig.tight_layout()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
