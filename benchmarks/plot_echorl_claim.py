@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from plot_reward_teaches_lm import ROOT, group_rl_panel  # noqa: E402
+from plot_reward_teaches_lm import ROOT, group_rl_panel, save_figure  # noqa: E402
 
 METHODS = ("bc+gigpo", "bc+gigpo+plan", "bc+gigpo+replay", "bc+echorl")
 
@@ -38,13 +38,8 @@ def main(argv: list[str] | None = None) -> None:
     ax.axhline(args.target, color="k", lw=0.7, ls="--")
     ax.text(ax.get_xlim()[0], args.target, f" target {args.target:g} (rolling success over the last 20 episodes)",
             fontsize=7, va="bottom")
-    fig.suptitle("EchoRL's parts on the LM (SmolLM2-135M, LoRA r=8 top 2 layers, CPU): mean and 95% CI over seeds",
-                 fontsize=10)
-    fig.tight_layout()
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    print(f"wrote {out}")
+    save_figure(fig, "EchoRL's parts on the LM (SmolLM2-135M, LoRA r=8 top 2 layers, CPU): mean and 95% CI over seeds",
+                args.out)
 
 
 if __name__ == "__main__":

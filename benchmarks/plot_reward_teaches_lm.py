@@ -193,10 +193,15 @@ def main(argv: list[str] | None = None) -> None:
                    trained=("bc+gigpo",), starts=("frozen", "bc"))
     probe_panel(axes[4], Path(args.signal), args.signal_label)
     alignment_panel(axes[5], Path(args.signal), args.signal_label)
-    fig.suptitle("Reward teaches the LM (SmolLM2-135M, LoRA r=8 top 2 layers, CPU): mean and 95% CI over seeds",
-                 fontsize=10)
+    save_figure(fig, "Reward teaches the LM (SmolLM2-135M, LoRA r=8 top 2 layers, CPU): mean and 95% CI over seeds",
+                args.out)
+
+
+def save_figure(fig, title: str, out: str | Path) -> None:
+    """Title, tighten and write a README figure (creating its folder); prints the path."""
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    out = Path(args.out)
+    out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     print(out)
