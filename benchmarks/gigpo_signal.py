@@ -403,8 +403,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--normalize", default="std", choices=("std", "mean"))
     ap.add_argument("--sample-weighting", default="sample", choices=("sample", "episode"),
                     help="GiGPO loss weight per step ('sample') or per episode ('episode')")
-    ap.add_argument("--center-advantages", action="store_true",
-                    help="subtract each iteration's loss-weighted mean advantage (GiGPOConfig.center_advantages)")
+    ap.add_argument("--center-advantages", nargs="?", const=True, default=False, choices=["signal"],
+                    help="subtract each iteration's loss-weighted mean advantage from every step; '--center-advantages "
+                         "signal': from the steps with a non-zero advantage only (GiGPOConfig.center_advantages)")
     ap.add_argument("--probe-seeds", type=int, default=8, help="held-out episodes whose states form the probe")
     ap.add_argument("--probe-states", type=int, default=64)
     ap.add_argument("--probe-file", help="load the probe states from this .npz if it exists, else save them to it "

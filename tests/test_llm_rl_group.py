@@ -12,6 +12,7 @@ import torch
 
 from echorl_agent.llm_rl.advantage import (
     anchor_groups,
+    center_advantages,
     discounted_returns,
     episode_advantages,
     gigpo_advantages,
@@ -74,6 +75,26 @@ def test_gigpo_advantages_against_a_hand_computation():
     np.testing.assert_allclose(mean[0][0], 1 - 2 / 3)
 
 
+def test_centring_all_steps_or_only_the_steps_with_signal_by_hand():
+    # episode 0 (weight 1): advantages 1, -1; episode 1 (weight 2): 0, 0.5, 0 (two steps without signal)
+    adv = [np.array([1.0, -1.0]), np.array([0.0, 0.5, 0.0])]
+    w = [1.0, 2.0]
+    same, m = center_advantages(adv, w, False)
+    np.testing.assert_array_equal(np.concatenate(same), [1, -1, 0, 0.5, 0])
+    assert m == pytest.approx((1 - 1 + 2 * 0.5) / 8)
+    every, m = center_advantages(adv, w, True)  # mean over all steps, weights 1, 1, 2, 2, 2: 1 / 8
+    np.testing.assert_allclose(np.concatenate(every), [0.875, -1.125, -0.125, 0.375, -0.125])
+    assert m == pytest.approx(0.0, abs=1e-12)
+    live, m = center_advantages(adv, w, "signal")  # mean over the 3 steps with signal, weights 1, 1, 2: 1 / 4
+    np.testing.assert_allclose(np.concatenate(live), [0.75, -1.25, 0.0, 0.25, 0.0])
+    assert m == pytest.approx(0.0, abs=1e-12)
+    none, m = center_advantages([np.zeros(2)], [1.0], "signal")  # no signal at all: nothing to centre
+    np.testing.assert_array_equal(none[0], [0.0, 0.0])
+    assert m == 0.0
+    with pytest.raises(ValueError, match="center_advantages must be True, False or 'signal', got center_advantages='x'"):
+        center_advantages(adv, w, "x")
+
+
 def test_gigpo_config_rejects_bad_input():
     from echorl_agent.llm_rl.gigpo import GiGPOConfig
 
@@ -91,7 +112,7 @@ def test_gigpo_config_rejects_bad_input():
         GiGPOConfig(target_kl=0.0)
     with pytest.raises(ValueError, match="sample_weighting must be 'sample' or 'episode', got sample_weighting='token'"):
         GiGPOConfig(sample_weighting="token")
-    with pytest.raises(ValueError, match="center_advantages must be True or False, got center_advantages=1"):
+    with pytest.raises(ValueError, match="center_advantages must be True, False or .signal., got center_advantages=1"):
         GiGPOConfig(center_advantages=1)
 
 
@@ -258,7 +279,7 @@ def test_gigpo_learner_options_reach_the_gigpo_config():
     assert pk["plan_tokens"] == 2 and tuned.replay == {"capacity": 4096, "replay_memory_mb": 1024.0}
 
 
-@pytest.mark.parametrize("center", [False, True])
+@pytest.mark.parametrize("center", [False, True, "signal"])
 def test_gigpo_episode_weighting_reaches_the_learner_and_reports_the_weighted_mean_advantage(policy, monkeypatch,
                                                                                            center):
     import echorl_agent.llm_rl.gigpo as gigpo_mod

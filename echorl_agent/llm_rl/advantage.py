@@ -23,7 +23,7 @@ import numpy as np
 from echorl_agent.llm_rl.rollout import Episode
 
 __all__ = ["discounted_returns", "episode_advantages", "step_advantages", "gigpo_advantages", "anchor_groups",
-           "episode_sample_weights"]
+           "episode_sample_weights", "center_advantages"]
 
 _EPS = 1e-6
 
@@ -109,3 +109,33 @@ def episode_sample_weights(episodes: Sequence[Episode], mode: str = "sample") ->
         return [1.0] * len(episodes)
     total = sum(len(e.steps) for e in episodes)
     return [total / (len(episodes) * len(e.steps)) if e.steps else 0.0 for e in episodes]
+
+
+def center_advantages(advantages: Sequence[np.ndarray], weights: Sequence[float],
+                      mode: bool | str = True) -> tuple[list[np.ndarray], float]:
+    """Centre the steps' advantages on their loss-weighted mean; returns ``(advantages, weighted mean afterwards)``.
+
+    ``weights`` holds one loss weight per episode (:func:`episode_sample_weights`). ``mode``: ``False`` leaves them
+    as they are; ``True`` subtracts the mean over all steps, so every step (also those of groups whose episodes all
+    got the same return) gets a non-zero advantage; ``"signal"`` subtracts the mean over the steps whose advantage is
+    non-zero only, and steps without signal keep 0. The returned mean is over all steps (0 after either centring).
+
+    Raises:
+        ValueError: an unknown ``mode``.
+    """
+    if not (isinstance(mode, bool) or mode == "signal"):
+        raise ValueError(f"center_advantages must be True, False or 'signal', got center_advantages={mode!r}")
+    adv = [np.asarray(a, dtype=np.float64) for a in advantages]
+    flat = np.concatenate(adv) if adv else np.zeros(0)
+    w = np.repeat(np.asarray(weights, dtype=np.float64), [len(a) for a in adv])
+    if flat.size == 0 or w.sum() <= 0:
+        return adv, 0.0
+    if mode is True:
+        mean = float(np.average(flat, weights=w))
+        adv = [a - mean for a in adv]
+    elif mode == "signal":
+        live = np.abs(flat) > 1e-12
+        if live.any() and w[live].sum() > 0:
+            mean = float(np.average(flat[live], weights=w[live]))
+            adv = [np.where(np.abs(a) > 1e-12, a - mean, 0.0) for a in adv]
+    return adv, float(np.average(np.concatenate(adv), weights=w))

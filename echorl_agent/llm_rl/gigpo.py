@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 import echorl_envs
-from echorl_agent.llm_rl.advantage import anchor_groups, episode_sample_weights, gigpo_advantages
+from echorl_agent.llm_rl.advantage import anchor_groups, center_advantages, episode_sample_weights, gigpo_advantages
 from echorl_agent.llm_rl.config import LLMPolicyConfig
 from echorl_agent.llm_rl.learner import Sample, trainable_snapshot, update_policy
 from echorl_agent.llm_rl.policy import LLMPolicy, StepRecord
@@ -57,9 +57,11 @@ class GiGPOConfig:
     sample_weighting: str = "sample"
     """How the steps' loss terms are weighted: "sample" (each step 1) or "episode" (each episode the same total
     weight, ``N / (E * len(episode))``; see :func:`~echorl_agent.llm_rl.advantage.episode_sample_weights`)."""
-    center_advantages: bool = False
-    """Subtract the loss-weighted mean advantage of the iteration's steps from every step's advantage, so the update
-    pushes sampled actions up and down with equal weight (every step is then learned from)."""
+    center_advantages: bool | str = False
+    """True: subtract the loss-weighted mean advantage of the iteration's steps from every step's advantage, so the
+    update pushes sampled actions up and down with equal weight (every step is then learned from, including the steps
+    of groups without reward variance, which get a constant -mean). "signal": the same over the steps whose advantage
+    is non-zero only; steps without signal stay at 0 (and are not learned from)."""
     history: int = 2
     """History window k of the prompts."""
     max_episode_steps: int | None = None
@@ -104,8 +106,7 @@ class GiGPOConfig:
         if self.normalize not in ("std", "mean"):
             raise ValueError(f"normalize must be 'std' or 'mean', got normalize={self.normalize!r}")
         episode_sample_weights([], self.sample_weighting)  # ValueError naming sample_weighting
-        if not isinstance(self.center_advantages, bool):
-            raise ValueError(f"center_advantages must be True or False, got center_advantages={self.center_advantages!r}")
+        center_advantages([], [], self.center_advantages)  # ValueError naming center_advantages
         if not self.learning_rate > 0:
             raise ValueError(f"learning_rate must be > 0, got learning_rate={self.learning_rate!r}")
         if isinstance(self.lm, dict):
@@ -187,11 +188,8 @@ class GiGPOTrainer:
         t1 = time.perf_counter()
         adv = gigpo_advantages(episodes, cfg.gamma, cfg.step_advantage_weight, cfg.normalize)
         weights = episode_sample_weights(episodes, cfg.sample_weighting)
-        # the loss-weighted mean advantage over all steps (negative: the update mostly pushes sampled actions down)
-        adv_mean = float(np.average(np.concatenate(adv), weights=np.repeat(weights, [len(a) for a in adv])))
-        if cfg.center_advantages:
-            adv = [a - adv_mean for a in adv]
-            adv_mean = 0.0
+        # adv_mean: the steps' loss-weighted mean advantage (negative: the update mostly pushes sampled actions down)
+        adv, adv_mean = center_advantages(adv, weights, cfg.center_advantages)
         fresh = [(e.group, Sample(s.record, s.action, float(a), weight=w))
                  for e, ea, w in zip(episodes, adv, weights, strict=True)
                  for s, a in zip(e.steps, ea, strict=True) if cfg.ent_coef > 0 or cfg.ref_kl_coef > 0 or abs(a) > 1e-12]
