@@ -26,7 +26,12 @@ import numpy as np
 import torch
 
 import echorl_envs
-from echorl_agent.llm_rl.advantage import anchor_groups, center_advantages, episode_sample_weights, gigpo_advantages
+from echorl_agent.llm_rl.advantage import (
+    anchor_groups,
+    center_advantages,
+    episode_sample_weights,
+    gigpo_advantages,
+)
 from echorl_agent.llm_rl.config import LLMPolicyConfig
 from echorl_agent.llm_rl.learner import Sample, trainable_snapshot, update_policy
 from echorl_agent.llm_rl.policy import LLMPolicy, StepRecord
