@@ -263,6 +263,15 @@ def test_train_config_rejects_bad_input():
         LLMTrainConfig(env_id=ENV, method="echorl", bc_warm_start="yes")
     with pytest.raises(ValueError, match="epochs must be a positive int"):
         gigpo_config(LLMTrainConfig(env_id=ENV, method="gigpo", gigpo_kwargs={"epochs": 0}))
+    # issue 26's bad input: replay outside echorl, a plan on a free-text env
+    with pytest.raises(ValueError, match="replay applies to method='echorl'.*method='bc\\+gigpo'"):
+        LLMTrainConfig(env_id=ENV, method="bc+gigpo", replay={"capacity": 64})
+    with pytest.raises(ValueError, match="plan_tokens=2: the latent plan needs a window"):
+        LLMTrainConfig(env_id="EchoRL/Arithmetic-v0", method="grpo", policy_kwargs={"plan_tokens": 2})
+    from echorl_agent.llm_rl.grpo import GRPOConfig
+
+    with pytest.raises(ValueError, match="plan_tokens=2: the latent plan"):
+        GRPOConfig(lm={"plan_tokens": 2})
 
 
 def test_gigpo_learner_options_reach_the_gigpo_config():

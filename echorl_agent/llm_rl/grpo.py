@@ -77,6 +77,10 @@ class GRPOConfig:
             raise ValueError(f"sampler must be one of {SAMPLERS}, got sampler={self.sampler!r}")
         if isinstance(self.lm, dict):
             self.lm = LLMPolicyConfig.from_kwargs(**self.lm)
+        if self.lm.plan_tokens:
+            raise ValueError(f"plan_tokens={self.lm.plan_tokens}: the latent plan tau_t = F(s_t-k..s_t) needs a "
+                             f"window of an episode's states, and GRPO samples one free-text answer per prompt "
+                             f"(env_id={self.env_id!r}); set plan_tokens=0, or use method 'echorl' on a choice env")
 
 
 @dataclass

@@ -161,6 +161,13 @@ class LLMTrainConfig:
         if (self.method == "grpo") != (kind != "choice"):
             raise ValueError(f"method {self.method!r} does not fit env_id={self.env_id!r} ({kind} actions): use grpo "
                              "for free-text envs and bc/ppo/bc+ppo/echoppo/gigpo/bc+gigpo/echorl for choice envs")
+        if self.replay is not None and self.method != "echorl":
+            raise ValueError(f"replay applies to method='echorl' (hot/cold replay of LLM transitions), got "
+                             f"replay={self.replay!r} with method={self.method!r}")
+        if self.method == "grpo" and self.policy_kwargs.get("plan_tokens"):
+            raise ValueError(f"plan_tokens={self.policy_kwargs['plan_tokens']}: the latent plan needs a window of an "
+                             f"episode's states, and grpo answers free-text prompts (env_id={self.env_id!r}) one "
+                             "completion at a time; set plan_tokens=0")
 
     @property
     def learner(self) -> str:
