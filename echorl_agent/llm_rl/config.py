@@ -10,7 +10,7 @@ from typing import Any
 from echorl_agent.config import PlanningConfig
 from echorl_agent.llm.engine.config import PREFILL_DTYPES, WEIGHT_DTYPES
 
-__all__ = ["LLMPolicyConfig", "LORA_TARGETS"]
+__all__ = ["LLMPolicyConfig", "LORA_TARGETS", "check_no_plan_on_free_text"]
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """The linear layers of a Llama-family decoder layer (every one can carry a LoRA adapter)."""
@@ -137,3 +137,15 @@ class LLMPolicyConfig:
                 dataclasses.asdict(planning) if isinstance(planning, PlanningConfig) else dict(planning))
             base["planning"] = PlanningConfig.from_kwargs({**defaults, **plan_over})
         return cls(**base)
+
+
+def check_no_plan_on_free_text(plan_tokens: int, env_id: str) -> None:
+    """Raise if a latent plan is asked of free-text (GRPO) training, which has no window of an episode's states.
+
+    Raises:
+        ValueError: ``plan_tokens > 0`` (the message names the field, its value and the env).
+    """
+    if plan_tokens:
+        raise ValueError(f"plan_tokens={plan_tokens}: the latent plan needs a window of an episode's states, and GRPO "
+                         f"answers free-text prompts (env_id={env_id!r}) one completion at a time; set plan_tokens=0, "
+                         "or use method 'echorl' on a choice env")

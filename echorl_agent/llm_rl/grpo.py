@@ -29,7 +29,7 @@ import torch
 
 import echorl_envs  # noqa: F401 - registers the EchoRL/* ids the trainer makes
 from echorl_agent.llm.engine.config import SAMPLERS, GenerationResult, SamplingParams
-from echorl_agent.llm_rl.config import LLMPolicyConfig
+from echorl_agent.llm_rl.config import LLMPolicyConfig, check_no_plan_on_free_text
 from echorl_agent.llm_rl.forward import candidate_token_logprobs, output_rows, pack, run_layers
 from echorl_agent.llm_rl.lm import TrainableLM
 
@@ -77,10 +77,7 @@ class GRPOConfig:
             raise ValueError(f"sampler must be one of {SAMPLERS}, got sampler={self.sampler!r}")
         if isinstance(self.lm, dict):
             self.lm = LLMPolicyConfig.from_kwargs(**self.lm)
-        if self.lm.plan_tokens:
-            raise ValueError(f"plan_tokens={self.lm.plan_tokens}: the latent plan tau_t = F(s_t-k..s_t) needs a "
-                             f"window of an episode's states, and GRPO samples one free-text answer per prompt "
-                             f"(env_id={self.env_id!r}); set plan_tokens=0, or use method 'echorl' on a choice env")
+        check_no_plan_on_free_text(self.lm.plan_tokens, self.env_id)
 
 
 @dataclass

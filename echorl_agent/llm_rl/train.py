@@ -164,10 +164,10 @@ class LLMTrainConfig:
         if self.replay is not None and self.method != "echorl":
             raise ValueError(f"replay applies to method='echorl' (hot/cold replay of LLM transitions), got "
                              f"replay={self.replay!r} with method={self.method!r}")
-        if self.method == "grpo" and self.policy_kwargs.get("plan_tokens"):
-            raise ValueError(f"plan_tokens={self.policy_kwargs['plan_tokens']}: the latent plan needs a window of an "
-                             f"episode's states, and grpo answers free-text prompts (env_id={self.env_id!r}) one "
-                             "completion at a time; set plan_tokens=0")
+        if self.method == "grpo":
+            from echorl_agent.llm_rl.config import check_no_plan_on_free_text
+
+            check_no_plan_on_free_text(self.policy_kwargs.get("plan_tokens", 0), self.env_id)
 
     @property
     def learner(self) -> str:
