@@ -191,8 +191,9 @@ def resumable(args, seed: int) -> int | None:
 
 
 def run_seed(args, seed: int, resume: bool = False) -> None:
-    cfg = LLMTrainConfig(env_id=args.env, method="bc+gigpo", train_steps=1, bc_episodes=args.bc_episodes,
-                         bc_epochs=20, bc_learning_rate=2e-3, bc_batch_size=8, seed=seed, history=args.history,
+    warm = {"method": "bc+gigpo", "bc_episodes": args.bc_episodes} if args.bc_episodes else {"method": "gigpo"}
+    cfg = LLMTrainConfig(env_id=args.env, train_steps=1, **warm, bc_epochs=20, bc_learning_rate=2e-3,
+                         bc_batch_size=8, seed=seed, history=args.history,
                          max_episode_steps=args.max_steps, learning_rate=args.lr,
                          n_envs=args.groups * args.group_size, group_size=args.group_size,
                          policy_kwargs={**POLICY, "temperature": args.temperature},
@@ -213,7 +214,8 @@ def run_seed(args, seed: int, resume: bool = False) -> None:
         rows, experts = list(saved["rows"]), [int(k) for k in saved["experts"]]
         ckpt.load_gigpo(trainer, opened)
     else:
-        _bc_warm_start(cfg, trainer.policy, None)
+        if args.bc_episodes:  # 0: GiGPO from the pretrained LM
+            _bc_warm_start(cfg, trainer.policy, None)
         rows, experts = start_probe(args, seed, trainer)
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
@@ -383,7 +385,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--env", default="EchoRL/BabyAI-GoToLocal-v0")
     ap.add_argument("--seeds", nargs="+", type=int, default=[8])
-    ap.add_argument("--bc-episodes", type=int, default=2)
+    ap.add_argument("--bc-episodes", type=int, default=2, help="expert episodes of the BC warm start (0: none, "
+                    "GiGPO starts from the pretrained LM)")
     ap.add_argument("--max-steps", type=int, default=24)
     ap.add_argument("--history", type=int, default=0)
     ap.add_argument("--iterations", type=int, default=12, help="GiGPO iterations (at most)")
