@@ -323,7 +323,7 @@ def summary(args) -> None:
                 lines.append([label, f"success ({mode})", len(per_seed), f"{np.mean([b for b, _ in per_seed]):.3f}",
                               f"{np.mean([a for _, a in per_seed]):.3f}", bootstrap_text(diffs, signed=True),
                               verdict(paired_bootstrap(diffs)[1], len(per_seed))])
-    print(tabulate(lines, headers=["recipe", "measure", "seeds", "before (BC)", "after (BC + GiGPO)",
+    print(tabulate(lines, headers=["recipe", "measure", "seeds", "before (start)", "after (start + GiGPO)",
                                    "after − before [95% CI over seeds]", "CI above 0"], tablefmt="github"))
     print("\nupdate dynamics per seed (all iteration rows, finished or not): the steps' mean advantage (loss-weighted "
           "when the row has advantage_mean, else step-weighted from adv_expert/adv_other) and the policy entropy")
