@@ -10,7 +10,9 @@ frozen, BC, GiGPO and BC + GiGPO. Fourth: ALFWorld-PickAndPlace (§9): GiGPO fro
 frozen and BC. Fifth and sixth: BabyAI-GoToLocal from BC on 2 demonstrations (§10, ``benchmarks/gigpo_signal.py``):
 the probe (mean probability of the expert's action and the share of states where it is the argmax, on 64 fixed
 held-out states) after every GiGPO iteration with the held-out success before and after, and each iteration's
-advantage alignment with the expert's actions. The number of seeds each method has so far is in the legend.
+advantage alignment with the expert's actions. Seventh and eighth: the same probe for GiGPO with centred advantages,
+8 groups x 4, one epoch, from BC-2 (§12) and from the pretrained LM (§13). The number of seeds each method has so far
+is in the legend (a probe panel counts only finished seeds).
 
 Run: ``python benchmarks/plot_reward_teaches_lm.py`` (reads the committed results, writes ``docs/figures/reward_teaches_lm.png``).
 """
@@ -118,9 +120,9 @@ def _signal_runs(path: Path, label: str) -> dict[int, list[dict]]:
     return {s: [r for r in rows if r["seed"] == s and r["label"] == label] for s in sorted(done)}
 
 
-def probe_panel(ax, path: Path, label: str) -> None:
-    """§10: probe p(expert) and argmax = expert vs env steps (mean and CI over seeds), held-out success before
-    (x = 0) and after (x = the end) in both modes."""
+def probe_panel(ax, path: Path, label: str, title: str, start: str = "BC-2") -> None:
+    """§10/§12/§13: probe p(expert) and argmax = expert vs env steps (mean and CI over seeds), held-out success
+    before (x = 0, the start) and after (x = the end) in both modes."""
     runs = _signal_runs(path, label)
     if not runs:
         ax.set_title(f"no finished seeds of {label!r} in {path}")
@@ -140,12 +142,12 @@ def probe_panel(ax, path: Path, label: str) -> None:
             per_seed = [np.mean([r["won"] for r in rows if r["kind"] == "episode" and r["phase"] == phase
                                  and r["mode"] == mode]) for rows in runs.values()]
             mu, a, b = paired_bootstrap(per_seed)
-            name = "BC-2" if phase == "before" else "BC-2 + GiGPO"
+            name = start if phase == "before" else f"{start} + GiGPO"
             ax.errorbar([x + off], [mu], yerr=[[mu - a], [b - mu]], fmt=fmt, capsize=3, color=color,
                         label=f"{name} held-out success, {mode}")
     ax.set_xlabel("env steps (GiGPO training)")
     ax.set_ylabel("probability / success")
-    ax.set_title("BabyAI-GoToLocal, BC on 2 demos + GiGPO (§10): the probe", fontsize=9)
+    ax.set_title(f"{title}: the probe ({len(runs)} seeds)", fontsize=9)
     ax.legend(fontsize=6)
 
 
@@ -176,6 +178,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--alfworld", default=str(ROOT / "benchmarks/results/llm_rl_alfworld_s970"))
     ap.add_argument("--signal", default=str(ROOT / "benchmarks/results/gigpo_signal_s980.jsonl"))
     ap.add_argument("--signal-label", default="s10")
+    ap.add_argument("--centred", default=str(ROOT / "benchmarks/results/gigpo_signal_s1010.jsonl"),
+                    help="§12's rows (label s12)")
+    ap.add_argument("--pretrained", default=str(ROOT / "benchmarks/results/gigpo_signal_s1020.jsonl"),
+                    help="§13's rows (label s13)")
     ap.add_argument("--out", default=str(ROOT / "docs/figures/reward_teaches_lm.png"))
     args = ap.parse_args(argv)
     import matplotlib
@@ -183,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 3, figsize=(19, 8.8))
+    fig, axes = plt.subplots(2, 4, figsize=(25, 8.8))
     axes = axes.ravel()
     group_rl_panel(axes[0], Path(args.gigpo), "MiniGrid-Empty-Random-5x5: GiGPO from the pretrained LM (§5)")
     grpo_panel(axes[1], Path(args.grpo))
@@ -191,8 +197,10 @@ def main(argv: list[str] | None = None) -> None:
                    trained=("gigpo", "bc+gigpo"), starts=("frozen", "bc"))
     group_rl_panel(axes[3], Path(args.alfworld), "ALFWorld-PickAndPlace, 30-step budget, BC on 8 demos (§9)",
                    trained=("bc+gigpo",), starts=("frozen", "bc"))
-    probe_panel(axes[4], Path(args.signal), args.signal_label)
+    probe_panel(axes[4], Path(args.signal), args.signal_label, "BabyAI-GoToLocal, BC on 2 demos + GiGPO (§10)")
     alignment_panel(axes[5], Path(args.signal), args.signal_label)
+    probe_panel(axes[6], Path(args.centred), "s12", "GoToLocal, BC-2 + GiGPO centred, 8x4 (§12)")
+    probe_panel(axes[7], Path(args.pretrained), "s13", "GoToLocal, frozen + GiGPO centred, 8x4 (§13)", start="frozen")
     save_figure(fig, "Reward teaches the LM (SmolLM2-135M, LoRA r=8 top 2 layers, CPU): mean and 95% CI over seeds",
                 args.out)
 
