@@ -49,7 +49,7 @@ def signal_file(tmp_path):
 
 def test_probe_panel_plots_the_mean_step_function_of_finished_seeds(signal_file):
     fig, ax = plt.subplots()
-    plot.probe_panel(ax, signal_file, "s10")
+    plot.probe_panel(ax, signal_file, "s10", "GoToLocal (§13)", start="frozen")
     line = ax.get_lines()[0]
     x, y = line.get_data()
     assert x[0] == 0 and x[-1] == 200  # the grid ends at the shortest finished run
@@ -57,6 +57,10 @@ def test_probe_panel_plots_the_mean_step_function_of_finished_seeds(signal_file)
     expect = [(0.2 if t < 100 else 0.4) / 2 + 0.3 / 2 for t in x]
     np.testing.assert_allclose(y, expect)
     assert "2 seeds" in line.get_label()
+    assert ax.get_title() == "GoToLocal (§13): the probe (2 seeds)"
+    labels = ax.get_legend_handles_labels()[1]
+    assert "frozen held-out success, stochastic" in labels
+    assert "frozen + GiGPO held-out success, deterministic" in labels
     plt.close(fig)
 
 
