@@ -155,7 +155,7 @@ def evaluate(trainer, seed: int, episodes: int, phase: str) -> list[dict]:
 RUN_ARGS = ("env", "bc_episodes", "max_steps", "history", "iterations", "train_steps", "lr", "groups", "group_size",
             "epochs", "minibatch_size", "ent_coef", "ref_kl_coef", "target_kl", "temperature", "omega", "normalize",
             "probe_seeds", "probe_states", "probe_file", "eval_episodes", "sample_weighting",
-            "center_advantages")
+            "center_advantages", "env_kwargs", "prefill_dtype")
 """The arguments a checkpointed run must be resumed with (the trainer's own config is checked by the checkpoint)."""
 
 
@@ -177,7 +177,8 @@ def resumable(args, seed: int) -> int | None:
     folder = ckpt_dir(args, seed)
     if not (folder / ckpt.CHECKPOINT).is_dir() and not (folder / (ckpt.CHECKPOINT + ".old")).is_dir():
         return None
-    saved = {"sample_weighting": "sample", "center_advantages": False, **json.loads((folder / "args.json").read_text())}  # older runs: default
+    saved = {"sample_weighting": "sample", "center_advantages": False, "env_kwargs": None, "prefill_dtype": "float32",
+             **json.loads((folder / "args.json").read_text())}  # older runs: default
     now = json.loads(json.dumps(run_args(args)))
     for k in sorted(set(saved) | set(now)):
         if saved.get(k) != now.get(k):
@@ -192,11 +193,12 @@ def resumable(args, seed: int) -> int | None:
 
 def run_seed(args, seed: int, resume: bool = False) -> None:
     warm = {"method": "bc+gigpo", "bc_episodes": args.bc_episodes} if args.bc_episodes else {"method": "gigpo"}
-    cfg = LLMTrainConfig(env_id=args.env, train_steps=1, **warm, bc_epochs=20, bc_learning_rate=2e-3,
+    cfg = LLMTrainConfig(env_id=args.env, env_kwargs=json.loads(args.env_kwargs or "{}"), train_steps=1, **warm, bc_epochs=20, bc_learning_rate=2e-3,
                          bc_batch_size=8, seed=seed, history=args.history,
                          max_episode_steps=args.max_steps, learning_rate=args.lr,
                          n_envs=args.groups * args.group_size, group_size=args.group_size,
-                         policy_kwargs={**POLICY, "temperature": args.temperature},
+                         policy_kwargs={**POLICY, "temperature": args.temperature,
+                                        "engine_prefill_dtype": args.prefill_dtype},
                          step_advantage_weight=args.omega,
                          gigpo_kwargs={"epochs": args.epochs, "minibatch_size": args.minibatch_size,
                                        "ent_coef": args.ent_coef, "normalize": args.normalize,
@@ -384,6 +386,9 @@ def action_shares(data: list[dict]) -> list[list]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--env", default="EchoRL/BabyAI-GoToLocal-v0")
+    ap.add_argument("--env-kwargs", help='JSON gym.make options of the env, e.g. \'{"goal_line": true}\'')
+    ap.add_argument("--prefill-dtype", default="float32", choices=("float32", "bfloat16", "int8"),
+                    help="rollout engine's prefill of the frozen layers (LLMPolicyConfig.engine_prefill_dtype)")
     ap.add_argument("--seeds", nargs="+", type=int, default=[8])
     ap.add_argument("--bc-episodes", type=int, default=2, help="expert episodes of the BC warm start (0: none, "
                     "GiGPO starts from the pretrained LM)")

@@ -65,9 +65,13 @@ GROUP_METHODS = ("gigpo", "bc+gigpo", *ECHORL_ARMS)
 POLICY = {"length_norm": True, "show_admissible": False, "lora_rank": 8, "train_layers": 2}
 
 
+def _env_kwargs(args) -> dict:
+    return json.loads(getattr(args, "env_kwargs", None) or "{}")
+
+
 def evaluate(model, args, seed: int) -> list[dict]:
     rows = []
-    env = make_llm_env(args.env, args.history, args.max_steps)
+    env = make_llm_env(args.env, args.history, args.max_steps, env_kwargs=_env_kwargs(args))
     for mode in ("stochastic", "deterministic"):
         for ep in range(args.eval_episodes):
             episode_seed = 100_000 + 1000 * seed + ep  # held out: training used other seeds
@@ -93,7 +97,7 @@ def trace(args) -> None:
     method, seed = args.trace[0], int(args.trace[1])
     model = LLMPPO.load(Path(args.out) / f"{method}-seed{seed}" / "model.zip",
                          custom_objects={"policy_kwargs": dict(POLICY)})
-    env = make_llm_env(args.env, args.history, args.max_steps)
+    env = make_llm_env(args.env, args.history, args.max_steps, env_kwargs=_env_kwargs(args))
     for ep in range(args.eval_episodes):
         episode_seed = 100_000 + 1000 * seed + ep
         obs, info = env.reset(seed=episode_seed)
@@ -117,7 +121,7 @@ def run(method: str, seed: int, args) -> None:
     arm = ECHORL_ARMS.get(method)
     group = method in GROUP_METHODS
     cfg = LLMTrainConfig(
-        env_id=args.env, method="ppo" if method == "frozen" else "echorl" if arm is not None else method,
+        env_id=args.env, env_kwargs=_env_kwargs(args), method="ppo" if method == "frozen" else "echorl" if arm is not None else method,
         train_steps=0 if method in ("frozen", "bc") else args.train_steps, bc_episodes=args.bc_episodes,
         bc_epochs=args.bc_epochs, bc_learning_rate=args.bc_lr, bc_batch_size=args.bc_batch_size, seed=seed,
         history=args.history, max_episode_steps=args.max_steps,
@@ -297,6 +301,7 @@ def claim(out: Path, method: str, seed: int) -> Path | None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--env", default="EchoRL/MiniGrid-Empty-Random-5x5-v0")
+    ap.add_argument("--env-kwargs", help='JSON gym.make options of the env, e.g. \'{"goal_line": true}\'')
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--train-steps", type=int, default=128)

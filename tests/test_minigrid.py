@@ -23,7 +23,7 @@ IDS = echorl_envs.env_ids("minigrid")
 RAW = {i: i.removeprefix("EchoRL/") for i in IDS}
 
 
-def placed(agent_pos, agent_dir, objects=(), carrying=None):
+def placed(agent_pos, agent_dir, objects=(), carrying=None, target=None):
     """An open 8x8 room (MiniGrid-Empty-8x8, walls made opaque) with the agent and objects placed by hand."""
     env = MiniGridTextEnv("MiniGrid-Empty-8x8-v0", expert=False)
     env.reset(seed=0)
@@ -40,6 +40,7 @@ def placed(agent_pos, agent_dir, objects=(), carrying=None):
         raw.agent_dir,
         None if carrying is None else f"a {carrying.color} {carrying.type}",
         "test the description",
+        target,
     )
 
 
@@ -63,6 +64,50 @@ def test_key_two_ahead_one_left_facing_east():
     text = placed((2, 4), 0, [((4, 3), Key("red"))])
     assert "a red key 2 steps ahead and 1 to the left" in text
     assert "You are facing east." in text
+
+
+def test_target_line_names_the_nearest_matching_object():
+    objects = [((3, 3), Key("red")), ((4, 4), Key("blue")), ((5, 2), Ball("red"))]
+    # facing north from (4, 5): the blue key is right ahead, the red key 2 ahead and 1 left, the red ball 3 ahead and 1 right
+    text = placed((4, 5), 3, objects, target=("key", "red"))
+    lines = text.splitlines()
+    assert lines[2] == "Target: the red key, 2 steps ahead and 1 to the left."
+    assert lines[3].startswith("You see a blue key 1 step ahead; a red key 2 steps ahead and 1 to the left")
+    assert placed((4, 5), 3, objects, target=("key", None)).splitlines()[2] == "Target: the key, 1 step ahead."
+    assert placed((4, 5), 3, objects, target=("ball", "red")).splitlines()[2] == (
+        "Target: the red ball, 3 steps ahead and 1 to the right.")
+    assert placed((4, 5), 3, objects, target=("box", "green")).splitlines()[2] == "Target: the green box is not in view."
+    # without a target the observation has no such line
+    assert not any(line.startswith("Target:") for line in placed((4, 5), 3, objects).splitlines())
+
+
+def test_goal_line_only_adds_the_target_line():
+    plain = gym.make("EchoRL/BabyAI-GoToLocal-v0")
+    goal = gym.make("EchoRL/BabyAI-GoToLocal-v0", goal_line=True)
+    for seed in (100000, 100001, 100002):
+        (o1, i1), (o2, i2) = plain.reset(seed=seed), goal.reset(seed=seed)
+        for step in range(12):
+            target = [line for line in o2.splitlines() if line.startswith("Target: ")]
+            assert len(target) == 1 and [line for line in o2.splitlines() if line != target[0]] == o1.splitlines()
+            name = i2["mission"].removeprefix("go to ").removeprefix("the ").removeprefix("a ")
+            if "is not in view" not in target[0]:  # the named position is one of the "You see" entries
+                where = target[0].removeprefix(f"Target: the {name}, ").removesuffix(".")
+                assert f"{name} {where}" in o2
+            else:
+                assert f" {name} " not in o2.split("You see", 1)[1].split("\n", 1)[0] + " "
+            a = i1["expert_action"] if step % 3 else "turn left"
+            (o1, r1, t1, tr1, i1), (o2, r2, t2, tr2, i2) = plain.step(a), goal.step(a)
+            assert (r1, t1, tr1) == (r2, t2, tr2)
+            if t1 or tr1:
+                break
+
+
+def test_goal_line_needs_a_mission_naming_one_object():
+    with pytest.raises(ValueError, match="goal_line"):
+        MiniGridTextEnv("MiniGrid-Empty-5x5-v0", goal_line=True)
+    env = MiniGridTextEnv("BabyAI-BossLevel-v0", goal_line=True, expert=False)
+    with pytest.raises(ValueError, match="goal_line=True needs a mission naming one object"):
+        env.reset(seed=1)  # "pick up a purple ball and open a red door"
 
 
 def test_door_states_walls_and_carrying():

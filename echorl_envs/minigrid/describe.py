@@ -17,6 +17,7 @@ from minigrid.core.constants import IDX_TO_COLOR, IDX_TO_OBJECT, OBJECT_TO_IDX, 
 __all__ = [
     "DIRECTION_NAMES",
     "describe_view",
+    "target_line",
     "object_phrase",
     "position_phrase",
     "with_article",
@@ -119,7 +120,25 @@ def _ray_cells(view: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]],
     return ahead, left, right
 
 
-def describe_view(image: np.ndarray, direction: int, carrying: str | None, mission: str) -> str:
+def target_line(cells_view: list, found: list, obj_type: str | None, color: str | None) -> str:
+    """``"Target: the blue key, 2 steps ahead and 3 to the left."`` for the nearest visible object matching the
+    mission's ``(obj_type, color)`` (``found``: :func:`describe_view`'s sorted visible objects), or ``"Target: the
+    blue key is not in view."``."""
+    name = " ".join(w for w in (color, obj_type or "object") if w)
+    for _, ahead, right, _, i, j in found:
+        obj, col, _ = cells_view[i][j]
+        if (obj_type is None or IDX_TO_OBJECT[obj] == obj_type) and (color is None or IDX_TO_COLOR[col] == color):
+            return f"Target: the {name}, {position_phrase(ahead, right)}."
+    return f"Target: the {name} is not in view."
+
+
+def describe_view(
+    image: np.ndarray,
+    direction: int,
+    carrying: str | None,
+    mission: str,
+    target: tuple[str | None, str | None] | None = None,
+) -> str:
     """The text observation of one MiniGrid state.
 
     Args:
@@ -127,10 +146,13 @@ def describe_view(image: np.ndarray, direction: int, carrying: str | None, missi
         direction: ``agent_dir`` (0 east, 1 south, 2 west, 3 north).
         carrying: noun phrase of the carried object (``"a red key"``) or ``None``.
         mission: the mission string.
+        target: ``(object type, colour)`` of the one object the mission names (``None`` in either place: any),
+            e.g. ``("key", "blue")``; adds a line saying where the nearest matching visible object is.
 
     Returns:
-        Lines: mission; heading and carried object; every visible door/key/ball/box/goal/lava with its
-        relative position (nearest first); what lies straight ahead, to the left and to the right.
+        Lines: mission; heading and carried object; with ``target``, where the mission's object is; every
+        visible door/key/ball/box/goal/lava with its relative position (nearest first); what lies straight
+        ahead, to the left and to the right.
     """
     view = image.shape[0]
     c, back = view // 2, view - 1
@@ -142,11 +164,13 @@ def describe_view(image: np.ndarray, direction: int, carrying: str | None, missi
             continue
         ahead, right = back - j, i - c
         phrase = object_phrase(*cells_view[i][j])
-        found.append((ahead + abs(right), ahead, right, f"{phrase} {position_phrase(ahead, right)}"))
+        found.append((ahead + abs(right), ahead, right, f"{phrase} {position_phrase(ahead, right)}", i, j))
     found.sort()
     lines = [f"Mission: {mission}."] if not mission.endswith(".") else [f"Mission: {mission}"]
     held = f"You are carrying {carrying}." if carrying else "You are not carrying anything."
     lines.append(f"You are facing {DIRECTION_NAMES[direction]}. {held}")
+    if target is not None:
+        lines.append(target_line(cells_view, found, *target))
     if found:
         lines.append("You see " + "; ".join(f[3] for f in found) + ".")
     else:

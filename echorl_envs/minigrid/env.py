@@ -94,6 +94,9 @@ class MiniGridTextEnv(TextEnv):
         env_kwargs: extra keyword arguments for ``gymnasium.make(env_id, ...)``.
         render_mode: ``None`` or ``"ansi"`` (returns the last observation).
         max_text_length: maximum observation/action length.
+        goal_line: add a line naming where the mission's object is (``"Target: the blue key, 2 steps ahead and
+            3 to the left."`` or ``"... is not in view."``), for BabyAI levels whose mission names one object
+            (go to / pick up / open). Off by default: the plain observation leaves finding the object to the agent.
     """
 
     reset_options: ClassVar[frozenset[str]] = frozenset()
@@ -105,6 +108,7 @@ class MiniGridTextEnv(TextEnv):
         env_kwargs: dict[str, Any] | None = None,
         render_mode: str | None = None,
         max_text_length: int = MAX_TEXT,
+        goal_line: bool = False,
     ) -> None:
         super().__init__(render_mode=render_mode, max_text_length=max_text_length)
         known = [k for k in gym.registry if k.startswith(("MiniGrid-", "BabyAI-"))]
@@ -120,6 +124,10 @@ class MiniGridTextEnv(TextEnv):
         self.raw = gym.make(env_id, disable_env_checker=True, **self.env_kwargs).unwrapped
         # BabyAI levels (RoomGridLevel subclasses) carry verifiable instructions the bot can parse.
         self._is_babyai = isinstance(self.raw, RoomGridLevel)
+        self.goal_line = bool(goal_line)
+        if self.goal_line and not self._is_babyai:
+            raise ValueError(f"goal_line=True needs a BabyAI level whose mission names one object, got env_id={env_id!r}")
+        self._target: tuple[str | None, str | None] | None = None
         self._raw_seeded = False
         self._pending_seed: int | None = None
         self._expert_impl: GoalPlanner | BabyAIExpert | None = None
@@ -143,6 +151,12 @@ class MiniGridTextEnv(TextEnv):
         self._raw_seeded = True
         self._image = obs["image"]
         self._expert_impl = None
+        if self.goal_line:
+            desc = getattr(self.raw.instrs, "desc", None)
+            if desc is None:
+                raise ValueError(f"goal_line=True needs a mission naming one object (go to / pick up / open), got "
+                                 f"env_id={self.env_id!r} with mission {self.raw.mission!r}")
+            self._target = (desc.type, desc.color)
         if self.expert:
             self._expert_impl = BabyAIExpert(self.raw) if self._is_babyai else GoalPlanner(self.raw)
         return Transition(self._describe())
@@ -190,7 +204,7 @@ class MiniGridTextEnv(TextEnv):
     # ----------------------------------------------------------------- helpers
     def _describe(self) -> str:
         return describe_view(
-            self._image, int(self.raw.agent_dir), _noun(self.raw.carrying), str(self.raw.mission)
+            self._image, int(self.raw.agent_dir), _noun(self.raw.carrying), str(self.raw.mission), self._target
         )
 
     def _extra_info(self) -> dict[str, Any]:
