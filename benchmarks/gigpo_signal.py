@@ -155,7 +155,7 @@ def evaluate(trainer, seed: int, episodes: int, phase: str) -> list[dict]:
 RUN_ARGS = ("env", "bc_episodes", "max_steps", "history", "iterations", "train_steps", "lr", "groups", "group_size",
             "epochs", "minibatch_size", "ent_coef", "ref_kl_coef", "target_kl", "temperature", "omega", "normalize",
             "probe_seeds", "probe_states", "probe_file", "eval_episodes", "sample_weighting",
-            "center_advantages", "env_kwargs", "prefill_dtype")
+            "center_advantages", "env_kwargs", "prefill_dtype", "positive_advantages")
 """The arguments a checkpointed run must be resumed with (the trainer's own config is checked by the checkpoint)."""
 
 
@@ -178,6 +178,7 @@ def resumable(args, seed: int) -> int | None:
     if not (folder / ckpt.CHECKPOINT).is_dir() and not (folder / (ckpt.CHECKPOINT + ".old")).is_dir():
         return None
     saved = {"sample_weighting": "sample", "center_advantages": False, "env_kwargs": None, "prefill_dtype": "float32",
+             "positive_advantages": False,
              **json.loads((folder / "args.json").read_text())}  # older runs: default
     now = json.loads(json.dumps(run_args(args)))
     for k in sorted(set(saved) | set(now)):
@@ -198,13 +199,15 @@ def run_seed(args, seed: int, resume: bool = False) -> None:
                          max_episode_steps=args.max_steps, learning_rate=args.lr,
                          n_envs=args.groups * args.group_size, group_size=args.group_size,
                          policy_kwargs={**POLICY, "temperature": args.temperature,
-                                        "engine_prefill_dtype": args.prefill_dtype},
+                                        **({} if args.prefill_dtype == "float32"
+                                           else {"engine_prefill_dtype": args.prefill_dtype})},
                          step_advantage_weight=args.omega,
                          gigpo_kwargs={"epochs": args.epochs, "minibatch_size": args.minibatch_size,
                                        "ent_coef": args.ent_coef, "normalize": args.normalize,
                                        "ref_kl_coef": args.ref_kl_coef, "target_kl": args.target_kl,
                                        "sample_weighting": args.sample_weighting,
-                                       "center_advantages": args.center_advantages})
+                                       "center_advantages": args.center_advantages,
+                                       **({"positive_advantages": True} if args.positive_advantages else {})})
     gcfg, _ = gigpo_config(cfg)
     folder = ckpt_dir(args, seed)
     opened = ckpt.open_checkpoint(folder, cfg) if resume else None  # verified before the model loads
@@ -414,6 +417,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--center-advantages", nargs="?", const=True, default=False, choices=["signal"],
                     help="subtract each iteration's loss-weighted mean advantage from every step; '--center-advantages "
                          "signal': from the steps with a non-zero advantage only (GiGPOConfig.center_advantages)")
+    ap.add_argument("--positive-advantages", action="store_true",
+                    help="learn only from steps whose (centred) advantage is > 0 (GiGPOConfig.positive_advantages)")
     ap.add_argument("--probe-seeds", type=int, default=8, help="held-out episodes whose states form the probe")
     ap.add_argument("--probe-states", type=int, default=64)
     ap.add_argument("--probe-file", help="load the probe states from this .npz if it exists, else save them to it "

@@ -316,6 +316,40 @@ def test_gigpo_episode_weighting_reaches_the_learner_and_reports_the_weighted_me
         assert out["advantage_mean"] == pytest.approx(0.0, abs=1e-9)
 
 
+def test_positive_advantages_learn_only_from_steps_better_than_their_group(policy, monkeypatch):
+    import echorl_agent.llm_rl.gigpo as gigpo_mod
+    from echorl_agent.llm_rl.gigpo import GiGPOConfig, GiGPOTrainer
+
+    with pytest.raises(ValueError, match="positive_advantages must be True or False, got positive_advantages=1"):
+        GiGPOConfig(positive_advantages=1)
+    seen = []
+    monkeypatch.setattr(gigpo_mod, "update_policy", lambda pol, samples, **kw: seen.extend(samples) or {})
+    monkeypatch.setattr(policy, "sync_engine", lambda: None)
+    lrs = [g["lr"] for g in policy.optimizer.param_groups]
+    try:
+        for seed in range(8):  # until an iteration has a group whose episodes differ in return
+            seen.clear()
+            cfg = GiGPOConfig(env_id=ENV, groups=2, group_size=2, history=1, max_episode_steps=6, seed=seed,
+                              center_advantages=True, positive_advantages=True, lm={"lora_rank": 4})
+            tr = GiGPOTrainer(cfg, policy)
+            tr.iteration()
+            eps = tr.last_episodes
+            adv = gigpo_advantages(eps, cfg.gamma, cfg.step_advantage_weight, cfg.normalize)
+            centred, _ = center_advantages(adv, [1.0] * len(eps), True)
+            want = {id(st.record): float(a) for ep, ea in zip(eps, centred, strict=True)
+                    for st, a in zip(ep.steps, ea, strict=True) if a > 1e-12}
+            if want:
+                break
+    finally:
+        for g, lr in zip(policy.optimizer.param_groups, lrs, strict=True):
+            g["lr"] = lr
+    assert want and len(want) < sum(len(ep.steps) for ep in eps)  # some steps pushed up, the others dropped
+    # exactly the steps with a positive centred advantage reach the learner, each with that advantage
+    assert sorted(id(s.record) for s in seen) == sorted(want)
+    assert [s.advantage for s in seen] == pytest.approx([want[id(s.record)] for s in seen])
+    assert all(s.advantage > 0 for s in seen)
+
+
 def test_reference_kl_is_exact_and_pulls_the_policy_back(policy):
     # KL(pi || pi_ref) over the candidates: 0 at the reference, equal to a hand computation from two forwards
     # away from it, and (with zero advantages) an update on it alone brings the policy back toward the reference

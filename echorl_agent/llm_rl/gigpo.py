@@ -67,6 +67,10 @@ class GiGPOConfig:
     update pushes sampled actions up and down with equal weight (every step is then learned from, including the steps
     of groups without reward variance, which get a constant -mean). "signal": the same over the steps whose advantage
     is non-zero only; steps without signal stay at 0 (and are not learned from)."""
+    positive_advantages: bool = False
+    """True: after any centring, steps whose advantage is <= 0 are dropped and only the better-than-their-group
+    actions are pushed up (advantage-weighted imitation of the group's better episodes, as rejection-sampling
+    fine-tuning; no gradient pushes a sampled action down)."""
     history: int = 2
     """History window k of the prompts."""
     max_episode_steps: int | None = None
@@ -112,6 +116,8 @@ class GiGPOConfig:
             raise ValueError(f"normalize must be 'std' or 'mean', got normalize={self.normalize!r}")
         episode_sample_weights([], self.sample_weighting)  # ValueError naming sample_weighting
         center_advantages([], [], self.center_advantages)  # ValueError naming center_advantages
+        if not isinstance(self.positive_advantages, bool):
+            raise ValueError(f"positive_advantages must be True or False, got positive_advantages={self.positive_advantages!r}")
         if not self.learning_rate > 0:
             raise ValueError(f"learning_rate must be > 0, got learning_rate={self.learning_rate!r}")
         if isinstance(self.lm, dict):
@@ -195,6 +201,8 @@ class GiGPOTrainer:
         weights = episode_sample_weights(episodes, cfg.sample_weighting)
         # adv_mean: the steps' loss-weighted mean advantage (negative: the update mostly pushes sampled actions down)
         adv, adv_mean = center_advantages(adv, weights, cfg.center_advantages)
+        if cfg.positive_advantages:
+            adv = [np.maximum(a, 0.0) for a in adv]
         fresh = [(e.group, Sample(s.record, s.action, float(a), weight=w))
                  for e, ea, w in zip(episodes, adv, weights, strict=True)
                  for s, a in zip(e.steps, ea, strict=True) if cfg.ent_coef > 0 or cfg.ref_kl_coef > 0 or abs(a) > 1e-12]

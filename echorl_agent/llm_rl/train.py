@@ -43,7 +43,7 @@ ECHORL_LEARNERS = ("gigpo", "ppo")
 
 #: The GiGPO learner options ``LLMTrainConfig.gigpo_kwargs`` may set.
 GIGPO_LEARNER_FIELDS = ("epochs", "minibatch_size", "clip_range", "ent_coef", "normalize", "max_grad_norm", "micro_batch",
-                        "ref_kl_coef", "target_kl", "sample_weighting", "center_advantages")
+                        "ref_kl_coef", "target_kl", "sample_weighting", "center_advantages", "positive_advantages")
 
 
 @dataclass
