@@ -94,9 +94,10 @@ class MiniGridTextEnv(TextEnv):
         env_kwargs: extra keyword arguments for ``gymnasium.make(env_id, ...)``.
         render_mode: ``None`` or ``"ansi"`` (returns the last observation).
         max_text_length: maximum observation/action length.
-        goal_line: add a line naming where the mission's object is (``"Target: the blue key, 2 steps ahead and
-            3 to the left."`` or ``"... is not in view."``), for BabyAI levels whose mission names one object
-            (go to / pick up / open). Off by default: the plain observation leaves finding the object to the agent.
+        goal_line: add a line naming where the mission's object is (``Target: the blue key, 2 steps ahead and
+            3 to the left.`` or ``Target: the blue key is not in view.``), for BabyAI levels whose mission names
+            one object (go to / pick up / open). Off by default: the plain observation leaves finding the object
+            to the agent.
     """
 
     reset_options: ClassVar[frozenset[str]] = frozenset()
