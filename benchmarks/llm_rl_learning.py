@@ -66,7 +66,7 @@ POLICY = {"length_norm": True, "show_admissible": False, "lora_rank": 8, "train_
 
 
 def _env_kwargs(args) -> dict:
-    return json.loads(getattr(args, "env_kwargs", None) or "{}")
+    return json.loads(args.env_kwargs or "{}")
 
 
 def evaluate(model, args, seed: int) -> list[dict]:

@@ -17,7 +17,6 @@ from minigrid.core.constants import IDX_TO_COLOR, IDX_TO_OBJECT, OBJECT_TO_IDX, 
 __all__ = [
     "DIRECTION_NAMES",
     "describe_view",
-    "target_line",
     "object_phrase",
     "position_phrase",
     "with_article",
@@ -120,7 +119,7 @@ def _ray_cells(view: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]],
     return ahead, left, right
 
 
-def target_line(cells_view: list, found: list, obj_type: str | None, color: str | None) -> str:
+def _target_line(cells_view: list, found: list, obj_type: str | None, color: str | None) -> str:
     """``"Target: the blue key, 2 steps ahead and 3 to the left."`` for the nearest visible object matching the
     mission's ``(obj_type, color)`` (``found``: :func:`describe_view`'s sorted visible objects), or ``"Target: the
     blue key is not in view."``."""
@@ -170,7 +169,7 @@ def describe_view(
     held = f"You are carrying {carrying}." if carrying else "You are not carrying anything."
     lines.append(f"You are facing {DIRECTION_NAMES[direction]}. {held}")
     if target is not None:
-        lines.append(target_line(cells_view, found, *target))
+        lines.append(_target_line(cells_view, found, *target))
     if found:
         lines.append("You see " + "; ".join(f[3] for f in found) + ".")
     else:
