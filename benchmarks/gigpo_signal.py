@@ -129,6 +129,28 @@ def alignment(episodes, envs, adv) -> dict[str, float]:
             "n_other": len(a_other)}
 
 
+def oracle_advantages(episodes, envs) -> list[np.ndarray]:
+    """The diagnostic's known-good advantages: +1 where the step took the expert's action, -1 where it took another,
+    0 where the expert's action is not among the candidates (what ``alignment`` scores as perfectly aligned)."""
+    out = []
+    for env, ep in zip(envs, episodes, strict=True):
+        a = np.zeros(len(ep.steps))
+        for t, step in enumerate(ep.steps):
+            k = expert_index(env.rows[t], env.experts[t])
+            if k is not None:
+                a[t] = 1.0 if step.action == k else -1.0
+        out.append(a)
+    return out
+
+
+class OracleGiGPOTrainer(gigpo_mod.GiGPOTrainer):
+    """GiGPO's loop with :func:`oracle_advantages` in place of the reward's: how far the learner moves the policy
+    when every advantage points the right way (an upper bound for the reward's advantages, which are noisier)."""
+
+    def advantages(self, episodes):
+        return oracle_advantages(episodes, self.envs)
+
+
 VARIANTS = {"gigpo": (0.95, 1.0, "std"), "episode-only (GRPO)": (0.95, 0.0, "std"), "mean-centred": (0.95, 1.0, "mean"),
             "gamma 0.8": (0.8, 1.0, "std"), "gamma 0.99": (0.99, 1.0, "std"), "step x2": (0.95, 2.0, "std")}
 """Advantage variants (gamma, omega, normalize) whose alignment is also computed on every iteration's episodes (the
@@ -155,7 +177,8 @@ def evaluate(trainer, seed: int, episodes: int, phase: str) -> list[dict]:
 RUN_ARGS = ("env", "bc_episodes", "max_steps", "history", "iterations", "train_steps", "lr", "groups", "group_size",
             "epochs", "minibatch_size", "ent_coef", "ref_kl_coef", "target_kl", "temperature", "omega", "normalize",
             "probe_seeds", "probe_states", "probe_file", "eval_episodes", "sample_weighting",
-            "center_advantages", "env_kwargs", "prefill_dtype", "positive_advantages")
+            "center_advantages", "env_kwargs", "prefill_dtype", "positive_advantages",
+            "oracle_advantages")
 """The arguments a checkpointed run must be resumed with (the trainer's own config is checked by the checkpoint)."""
 
 
@@ -178,7 +201,7 @@ def resumable(args, seed: int) -> int | None:
     if not (folder / ckpt.CHECKPOINT).is_dir() and not (folder / (ckpt.CHECKPOINT + ".old")).is_dir():
         return None
     saved = {"sample_weighting": "sample", "center_advantages": False, "env_kwargs": None, "prefill_dtype": "float32",
-             "positive_advantages": False,
+             "positive_advantages": False, "oracle_advantages": False,
              **json.loads((folder / "args.json").read_text())}  # older runs: default
     now = json.loads(json.dumps(run_args(args)))
     for k in sorted(set(saved) | set(now)):
@@ -212,7 +235,7 @@ def run_seed(args, seed: int, resume: bool = False) -> None:
     folder = ckpt_dir(args, seed)
     opened = ckpt.open_checkpoint(folder, cfg) if resume else None  # verified before the model loads
     torch.manual_seed(seed)
-    trainer = gigpo_mod.GiGPOTrainer(gcfg)
+    trainer = (OracleGiGPOTrainer if args.oracle_advantages else gigpo_mod.GiGPOTrainer)(gcfg)
     trainer.envs = [ExpertTrace(e) for e in trainer.envs]
     if opened is not None:  # the weights after BC and every update so far, the generators, the probe states
         saved = np.load(folder / "probe.npz")
@@ -260,7 +283,8 @@ def run_seed(args, seed: int, resume: bool = False) -> None:
         row = {"kind": "iteration", **{k: s[k] for k in ("iteration", "timesteps", "success_rate", "frac_zero_std",
                                                          "entropy", "clip_fraction", "num_samples", "ref_kl",
                                                          "approx_kl", "optimizer_steps", "stopped_early",
-                                                         "rollout_s", "learner_s", "advantage_mean")},
+                                                         "rollout_s", "learner_s", "advantage_mean",
+                                                         "advantage_mean_raw")},
                **al, "alignment_variants": others, "probe_p_expert": p, "probe_top_expert": top,
                "probe_n": len(rows), "seconds": time.perf_counter() - t0}
         write(row)
@@ -417,6 +441,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--center-advantages", nargs="?", const=True, default=False, choices=["signal"],
                     help="subtract each iteration's loss-weighted mean advantage from every step; '--center-advantages "
                          "signal': from the steps with a non-zero advantage only (GiGPOConfig.center_advantages)")
+    ap.add_argument("--oracle-advantages", action="store_true",
+                    help="diagnostic: learn from +1 (the expert's action) / -1 (another) instead of the reward's "
+                         "advantages; the rows' alignment still scores the reward's")
     ap.add_argument("--positive-advantages", action="store_true",
                     help="learn only from steps whose (centred) advantage is > 0 (GiGPOConfig.positive_advantages)")
     ap.add_argument("--probe-seeds", type=int, default=8, help="held-out episodes whose states form the probe")

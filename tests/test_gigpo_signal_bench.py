@@ -53,6 +53,18 @@ def test_alignment_skips_zero_advantages_and_is_zero_without_signal():
     assert got["alignment"] == 0.0 and got["n_expert"] == 0 and got["n_other"] == 0
 
 
+def test_oracle_advantages_are_plus_one_on_the_expert_action_minus_one_elsewhere():
+    envs = [SimpleNamespace(rows=[_row(ADM)] * 3, experts=["go forward", "turn left", None]),
+            SimpleNamespace(rows=[_row(ADM)], experts=["pick up"])]  # the expert's action is not a candidate
+    got = bench.oracle_advantages([_episode([2, 1, 0]), _episode([0])], envs)
+    assert [a.tolist() for a in got] == [[1.0, -1.0, 0.0], [0.0]]
+    # what the trainer learns from: the hook replaces GiGPO's advantages and nothing else
+    trainer = bench.OracleGiGPOTrainer.__new__(bench.OracleGiGPOTrainer)
+    trainer.envs = envs
+    assert [a.tolist() for a in trainer.advantages([_episode([2, 1, 0]), _episode([0])])] == [[1.0, -1.0, 0.0], [0.0]]
+    assert bench.alignment([_episode([2, 1, 0]), _episode([0])], envs, got)["alignment"] == pytest.approx(1.0)
+
+
 def test_summary_pairs_after_with_before_per_seed(tmp_path, capsys):
     out = tmp_path / "signal.jsonl"
     rows = []

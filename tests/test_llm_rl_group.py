@@ -314,6 +314,38 @@ def test_gigpo_episode_weighting_reaches_the_learner_and_reports_the_weighted_me
     assert out["advantage_mean"] == pytest.approx(sum(s.weight * s.advantage for s in seen) / n, abs=1e-9)
     if center:  # the loss-weighted mean advantage is removed: as much push up as down
         assert out["advantage_mean"] == pytest.approx(0.0, abs=1e-9)
+    # the mean before centring: GiGPO's advantages of the same episodes, weighted as the learner weighs them
+    from echorl_agent.llm_rl.advantage import gigpo_advantages
+
+    raw = gigpo_advantages(eps, cfg.gamma, cfg.step_advantage_weight, cfg.normalize)
+    w = [want[id(st.record)] for ep in eps for st in ep.steps]
+    assert out["advantage_mean_raw"] == pytest.approx(np.average(np.concatenate(raw), weights=w), abs=1e-9)
+    if not center:
+        assert out["advantage_mean_raw"] == pytest.approx(out["advantage_mean"], abs=1e-9)
+
+
+def test_a_subclass_advantages_replace_gigpos_and_nothing_else(policy, monkeypatch):
+    import echorl_agent.llm_rl.gigpo as gigpo_mod
+    from echorl_agent.llm_rl.gigpo import GiGPOConfig, GiGPOTrainer
+
+    class Fixed(GiGPOTrainer):  # +1 on every first step, -1 on the rest
+        def advantages(self, episodes):
+            return [np.where(np.arange(len(ep.steps)) == 0, 1.0, -1.0) for ep in episodes]
+
+    seen = []
+    monkeypatch.setattr(gigpo_mod, "update_policy", lambda pol, samples, **kw: seen.extend(samples) or {})
+    monkeypatch.setattr(policy, "sync_engine", lambda: None)
+    lrs = [g["lr"] for g in policy.optimizer.param_groups]
+    try:
+        tr = Fixed(GiGPOConfig(env_id=ENV, groups=1, group_size=2, history=1, max_episode_steps=4, seed=3,
+                               positive_advantages=True, lm={"lora_rank": 4}), policy)
+        tr.iteration()
+    finally:
+        for g, lr in zip(policy.optimizer.param_groups, lrs, strict=True):
+            g["lr"] = lr
+    firsts = {id(ep.steps[0].record) for ep in tr.last_episodes}
+    # positive_advantages still applies after the hook: only the first steps (+1) reach the learner
+    assert {id(s.record) for s in seen} == firsts and [s.advantage for s in seen] == [1.0] * len(firsts)
 
 
 def test_positive_advantages_learn_only_from_steps_better_than_their_group(policy, monkeypatch):

@@ -197,9 +197,11 @@ class GiGPOTrainer:
         episodes = collect_groups(self.policy, self.envs, self.next_seeds(), cfg.group_size, self.generator)
         self.last_episodes = episodes
         t1 = time.perf_counter()
-        adv = gigpo_advantages(episodes, cfg.gamma, cfg.step_advantage_weight, cfg.normalize)
+        adv = self.advantages(episodes)
         weights = episode_sample_weights(episodes, cfg.sample_weighting)
-        # adv_mean: the steps' loss-weighted mean advantage (negative: the update mostly pushes sampled actions down)
+        # adv_mean: the steps' loss-weighted mean advantage (negative: the update mostly pushes sampled actions down);
+        # raw_mean: the same before centring (what centring subtracts, also from the steps of groups without signal)
+        _, raw_mean = center_advantages(adv, weights, False)
         adv, adv_mean = center_advantages(adv, weights, cfg.center_advantages)
         if cfg.positive_advantages:
             adv = [np.maximum(a, 0.0) for a in adv]
@@ -236,7 +238,7 @@ class GiGPOTrainer:
             "anchor_groups_multi": float(sum(len(v) > 1 for v in anchors.values())),
             "anchor_steps_grouped": float(sum(len(v) for v in anchors.values() if len(v) > 1)) / max(steps, 1),
             "cache_hit_rate": cached / max(cached + computed, 1),
-            "advantage_mean": adv_mean,
+            "advantage_mean": adv_mean, "advantage_mean_raw": raw_mean,
             "rollout_s": t1 - t0, "learner_s": t2 - t1, "env_steps_per_s": steps / max(t2 - t0, 1e-9),
             **upd,
         }
@@ -246,6 +248,12 @@ class GiGPOTrainer:
                        replay_hit_rate=float(rs["hit_rate"]), replay_mb_per_1000=float(rs["mb_per_1000"]))
         self.history.append(out)
         return out
+
+    def advantages(self, episodes: list[Episode]) -> list[np.ndarray]:
+        """Per-step advantages of an iteration's episodes before any centring (GiGPO's ``A_E + omega * A_S``).
+        A subclass may replace them (e.g. a diagnostic with known-good advantages) and keep the rest of the loop."""
+        cfg = self.cfg
+        return gigpo_advantages(episodes, cfg.gamma, cfg.step_advantage_weight, cfg.normalize)
 
     # ------------------------------------------------------------------ replay (EchoRL Algorithm 1's buffer)
     def _replayed(self, n_fresh: int) -> list[Sample]:
