@@ -149,9 +149,9 @@ def run(method: str, seed: int, args) -> None:
     with open(Path(args.out) / "episodes.jsonl", "a") as f:
         for r in rows:
             f.write(json.dumps({"method": method, "seed": seed, "train_s": train_s, **r}) + "\n")
-    print(f"{method} seed {seed}: train {train_s:.0f}s, "
-          + ", ".join(f"{m} {np.mean([r['won'] for r in rows if r['mode'] == m]):.2f}"
-                      for m in ("stochastic", "deterministic")), flush=True)
+    wins = {m: [r["won"] for r in rows if r["mode"] == m] for m in ("stochastic", "deterministic")}
+    print(f"{method} seed {seed}: train {train_s:.0f}s"
+          + "".join(f", {m} {np.mean(w):.2f}" for m, w in wins.items() if w), flush=True)  # none: --eval-episodes 0
 
 
 def steps_to(curve: Path, target: float) -> float | None:
