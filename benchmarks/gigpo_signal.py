@@ -114,24 +114,9 @@ def probe(policy, rows: list[np.ndarray], experts: list[int]) -> tuple[float, fl
     return float(np.mean(p)), float(np.mean(top))
 
 
-def alignment(episodes, envs, adv) -> dict[str, float]:
-    num, den, a_exp, a_other = 0.0, 0.0, [], []
-    for env, ep, ea in zip(envs, episodes, adv, strict=True):
-        for t, (step, a) in enumerate(zip(ep.steps, ea, strict=True)):
-            k = expert_index(env.rows[t], env.experts[t])
-            if k is None or abs(a) < 1e-12:
-                continue
-            s = 1.0 if step.action == k else -1.0
-            num, den = num + a * s, den + abs(a)
-            (a_exp if s > 0 else a_other).append(a)
-    return {"alignment": num / den if den else 0.0, "adv_expert": float(np.mean(a_exp)) if a_exp else 0.0,
-            "adv_other": float(np.mean(a_other)) if a_other else 0.0, "n_expert": len(a_exp),
-            "n_other": len(a_other)}
-
-
 def oracle_advantages(episodes, envs) -> list[np.ndarray]:
     """The diagnostic's known-good advantages: +1 where the step took the expert's action, -1 where it took another,
-    0 where the expert's action is not among the candidates (what ``alignment`` scores as perfectly aligned)."""
+    0 where the expert's action is not among the candidates (the agreement ``alignment`` weighs advantages by)."""
     out = []
     for env, ep in zip(envs, episodes, strict=True):
         a = np.zeros(len(ep.steps))
@@ -141,6 +126,19 @@ def oracle_advantages(episodes, envs) -> list[np.ndarray]:
                 a[t] = 1.0 if step.action == k else -1.0
         out.append(a)
     return out
+
+
+def alignment(episodes, envs, adv) -> dict[str, float]:
+    num, den, a_exp, a_other = 0.0, 0.0, [], []
+    for signs, ea in zip(oracle_advantages(episodes, envs), adv, strict=True):
+        for s, a in zip(signs, ea, strict=True):
+            if s == 0 or abs(a) < 1e-12:  # no expert action among the candidates, or no advantage
+                continue
+            num, den = num + a * s, den + abs(a)
+            (a_exp if s > 0 else a_other).append(a)
+    return {"alignment": num / den if den else 0.0, "adv_expert": float(np.mean(a_exp)) if a_exp else 0.0,
+            "adv_other": float(np.mean(a_other)) if a_other else 0.0, "n_expert": len(a_exp),
+            "n_other": len(a_other)}
 
 
 class OracleGiGPOTrainer(gigpo_mod.GiGPOTrainer):
