@@ -103,8 +103,31 @@ def test_a_run_with_a_checkpoint_resumes_and_a_corrupt_one_starts_again(tmp_path
 
     cfg = LLMTrainConfig(env_id="EchoRL/MiniGrid-Empty-Random-5x5-v0", method="bc+gigpo", train_steps=64)
     ckpt._write(folder, cfg, "gigpo", {"iteration": 1, "timesteps": 32}, lambda d: (d / "x.pt").write_bytes(b"x"))
+    (tmp_path / "episodes.jsonl").unlink()
     bench.main(argv)
     assert calls[-1] == (1, True)
+
+
+def test_a_run_without_evaluation_is_marked_finished_and_its_curve_counts(tmp_path, monkeypatch, capsys):
+    calls = []
+    monkeypatch.setattr(bench, "train_llm", lambda cfg, resume=False: calls.append(cfg.method))
+    monkeypatch.setattr(bench, "evaluate", lambda model, args, seed: [])  # --eval-episodes 0
+    argv = ["--methods", "bc+gigpo", "bc+echorl", "--seeds", "5", "--train-steps", "64", "--eval-episodes", "0",
+            "--out", str(tmp_path)]
+    bench.main(argv)
+    bench.main(argv)
+    assert calls == ["bc+gigpo", "echorl"]  # the second call finds both finished and trains neither again
+    rows = [json.loads(line) for line in open(tmp_path / "episodes.jsonl")]
+    assert [(r["method"], r["seed"], r["mode"]) for r in rows] == [("bc+gigpo", 5, "none"), ("bc+echorl", 5, "none")]
+    assert "| bc+gigpo" not in capsys.readouterr().out  # the markers make no success row
+    for method, first in (("bc+gigpo", 21), ("bc+echorl", 20)):  # rolling success reaches 0.5 at this row
+        folder = tmp_path / f"{method}-seed5"
+        folder.mkdir()
+        (folder / "curve.csv").write_text("timesteps,success_rate,loss\n" + "".join(
+            f"{24 * i},{0.5 if i >= first else 0.2},0.0\n" for i in range(1, 22)))
+    bench.target_table(bench.argparse.Namespace(out=str(tmp_path), target=0.5, target_reference="bc+gigpo",
+                                                target_seeds=10))
+    assert "5: 480/504" in capsys.readouterr().out  # both runs' curves are read
 
 
 def test_steps_to_target_counts_finished_runs_only(tmp_path, capsys):
