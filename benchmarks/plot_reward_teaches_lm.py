@@ -11,7 +11,8 @@ frozen and BC. Fifth and sixth: BabyAI-GoToLocal from BC on 2 demonstrations (§
 the probe (mean probability of the expert's action and the share of states where it is the argmax, on 64 fixed
 held-out states) after every GiGPO iteration with the held-out success before and after, and each iteration's
 advantage alignment with the expert's actions. Seventh and eighth: the same probe for GiGPO with centred advantages,
-8 groups x 4, one epoch, from BC-2 (§12) and from the pretrained LM (§13). The number of seeds each method has so far
+8 groups x 4, one epoch, from BC-2 (§12) and from the pretrained LM (§13). Ninth: §12's recipe with the env's goal line
+(§14). The number of seeds each method has so far
 is in the legend (a probe panel counts only finished seeds).
 
 Run: ``python benchmarks/plot_reward_teaches_lm.py`` (reads the committed results, writes ``docs/figures/reward_teaches_lm.png``).
@@ -182,6 +183,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="§12's rows (label s12)")
     ap.add_argument("--pretrained", default=str(ROOT / "benchmarks/results/gigpo_signal_s1020.jsonl"),
                     help="§13's rows (label s13)")
+    ap.add_argument("--goal-line", default=str(ROOT / "benchmarks/results/gigpo_signal_s1030.jsonl"),
+                    help="§14's rows (label s14)")
     ap.add_argument("--out", default=str(ROOT / "docs/figures/reward_teaches_lm.png"))
     args = ap.parse_args(argv)
     import matplotlib
@@ -189,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 4, figsize=(25, 8.8))
+    fig, axes = plt.subplots(3, 3, figsize=(19, 13.2))
     axes = axes.ravel()
     group_rl_panel(axes[0], Path(args.gigpo), "MiniGrid-Empty-Random-5x5: GiGPO from the pretrained LM (§5)")
     grpo_panel(axes[1], Path(args.grpo))
@@ -201,6 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     alignment_panel(axes[5], Path(args.signal), args.signal_label)
     probe_panel(axes[6], Path(args.centred), "s12", "GoToLocal, BC-2 + GiGPO centred, 8x4 (§12)")
     probe_panel(axes[7], Path(args.pretrained), "s13", "GoToLocal, frozen + GiGPO centred, 8x4 (§13)", start="frozen")
+    probe_panel(axes[8], Path(args.goal_line), "s14", "GoToLocal with the goal line, BC-2 + GiGPO centred, 8x4 (§14)")
     save_figure(fig, "Reward teaches the LM (SmolLM2-135M, LoRA r=8 top 2 layers, CPU): mean and 95% CI over seeds",
                 args.out)
 
