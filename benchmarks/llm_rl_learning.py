@@ -247,7 +247,10 @@ def paired(data: list[dict], method: str, reference: str, mode: str) -> dict | N
 
 def summary(args) -> None:
     path = Path(args.out) / "episodes.jsonl"
-    data = [json.loads(line) for line in open(path)]
+    data = read_jsonl(path)
+    if not any(d["mode"] in ("stochastic", "deterministic") for d in data):
+        print(f"no evaluated episodes in {path} (runs with --eval-episodes 0 only write curve.csv)")
+        return
     table = []
     for method in METHODS:
         for mode in ("stochastic", "deterministic"):

@@ -119,7 +119,8 @@ def test_a_run_without_evaluation_is_marked_finished_and_its_curve_counts(tmp_pa
     assert calls == ["bc+gigpo", "echorl"]  # the second call finds both finished and trains neither again
     rows = [json.loads(line) for line in open(tmp_path / "episodes.jsonl")]
     assert [(r["method"], r["seed"], r["mode"]) for r in rows] == [("bc+gigpo", 5, "none"), ("bc+echorl", 5, "none")]
-    assert "| bc+gigpo" not in capsys.readouterr().out  # the markers make no success row
+    out = capsys.readouterr().out
+    assert "| bc+gigpo" not in out and "no evaluated episodes" in out  # the markers make no success row
     for method, first in (("bc+gigpo", 21), ("bc+echorl", 20)):  # rolling success reaches 0.5 at this row
         folder = tmp_path / f"{method}-seed5"
         folder.mkdir()
