@@ -71,9 +71,8 @@ def group_rl_panel(ax, folder: Path, title: str, trained: tuple[str, ...] = ("gi
         ax.set_title(f"no curves of {', '.join(trained)} in {folder}")
         return
     evals: dict[tuple[str, str], dict[int, list[bool]]] = defaultdict(lambda: defaultdict(list))
-    for line in (folder / "episodes.jsonl").open():
-        e = json.loads(line)
-        if e["method"] in colors:
+    for e in read_jsonl(folder / "episodes.jsonl"):
+        if e["method"] in colors and e["mode"] in ("stochastic", "deterministic"):  # not a run's "none" marker
             evals[(e["method"], e["mode"])][e["seed"]].append(bool(e["won"]))
     dx = x_end / 80
     for (method, mode), by_seed in sorted(evals.items()):
