@@ -49,16 +49,19 @@ def on_grid(steps: list[float], values: list[float], grid: np.ndarray) -> np.nda
 
 
 def group_rl_panel(ax, folder: Path, title: str, trained: tuple[str, ...] = ("gigpo",),
-                   starts: tuple[str, ...] = ("frozen",)) -> None:
-    """Rolling training success of each ``trained`` method (mean and CI over its seeds) and the held-out evaluation
-    of every method in ``starts + trained`` (both modes) as points with CIs over seeds."""
-    colors = {m: f"C{i}" for i, m in enumerate(starts + trained)}
+                   starts: tuple[str, ...] = ("frozen",), colors: dict[str, str] | None = None) -> None:
+    """Rolling training success of each ``trained`` method (mean and CI over its finished seeds: those with rows in
+    ``episodes.jsonl``) and the held-out evaluation of every method in ``starts + trained`` (both modes) as points
+    with CIs over seeds; ``colors`` maps each method to its colour (default: C0, C1, ... in that order)."""
+    colors = colors or {m: f"C{i}" for i, m in enumerate(starts + trained)}
+    episodes = read_jsonl(folder / "episodes.jsonl") if (folder / "episodes.jsonl").exists() else []
+    finished = {f"{e['method']}-seed{e['seed']}" for e in episodes}  # a run's rows are written when it has finished
     x_end = 0.0
     for method in trained:
         curves = []
         for f in sorted(folder.glob(f"{method}-seed*/curve.csv")):
             rows = list(csv.DictReader(f.open()))
-            if rows and f.parent.name.rsplit("-seed", 1)[0] == method:
+            if rows and f.parent.name.rsplit("-seed", 1)[0] == method and f.parent.name in finished:
                 curves.append(([float(r["timesteps"]) for r in rows], [float(r["success_rate"]) for r in rows]))
         if not curves:
             continue
@@ -71,7 +74,7 @@ def group_rl_panel(ax, folder: Path, title: str, trained: tuple[str, ...] = ("gi
         ax.set_title(f"no curves of {', '.join(trained)} in {folder}")
         return
     evals: dict[tuple[str, str], dict[int, list[bool]]] = defaultdict(lambda: defaultdict(list))
-    for e in read_jsonl(folder / "episodes.jsonl"):
+    for e in episodes:
         if e["method"] in colors and e["mode"] in ("stochastic", "deterministic"):  # not a run's "none" marker
             evals[(e["method"], e["mode"])][e["seed"]].append(bool(e["won"]))
     dx = x_end / 80

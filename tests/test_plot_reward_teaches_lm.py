@@ -72,3 +72,29 @@ def test_alignment_panel_counts_iterations_with_signal(signal_file):
     assert sorted(map(tuple, np.asarray(pts).tolist())) == [(100, 0.5), (150, -0.25), (250, 0.0)]
     assert ax.collections[0].get_label() == "3 of 4 iterations had signal (2 seeds)"
     plt.close(fig)
+
+
+def _run(folder: Path, name: str, curve: list[tuple[int, float]]) -> None:
+    (folder / name).mkdir(parents=True)
+    (folder / name / "curve.csv").write_text(
+        "timesteps,success_rate\n" + "".join(f"{t},{s}\n" for t, s in curve))
+
+
+def test_group_rl_panel_averages_finished_runs_only(tmp_path):
+    _run(tmp_path, "gigpo-seed1", [(16, 0.0), (100, 0.5)])
+    _run(tmp_path, "gigpo-seed2", [(16, 0.5), (100, 1.0)])
+    _run(tmp_path, "gigpo-seed3", [(16, 1.0), (40, 1.0)])  # checkpointed mid-run: no rows yet, left out
+    rows = [{"method": "gigpo", "seed": 1, "mode": m, "won": w} for m, w in (("stochastic", 1), ("deterministic", 0))]
+    rows += [{"method": "gigpo", "seed": 2, "mode": "none"}]  # finished without evaluation: its curve counts
+    (tmp_path / "episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    fig, ax = plt.subplots()
+    plot.group_rl_panel(ax, tmp_path, "t", trained=("gigpo",), starts=(), colors={"gigpo": "C3"})
+    line = ax.get_lines()[0]
+    x, y = line.get_data()
+    assert x[0] == 16 and x[-1] == 100  # the grid ends at the shortest finished run (seed 3's 40 would cut it)
+    np.testing.assert_allclose(y, [0.25 if t < 100 else 0.75 for t in x])
+    assert line.get_label() == "gigpo training (rolling, sampled), 2 seeds"
+    assert line.get_color() == "C3"
+    labels = ax.get_legend_handles_labels()[1]
+    assert "gigpo held-out, stochastic (1 seeds)" in labels and "gigpo held-out, deterministic (1 seeds)" in labels
+    plt.close(fig)
