@@ -61,7 +61,7 @@ def group_rl_panel(ax, folder: Path, title: str, trained: tuple[str, ...] = ("gi
         curves = []
         for f in sorted(folder.glob(f"{method}-seed*/curve.csv")):
             rows = list(csv.DictReader(f.open()))
-            if rows and f.parent.name.rsplit("-seed", 1)[0] == method and f.parent.name in finished:
+            if rows and f.parent.name in finished:  # also rules out another method's folders that the glob matches
                 curves.append(([float(r["timesteps"]) for r in rows], [float(r["success_rate"]) for r in rows]))
         if not curves:
             continue
