@@ -24,13 +24,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def gemm_microbenchmark(reps: int = 20) -> None:
-    from echorl_agent.llm.quant.w8a8 import W8A8Linear, int8_matmul
+    from echorl_agent.llm.quant.w8a8 import W8A8Linear, _load, int8_backend, int8_matmul
 
     x, w = torch.randn(512, 576), torch.randn(1536, 576)
     lin = W8A8Linear([w])
     xq = torch.randint(-127, 128, (512, 576), dtype=torch.int8)
     fs = {"float32 F.linear": lambda: torch.nn.functional.linear(x, w),
-          "int8 product (w8a8.c)": lambda: int8_matmul(xq, lin.w_q),
+          "int8 product (torch._int_mm)": lambda: int8_matmul(xq, lin.w_q, use_kernel=False),
+          **({"int8 product (w8a8.c)": lambda: int8_matmul(xq, lin.w_q, use_kernel=True)} if _load() else {}),
           "W8A8Linear (quantize + product + scales)": lambda: lin(x)}
     tot = dict.fromkeys(fs, 0.0)
     for f in fs.values():
@@ -42,6 +43,7 @@ def gemm_microbenchmark(reps: int = 20) -> None:
             tot[k] += time.perf_counter() - t
     for k, v in tot.items():
         print(f"{k}: {v / reps * 1e3:.2f} ms for [512, 576] x [576, 1536]")
+    print(f"the engine's int8 backend on this CPU: {int8_backend()}")
 
 
 def main() -> None:
@@ -50,6 +52,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="timed passes over the states (alternating engines)")
     ap.add_argument("--trained", type=int, default=2, help="top layers kept float32 (EngineConfig.float32_top_layers)")
     ap.add_argument("--threads", type=int, choices=(1, 2), default=1)
+    ap.add_argument("--bf16", action="store_true", help="a third engine with bfloat16 prefill, alternating with the two")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     gemm_microbenchmark()
@@ -77,6 +80,8 @@ def main() -> None:
     t = time.perf_counter()
     engines = {"float32": LLMEngine(llm, EngineConfig()),
                "int8": LLMEngine(llm, EngineConfig(prefill_dtype="int8", float32_top_layers=args.trained))}
+    if args.bf16:
+        engines["bfloat16"] = LLMEngine(llm, EngineConfig(prefill_dtype="bfloat16", float32_top_layers=args.trained))
     print(f"engines built in {time.perf_counter() - t:.1f} s (int8: calibration + packing included)")
 
     def dist(engine, prompt, cands):
@@ -98,15 +103,17 @@ def main() -> None:
                 if rep == 0:
                     out[name].append(d)
     tokens = args.repeats * sum(len(p) + sum(len(c) for c in cs) for p, cs in states)
-    kls = [float((p.exp() * (p - q)).sum()) for p, q in zip(out["float32"], out["int8"], strict=True)]
-    agree = sum(int(p.argmax() == q.argmax()) for p, q in zip(out["float32"], out["int8"], strict=True))
     print(f"{len(states)} GoToLocal states (history 2), {tokens // args.repeats} prefilled tokens per pass, "
           f"{args.repeats} alternating passes, {args.threads} thread(s), top {args.trained} layers float32")
     for name, v in times.items():
         print(f"{name}: {v:.2f} s, {tokens / v:.0f} prefill tok/s")
-    print(f"int8 / float32 speed: {times['float32'] / times['int8']:.2f}x")
-    print(f"KL(float32 || int8) over the candidates: mean {np.mean(kls):.4f}, max {np.max(kls):.4f}; "
-          f"argmax agreement {agree}/{len(states)}")
+    for name in [n for n in engines if n != "float32"]:
+        kls = [float((p.exp() * (p - q)).sum()) for p, q in zip(out["float32"], out[name], strict=True)]
+        agree = sum(int(p.argmax() == q.argmax()) for p, q in zip(out["float32"], out[name], strict=True))
+        print(f"{name} / float32 speed: {times['float32'] / times[name]:.2f}x; KL(float32 || {name}) over the "
+              f"candidates: mean {np.mean(kls):.4f}, max {np.max(kls):.4f}; argmax agreement {agree}/{len(states)}")
+    if "bfloat16" in times:
+        print(f"int8 / bfloat16 speed: {times['bfloat16'] / times['int8']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ Loops measured (each a fresh process, alternating A/B/... over ``--rounds``, sam
   episodes rarely succeed, and an iteration without reward variance runs no update);
 * ``gigpo-2x4-lean-bf16``, ``bc+gigpo-2x4-lean-bf16`` -- those two with ``engine_prefill_dtype="bfloat16"`` (the
   frozen layers' prefill in bfloat16; faster only where the CPU has AMX or AVX-512 BF16);
+* ``gigpo-2x4-lean-int8``, ``bc+gigpo-2x4-lean-int8`` -- those two with ``engine_prefill_dtype="int8"`` (the frozen
+  layers' prefill as SmoothQuant W8A8; faster only where the CPU has a fast int8 product, e.g. AVX-512 VNNI or AMX);
 * with ``--baseline-tree DIR`` (a checkout of an older commit, e.g. ``git worktree add /tmp/old 16db19f``), the
   ``--baseline-loops`` (default ``ppo-1env``) of that tree too (``old-<loop>``, each right after the same loop of
   this tree), so the ratio new / old is measured in one run.
@@ -54,6 +56,9 @@ LOOPS = {
 }
 # the same loops with the engine's frozen layers prefilled in bfloat16 (fast only on CPUs with AMX / AVX-512 BF16)
 LOOPS.update({f"{name}-bf16": {**kw, "policy": {**kw["policy"], "engine_prefill_dtype": "bfloat16"}}
+              for name, kw in list(LOOPS.items()) if name.endswith("-lean")})
+# ... and as SmoothQuant W8A8 (int8 activations x int8 weights; fast only with VNNI / AMX int8 products)
+LOOPS.update({f"{name}-int8": {**kw, "policy": {**kw["policy"], "engine_prefill_dtype": "int8"}}
               for name, kw in list(LOOPS.items()) if name.endswith("-lean")})
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from echorl_agent.llm.engine.config import EngineConfig
-from echorl_agent.llm.quant.w8a8 import W8A8Linear, int8_matmul, quantize_rows, smoothing
+from echorl_agent.llm.quant.w8a8 import W8A8Linear, _load, int8_backend, int8_matmul, quantize_rows, smoothing
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -29,7 +29,16 @@ def test_int8_kernel_equals_torch_int_mm_exactly(m, k, n):
     w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
     ref = a.long() @ w.long().T
     assert torch.equal(int8_matmul(a, w, use_kernel=False).long(), ref)  # torch._int_mm (padded below 17 rows)
-    assert torch.equal(int8_matmul(a, w).long(), ref)  # the C kernel when it builds
+    assert torch.equal(int8_matmul(a, w).long(), ref)  # the faster backend on this CPU
+    if _load() is not None:
+        assert torch.equal(int8_matmul(a, w, use_kernel=True).long(), ref)  # the C kernel
+
+
+def test_int8_backend_is_chosen_once_and_named():
+    assert int8_backend() in ("kernel", "int_mm")
+    assert int8_backend() == int8_backend()  # timed once per process, then kept
+    if _load() is None:
+        assert int8_backend() == "int_mm"
 
 
 def test_w8a8_linear_error_on_random_inputs_and_below_17_rows():
@@ -42,7 +51,7 @@ def test_w8a8_linear_error_on_random_inputs_and_below_17_rows():
     assert y.shape == (40, 960) and lin.splits == [576, 384]
     assert rel_err(y, ref) < 0.01  # measured 0.0061 (two 8-bit roundings)
     torch.testing.assert_close(lin(x[:3]), y[:3], atol=0, rtol=0)  # rows are independent, at any row count
-    torch.testing.assert_close(lin(x, use_kernel=False), y, atol=0, rtol=0)  # kernel == torch._int_mm path
+    torch.testing.assert_close(lin(x, use_kernel=False), y, atol=0, rtol=0)  # torch._int_mm == the chosen backend
     # the dequantized weight is what the module multiplies (up to the activation rounding)
     assert rel_err(lin.dequantized_weight(), w) < 0.01
 

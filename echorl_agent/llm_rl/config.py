@@ -66,9 +66,10 @@ class LLMPolicyConfig:
     """Prefill of the rollout engine's frozen layers: "float32" (exact), "int8" (W8A8 after SmoothQuant
     smoothing, ``EngineConfig.prefill_dtype``; a small policy shift, KL ~0.004 per GoToLocal decision) or "bfloat16"
     (KL ~0.0001; fast only on CPUs with AMX / AVX-512 BF16). The learner then starts from the activations those
-    layers captured, so rollout and learner log-probs still agree. int8 is not faster on the AVX2 reference host
-    (quiet: 1.02x at 1 thread, 0.72x at 2; benchmarks/RESULTS.md, "Ninth session") and bfloat16 is slower there:
-    keep float32 unless your CPU multiplies int8 or bfloat16 markedly faster than float32."""
+    layers captured, so rollout and learner log-probs still agree. Both depend on the CPU: on an AVX-512 VNNI /
+    BF16 host int8 prefills 2.3x and bfloat16 2.0x float32's rate (benchmarks/RESULTS.md, "Twenty-second
+    session"); on an AVX2-only host int8 is not faster (1.02x at 1 thread, 0.72x at 2; "Ninth session") and
+    bfloat16 is slower: keep float32 unless your CPU multiplies int8 or bfloat16 markedly faster than float32."""
     show_admissible: bool = True
     """List the admissible actions in each observation turn (off: shorter prompts when the set never changes)."""
     rollout_url: str | None = None

@@ -28,7 +28,8 @@ WEIGHT_DTYPES = ("float32", *QUANTIZED_BITS)
 SAMPLERS = ("multinomial", "inverse_cdf")
 #: Values of ``EngineConfig.prefill_dtype``: "float32" (exact), "int8" (the frozen layers' projections run as
 #: SmoothQuant-smoothed int8 activations x int8 weights on multi-row forwards, :mod:`echorl_agent.llm.quant.w8a8`;
-#: measured on the AVX2 reference host it is not faster: 1.02x float32's scoring at 1 thread, 0.72x at 2) or
+#: 2.3x float32's prefill rate on an AVX-512 VNNI host, where torch._int_mm runs the product; not faster on an
+#: AVX2-only host: 1.02x at 1 thread, 0.72x at 2) or
 #: "bfloat16" (activations and weights rounded to bfloat16, :mod:`echorl_agent.llm.quant.bf16`; faster only on CPUs
 #: with AMX or AVX-512 BF16, slower elsewhere).
 PREFILL_DTYPES = ("float32", "int8", "bfloat16")

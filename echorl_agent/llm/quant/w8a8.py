@@ -14,9 +14,12 @@ weights per output channel (``benchmarks/int8_prefill_probe.py --mode smooth``: 
 :class:`W8A8Linear` holds one or more projections that read the same input (q/k/v, or gate/up) as one int8 weight
 with a shared smoothing vector (the input is divided and rounded once), :func:`pack_w8a8` builds one from the
 float linears and the calibrated maxima ``max|X_j|``. The integer product :func:`int8_matmul` is exact, so a row's
-result does not depend on the other rows or the thread count; it runs ``w8a8.c`` (AVX2) when it builds and
-``torch._int_mm`` otherwise (same integers; ~50x slower than float32 on an AVX2 host without VNNI, see the C
-file). Measured on that host (loaded): the kernel is ~1.4x a float32 GEMM, ~1.15x with the quantization passes.
+result does not depend on the other rows or the thread count. Two backends give the same integers: ``w8a8.c``
+(AVX2 ``vpmaddwd``) and ``torch._int_mm`` (oneDNN). Which is faster depends on the CPU: on an AVX2 host without
+VNNI ``_int_mm`` was ~50x slower than float32 and the kernel ~1.4x faster (~1.15x with the quantization passes); on
+an AVX-512 VNNI host ``_int_mm`` ran a [512, 576] x [576, 1536] product ~10x faster than float32 (RESULTS,
+twenty-second session). So the first product times both once on a fixed shape and keeps the faster
+(:func:`int8_backend`); the choice never changes a result.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import torch
 
 from echorl_agent.kernels.cbuild import build_shared_library
 
-__all__ = ["W8A8Linear", "pack_w8a8", "smoothing", "int8_matmul", "quantize_rows", "DEFAULT_ALPHA"]
+__all__ = ["W8A8Linear", "pack_w8a8", "smoothing", "int8_matmul", "int8_backend", "quantize_rows", "DEFAULT_ALPHA"]
 
 DEFAULT_ALPHA = 0.5
 """SmoothQuant's migration strength: the probe's setting (0.5 halves each outlier's log-magnitude between the
@@ -43,6 +46,7 @@ _MM_MIN_ROWS = 17
 _SRC = Path(__file__).with_name("w8a8.c")
 _lib: ctypes.CDLL | None = None
 _tried = False
+_backend: str | None = None
 
 
 def _load() -> ctypes.CDLL | None:
@@ -66,16 +70,53 @@ def _load() -> ctypes.CDLL | None:
     return lib
 
 
+def _int_mm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    M, K = a.shape
+    if M < _MM_MIN_ROWS:
+        a = torch.cat([a, a.new_zeros(_MM_MIN_ROWS - M, K)])
+    return torch._int_mm(a, w.t())[:M]
+
+
+def int8_backend() -> str:
+    """``"kernel"`` (``w8a8.c``) or ``"int_mm"`` (``torch._int_mm``): whichever ran a [128, 576] x [576, 1536]
+    product faster on this CPU (best of 3 each, timed once per process); ``"int_mm"`` when the kernel does not build.
+    """
+    global _backend
+    if _backend is None:
+        import time
+
+        if _load() is None:
+            _backend = "int_mm"
+            return _backend
+        g = torch.Generator().manual_seed(0)
+        a = torch.randint(-127, 128, (128, 576), dtype=torch.int8, generator=g)
+        w = torch.randint(-127, 128, (1536, 576), dtype=torch.int8, generator=g)
+        best = {}
+        for name, use in (("kernel", True), ("int_mm", False)):
+            int8_matmul(a, w, use)  # warm-up (oneDNN builds its primitive on the first call)
+            ts = []
+            for _ in range(3):
+                t = time.perf_counter()
+                int8_matmul(a, w, use)
+                ts.append(time.perf_counter() - t)
+            best[name] = min(ts)
+        _backend = min(best, key=best.get)
+    return _backend
+
+
 def int8_matmul(a: torch.Tensor, w: torch.Tensor, use_kernel: bool | None = None) -> torch.Tensor:
     """Exact ``a @ w.T`` in int32 for int8 ``a [M, K]`` and ``w [N, K]`` with values in -127..127.
 
     Args:
         use_kernel: True = ``w8a8.c`` (error when it is unavailable), False = ``torch._int_mm`` (the reference),
-            None = the kernel when it is built, K is a multiple of 32 and the tensors are on the CPU.
+            None = the faster of the two on this CPU (:func:`int8_backend`) for CPU tensors with K a multiple of 32,
+            else ``torch._int_mm``.
     """
     M, K = a.shape
     N = w.shape[0]
-    lib = _load() if use_kernel is not False and a.device.type == "cpu" and K % 32 == 0 else None
+    if use_kernel is None and a.device.type == "cpu" and K % 32 == 0:
+        use_kernel = int8_backend() == "kernel"
+    lib = _load() if use_kernel and a.device.type == "cpu" and K % 32 == 0 else None
     if use_kernel and lib is None:
         raise RuntimeError("the W8A8 kernel is unavailable (no C compiler, a non-CPU tensor or K % 32 != 0)")
     if lib is not None:
@@ -85,9 +126,7 @@ def int8_matmul(a: torch.Tensor, w: torch.Tensor, use_kernel: bool | None = None
         rc = lib.w8a8_gemm(a.data_ptr(), M, K, w.data_ptr(), N, y.data_ptr(), threads)
         assert rc == 0, rc
         return y
-    if M < _MM_MIN_ROWS:
-        a = torch.cat([a, a.new_zeros(_MM_MIN_ROWS - M, K)])
-    return torch._int_mm(a, w.t())[:M]
+    return _int_mm(a, w)
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
