@@ -17,7 +17,7 @@ float linears and the calibrated maxima ``max|X_j|``. The integer product :func:
 result does not depend on the other rows or the thread count. Two backends give the same integers: ``w8a8.c``
 (AVX2 ``vpmaddwd``) and ``torch._int_mm`` (oneDNN). Which is faster depends on the CPU: on an AVX2 host without
 VNNI ``_int_mm`` was ~50x slower than float32 and the kernel ~1.4x faster (~1.15x with the quantization passes); on
-an AVX-512 VNNI host ``_int_mm`` ran a [512, 576] x [576, 1536] product ~10x faster than float32 (RESULTS,
+an AVX-512 VNNI host ``_int_mm`` ran a [512, 576] x [576, 1536] product 7.7x faster than float32 (RESULTS,
 twenty-second session). So the first product times both once on a fixed shape and keeps the faster
 (:func:`int8_backend`); the choice never changes a result.
 """
