@@ -55,10 +55,9 @@ LOOPS = {
                               warm="bc+gigpo", bc=dict(bc_episodes=8, bc_epochs=20, bc_learning_rate=2e-3, bc_batch_size=8)),
 }
 # the same loops with the engine's frozen layers prefilled in bfloat16 (fast only on CPUs with AMX / AVX-512 BF16)
-LOOPS.update({f"{name}-bf16": {**kw, "policy": {**kw["policy"], "engine_prefill_dtype": "bfloat16"}}
-              for name, kw in list(LOOPS.items()) if name.endswith("-lean")})
-# ... and as SmoothQuant W8A8 (int8 activations x int8 weights; fast only with VNNI / AMX int8 products)
-LOOPS.update({f"{name}-int8": {**kw, "policy": {**kw["policy"], "engine_prefill_dtype": "int8"}}
+# or as SmoothQuant W8A8 (int8 activations x int8 weights; fast only with VNNI / AMX int8 products)
+LOOPS.update({f"{name}-{suffix}": {**kw, "policy": {**kw["policy"], "engine_prefill_dtype": dtype}}
+              for suffix, dtype in (("bf16", "bfloat16"), ("int8", "int8"))
               for name, kw in list(LOOPS.items()) if name.endswith("-lean")})
 
 

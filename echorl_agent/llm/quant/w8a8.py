@@ -25,6 +25,7 @@ twenty-second session). So the first product times both once on a fixed shape an
 from __future__ import annotations
 
 import ctypes
+import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -70,21 +71,12 @@ def _load() -> ctypes.CDLL | None:
     return lib
 
 
-def _int_mm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    M, K = a.shape
-    if M < _MM_MIN_ROWS:
-        a = torch.cat([a, a.new_zeros(_MM_MIN_ROWS - M, K)])
-    return torch._int_mm(a, w.t())[:M]
-
-
 def int8_backend() -> str:
     """``"kernel"`` (``w8a8.c``) or ``"int_mm"`` (``torch._int_mm``): whichever ran a [128, 576] x [576, 1536]
     product faster on this CPU (best of 3 each, timed once per process); ``"int_mm"`` when the kernel does not build.
     """
     global _backend
     if _backend is None:
-        import time
-
         if _load() is None:
             _backend = "int_mm"
             return _backend
@@ -114,9 +106,10 @@ def int8_matmul(a: torch.Tensor, w: torch.Tensor, use_kernel: bool | None = None
     """
     M, K = a.shape
     N = w.shape[0]
-    if use_kernel is None and a.device.type == "cpu" and K % 32 == 0:
+    fits = a.device.type == "cpu" and K % 32 == 0  # what the kernel handles
+    if use_kernel is None and fits:
         use_kernel = int8_backend() == "kernel"
-    lib = _load() if use_kernel and a.device.type == "cpu" and K % 32 == 0 else None
+    lib = _load() if use_kernel and fits else None
     if use_kernel and lib is None:
         raise RuntimeError("the W8A8 kernel is unavailable (no C compiler, a non-CPU tensor or K % 32 != 0)")
     if lib is not None:
@@ -126,7 +119,9 @@ def int8_matmul(a: torch.Tensor, w: torch.Tensor, use_kernel: bool | None = None
         rc = lib.w8a8_gemm(a.data_ptr(), M, K, w.data_ptr(), N, y.data_ptr(), threads)
         assert rc == 0, rc
         return y
-    return _int_mm(a, w)
+    if M < _MM_MIN_ROWS:
+        a = torch.cat([a, a.new_zeros(_MM_MIN_ROWS - M, K)])
+    return torch._int_mm(a, w.t())[:M]
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
