@@ -47,6 +47,7 @@ import torch  # noqa: E402
 
 import echorl_agent.llm_rl.gigpo as gigpo_mod  # noqa: E402
 from echorl_agent.eval.claims import append_jsonl, claim, drop_rows  # noqa: E402
+from echorl_agent.eval.runner import cpu_name  # noqa: E402
 from echorl_agent.eval.stats import read_jsonl  # noqa: E402
 from echorl_agent.llm_rl import checkpoint as ckpt  # noqa: E402
 from echorl_agent.llm_rl.advantage import gigpo_advantages  # noqa: E402
@@ -248,7 +249,7 @@ def run_seed(args, seed: int, resume: bool = False) -> None:
         np.savez_compressed(folder / "probe.npz", rows=np.stack(rows), experts=np.array(experts))
         (folder / "args.json").write_text(json.dumps(run_args(args)))
     base = {"label": args.label, **{k: v for k, v in vars(args).items() if k not in ("out", "seeds", "summary")},
-            "seed": seed}
+            "seed": seed, "cpu": cpu_name()}  # the host of each row (a resumed seed may change hosts)
 
     def write(row: dict) -> None:
         append_jsonl(args.out, {**base, **row})

