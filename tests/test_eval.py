@@ -400,3 +400,17 @@ def test_agents_package_exports_resolve_and_share_the_one_protocol():
         import echorl_agent.llm.tot  # noqa: F401
     with pytest.raises(ImportError, match="from echorl_agent.agents import CachedScoringAgent"):
         from echorl_agent.priors import CachedScoringAgent  # noqa: F401
+
+
+def test_cpu_name_is_the_model_name_line_and_versions_record_it(monkeypatch, tmp_path):
+    from echorl_agent.eval import runner
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: X\nmodel name\t: Test CPU @ 1.00GHz\nflags\t: avx2\n")
+    real = runner.Path
+    monkeypatch.setattr(runner, "Path", lambda p: real(info) if p == "/proc/cpuinfo" else real(p))
+    assert runner.cpu_name() == "Test CPU @ 1.00GHz"
+    assert runner.versions()["cpu"] == "Test CPU @ 1.00GHz"
+    monkeypatch.setattr(runner, "Path", lambda p: real(tmp_path / "missing") if p == "/proc/cpuinfo" else real(p))
+    monkeypatch.setattr(runner.platform, "processor", lambda: "")
+    assert runner.cpu_name() == runner.platform.machine()
