@@ -12,7 +12,8 @@ the probe (mean probability of the expert's action and the share of states where
 held-out states) after every GiGPO iteration with the held-out success before and after, and each iteration's
 advantage alignment with the expert's actions. Seventh and eighth: the same probe for GiGPO with centred advantages,
 8 groups x 4, one epoch, from BC-2 (§12) and from the pretrained LM (§13). Ninth: §12's recipe with the env's goal line
-(§14). The number of seeds each method has so far
+(§14). Tenth: §10's recipe for three times the env steps (§11). Eleventh: episode-level GRPO for 12k env steps with
+int8 prefill and the goal line (§16). The number of seeds each method has so far
 is in the legend (a probe panel counts only finished seeds).
 
 Run: ``python benchmarks/plot_reward_teaches_lm.py`` (reads the committed results, writes ``docs/figures/reward_teaches_lm.png``).
@@ -128,7 +129,7 @@ def probe_panel(ax, path: Path, label: str, title: str, start: str = "BC-2") -> 
     before (x = 0, the start) and after (x = the end) in both modes."""
     runs = _signal_runs(path, label)
     if not runs:
-        ax.set_title(f"no finished seeds of {label!r} in {path}")
+        ax.set_title(f"no finished seeds of {label!r} in {path.name} yet", fontsize=9)
         return
     its = {s: sorted((r for r in rows if r["kind"] == "iteration"), key=lambda r: r["iteration"])
            for s, rows in runs.items()}
@@ -160,7 +161,7 @@ def alignment_panel(ax, path: Path, label: str) -> None:
     pts = [(r["timesteps"], r["alignment"]) for rows in runs.values() for r in rows
            if r["kind"] == "iteration" and r.get("n_expert", 0) + r.get("n_other", 0) > 0]
     if not pts:
-        ax.set_title(f"no iterations with signal of {label!r} in {path}")
+        ax.set_title(f"no iterations with signal of {label!r} in {path.name}", fontsize=9)
         return
     x, y = np.array(pts).T
     n_it = sum(1 for rows in runs.values() for r in rows if r["kind"] == "iteration" and r["iteration"] > 0)
@@ -187,6 +188,10 @@ def main(argv: list[str] | None = None) -> None:
                     help="§13's rows (label s13)")
     ap.add_argument("--goal-line", default=str(ROOT / "benchmarks/results/gigpo_signal_s1030.jsonl"),
                     help="§14's rows (label s14)")
+    ap.add_argument("--long", default=str(ROOT / "benchmarks/results/gigpo_signal_s990.jsonl"),
+                    help="§11's rows (label s11)")
+    ap.add_argument("--grpo12k", default=str(ROOT / "benchmarks/results/gigpo_signal_s1050.jsonl"),
+                    help="§16's rows (label s16)")
     ap.add_argument("--out", default=str(ROOT / "docs/figures/reward_teaches_lm.png"))
     args = ap.parse_args(argv)
     import matplotlib
@@ -194,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(3, 3, figsize=(19, 13.2))
+    fig, axes = plt.subplots(4, 3, figsize=(19, 17.6))
     axes = axes.ravel()
     group_rl_panel(axes[0], Path(args.gigpo), "MiniGrid-Empty-Random-5x5: GiGPO from the pretrained LM (§5)")
     grpo_panel(axes[1], Path(args.grpo))
@@ -207,6 +212,10 @@ def main(argv: list[str] | None = None) -> None:
     probe_panel(axes[6], Path(args.centred), "s12", "GoToLocal, BC-2 + GiGPO centred, 8x4 (§12)")
     probe_panel(axes[7], Path(args.pretrained), "s13", "GoToLocal, frozen + GiGPO centred, 8x4 (§13)", start="frozen")
     probe_panel(axes[8], Path(args.goal_line), "s14", "GoToLocal with the goal line, BC-2 + GiGPO centred, 8x4 (§14)")
+    probe_panel(axes[9], Path(args.long), "s11", "GoToLocal, BC-2 + GiGPO 2x4, ~4,700 env steps (§11)")
+    probe_panel(axes[10], Path(args.grpo12k), "s16",
+                "GoToLocal with the goal line, BC-2 + episode GRPO 8x4, 12k env steps, int8 (§16)")
+    axes[11].set_axis_off()
     save_figure(fig, "Reward teaches the LM (SmolLM2-135M, LoRA r=8 top 2 layers, CPU): mean and 95% CI over seeds",
                 args.out)
 
