@@ -357,6 +357,9 @@ def summary(args) -> None:
           "when the row has advantage_mean, else step-weighted from adv_expert/adv_other) and the policy entropy")
     print(tabulate(dynamics(data), headers=["recipe", "seed", "updates", "mean advantage", "negative updates",
                                             "entropy first 3", "entropy last 3"], tablefmt="github"))
+    print("\nper finished seed: env steps, updates, probe, held-out wins before → after, and the host its rows ran on")
+    print(tabulate(seed_table(data), headers=["recipe", "seed", "env steps", "updates", "probe p(expert)",
+                                            "wins, stochastic", "wins, deterministic", "host"], tablefmt="github"))
     print("\nwhat the policy does on the held-out episodes (finished seeds): share of each action among all steps, "
           "and the mean episode length")
     print(tabulate(action_shares(data), headers=["recipe", "mode", "phase", "seeds", "episodes", "mean steps",
@@ -385,6 +388,29 @@ def dynamics(data: list[dict]) -> list[list]:
         if adv and ent:
             out.append([label, seed, len(its), f"{np.mean(adv):+.3f}", f"{sum(a < 0 for a in adv)} of {len(adv)}",
                         f"{np.mean(ent[:3]):.2f}", f"{np.mean(ent[-3:]):.2f}"])
+    return out
+
+
+def seed_table(data: list[dict]) -> list[list]:
+    """Per (recipe, finished seed): env steps, updates, probe p(expert) start -> end, held-out wins before -> after in
+    each mode, and the host(s) its rows ran on (the CPU's model name; "not recorded" for rows written before rows
+    carried it) -- what an outcome section quotes seed by seed."""
+    done = sorted({(d["label"], d["seed"]) for d in data if d.get("kind") == "done"})
+    out = []
+    for label, seed in done:
+        rows = [d for d in data if d["label"] == label and d["seed"] == seed]
+        its = sorted((d for d in rows if d.get("kind") == "iteration"), key=lambda d: d["iteration"])
+        wins = {}
+        for mode in ("stochastic", "deterministic"):
+            got = {ph: [d["won"] for d in rows if d.get("kind") == "episode" and d["mode"] == mode
+                        and d["phase"] == ph] for ph in ("before", "after")}
+            wins[mode] = (f"{sum(map(bool, got['before']))} → {sum(map(bool, got['after']))} of {len(got['after'])}"
+                          if got["before"] and got["after"] else "–")
+        hosts = sorted({d.get("cpu") or "not recorded" for d in rows})
+        probe = f"{its[0]['probe_p_expert']:.3f} → {its[-1]['probe_p_expert']:.3f}" if its else "–"
+        out.append([label, seed, int(its[-1].get("timesteps", 0)) if its else 0,
+                    sum(1 for d in its if (d.get("num_samples") or 0) > 0), probe, wins["stochastic"],
+                    wins["deterministic"], ", ".join(hosts)])
     return out
 
 

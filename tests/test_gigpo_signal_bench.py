@@ -242,3 +242,22 @@ def test_action_shares_count_every_step_of_finished_seeds_per_mode_and_phase():
     assert bench.action_shares(rows) == [
         ["r", "stochastic", "before", 2, 2, "2.0", "go forward 50%, turn left 25%, turn right 25%"],
         ["r", "stochastic", "after", 1, 1, "4.0", "go forward 100%"]]
+
+
+def test_per_seed_rows_quote_steps_updates_probe_wins_and_hosts_of_finished_seeds():
+    def it(seed, i, t, p, n, cpu=None):
+        return {"label": "r", "seed": seed, "kind": "iteration", "iteration": i, "timesteps": t,
+                "probe_p_expert": p, "num_samples": n, **({"cpu": cpu} if cpu else {})}
+
+    def ep(seed, phase, mode, won, cpu=None):
+        return {"label": "r", "seed": seed, "kind": "episode", "phase": phase, "mode": mode, "won": won,
+                **({"cpu": cpu} if cpu else {})}
+
+    rows = [it(1, 0, 0, 0.25, 0), it(1, 1, 500, 0.3, 40, "Intel"), it(1, 2, 900, 0.2, 0, "AMD EPYC"),
+            it(1, 3, 1300, 0.35, 12, "AMD EPYC"),
+            ep(1, "before", "stochastic", True), ep(1, "before", "stochastic", False),
+            ep(1, "after", "stochastic", True, "AMD EPYC"), ep(1, "after", "stochastic", True, "AMD EPYC"),
+            {"label": "r", "seed": 1, "kind": "done"},
+            it(2, 0, 0, 0.5, 0)]  # seed 2 never finished: left out
+    assert bench.seed_table(rows) == [["r", 1, 1300, 2, "0.250 → 0.350", "1 → 2 of 2", "–",
+                                     "AMD EPYC, Intel, not recorded"]]
