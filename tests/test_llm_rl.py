@@ -124,6 +124,45 @@ def test_top_layer_on_the_read_rows_only_equals_the_full_forward_and_its_gradien
         candidate_set_logprobs(parts, run_layers(parts, x0, batch, b, L, keep=rows[1:]), batch, rows[1:])
 
 
+def test_lm_head_runs_once_per_distinct_row_and_equals_the_per_token_head(lm):
+    """Every candidate's first token is predicted by the set's last context row: the learner's norm, LM head and
+    softmax run once per distinct row, with the same log-probabilities and adapter gradients as one head row per
+    candidate token."""
+    from echorl_agent.llm_rl.forward import _candidate_token_rows, candidate_set_logprobs, pack_sets, run_layers
+
+    policy, env = make_policy(lm)
+    obs, _ = env.reset(seed=2)
+    rec = policy.record(obs)
+    parts, b, L = lm.parts, lm.boundary, lm.num_layers
+    batch = pack_sets(len(rec.context), [(len(rec.context), rec.cands)])
+    x0 = torch.cat([rec.context_states, *rec.cand_states])
+    rows, targets, owners = _candidate_token_rows(batch)
+    assert len(set(rows)) < len(rows)  # 7 candidates share their first token's row
+    params = [p for p in lm.model.parameters() if p.requires_grad]
+    seen = []
+    hook = parts.lm_head.register_forward_hook(lambda m, i, o: seen.append(i[0].shape[0]))
+    try:
+        x = run_layers(parts, x0, batch, b, L)
+        lps, ctx = candidate_set_logprobs(parts, x, batch)
+    finally:
+        hook.remove()
+    assert seen == [len(set(rows))]
+    loss = (lps[0] * torch.arange(1, len(lps[0]) + 1)).sum() + ctx.square().sum()
+    grads = torch.autograd.grad(loss, params)
+    # the reference: one head row per candidate token
+    x = run_layers(parts, x0, batch, b, L)
+    tok_lp = torch.log_softmax(parts.lm_head(parts.norm(x[torch.tensor(rows)])).float(), -1)
+    tok_lp = tok_lp.gather(1, torch.tensor(targets)[:, None])[:, 0]
+    ref = torch.zeros(len(rec.cands)).index_add(0, torch.tensor(owners), tok_lp)
+    ref_ctx = parts.norm(x[torch.tensor([batch.sets[0].prefix - 1])])
+    torch.testing.assert_close(lps[0].detach(), ref.detach(), atol=1e-5, rtol=0)
+    torch.testing.assert_close(ctx.detach(), ref_ctx.detach(), atol=0, rtol=0)
+    ref_grads = torch.autograd.grad((ref * torch.arange(1, len(ref) + 1)).sum() + ref_ctx.square().sum(), params)
+    assert any(float(g.abs().max()) > 0 for g in grads)
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, atol=1e-5 * max(1.0, float(r.abs().max())), rtol=1e-4)
+
+
 def test_length_norm_and_temperature_change_the_distribution(lm):
     p1, env = make_policy(lm)
     p2, _ = make_policy(lm, length_norm=True, temperature=2.0)
