@@ -128,7 +128,12 @@ def test_lm_head_runs_once_per_distinct_row_and_equals_the_per_token_head(lm):
     """Every candidate's first token is predicted by the set's last context row: the learner's norm, LM head and
     softmax run once per distinct row, with the same log-probabilities and adapter gradients as one head row per
     candidate token."""
-    from echorl_agent.llm_rl.forward import _candidate_token_rows, candidate_set_logprobs, pack_sets, run_layers
+    from echorl_agent.llm_rl.forward import (
+        _candidate_token_rows,
+        candidate_set_logprobs,
+        pack_sets,
+        run_layers,
+    )
 
     policy, env = make_policy(lm)
     obs, _ = env.reset(seed=2)
