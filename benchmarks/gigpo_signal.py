@@ -342,8 +342,7 @@ def summary(args) -> None:
         for mode in ("stochastic", "deterministic"):
             per_seed = []
             for s in seeds:
-                eps = {ph: [d["won"] for d in data if d.get("kind") == "episode" and d["label"] == label
-                            and d["seed"] == s and d["mode"] == mode and d["phase"] == ph] for ph in ("before", "after")}
+                eps = held_out([d for d in data if d["label"] == label and d["seed"] == s], mode)
                 if eps["before"] and eps["after"]:
                     per_seed.append((np.mean(eps["before"]), np.mean(eps["after"])))
             if per_seed:
@@ -391,6 +390,12 @@ def dynamics(data: list[dict]) -> list[list]:
     return out
 
 
+def held_out(rows: list[dict], mode: str) -> dict[str, list]:
+    """``{"before": [won, ...], "after": [...]}``: the held-out episodes of ``mode`` among one seed's rows."""
+    return {ph: [d["won"] for d in rows if d.get("kind") == "episode" and d["mode"] == mode and d["phase"] == ph]
+            for ph in ("before", "after")}
+
+
 def seed_table(data: list[dict]) -> list[list]:
     """Per (recipe, finished seed): env steps, updates, probe p(expert) start -> end, held-out wins before -> after in
     each mode, and the host(s) its rows ran on (the CPU's model name; "not recorded" for rows written before rows
@@ -402,8 +407,7 @@ def seed_table(data: list[dict]) -> list[list]:
         its = sorted((d for d in rows if d.get("kind") == "iteration"), key=lambda d: d["iteration"])
         wins = {}
         for mode in ("stochastic", "deterministic"):
-            got = {ph: [d["won"] for d in rows if d.get("kind") == "episode" and d["mode"] == mode
-                        and d["phase"] == ph] for ph in ("before", "after")}
+            got = held_out(rows, mode)
             wins[mode] = (f"{sum(map(bool, got['before']))} → {sum(map(bool, got['after']))} of {len(got['after'])}"
                           if got["before"] and got["after"] else "–")
         hosts = sorted({d.get("cpu") or "not recorded" for d in rows})

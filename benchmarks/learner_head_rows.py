@@ -1,7 +1,7 @@
 """The learner's LM head once per distinct row vs once per candidate token, alternating, on real GoToLocal records.
 
 A candidate set's first tokens are all predicted by the set's last prompt row, so a GoToLocal state's 7 candidates
-(12 tokens) need only 6 distinct head rows. :func:`~echorl_agent.llm_rl.forward.candidate_set_logprobs` runs the
+(19 tokens) need only 13 distinct head rows. :func:`~echorl_agent.llm_rl.forward.candidate_set_logprobs` runs the
 final norm, the LM head (576 x 49,152) and the softmax once per distinct row and gathers each token's log-probability
 from its row; the baseline here is the per-token head it replaced (one row per candidate token). This times one
 forward + backward of a minibatch through the trained layers both ways (same records, same adapters, the top layer on
@@ -12,9 +12,7 @@ Run: ``python benchmarks/learner_head_rows.py`` (``--history 0 2``, ``--batch 32
 
 from __future__ import annotations
 
-import argparse
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -22,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from learner_top_rows import records  # noqa: E402
+from learner_top_rows import alternate, parser, records, step  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
 from echorl_agent.llm_rl import forward  # noqa: E402
@@ -54,47 +52,20 @@ def head(distinct: bool):
         forward._candidate_token_lp = saved
 
 
-def step(lm: TrainableLM, recs, distinct: bool) -> tuple[float, torch.Tensor]:
-    """One forward + backward over every record (each its own packed sequence); seconds and the log-probs."""
-    parts, b = lm.parts, lm.boundary
-    t = time.perf_counter()
-    loss, lps = 0.0, []
-    with head(distinct):
-        for r in recs:
-            batch = forward.pack_sets(len(r.context), [(len(r.context), r.cands)])
-            x = torch.cat([r.context_states, *r.cand_states])
-            rows = forward.output_rows(batch, [len(r.context) - 1])
-            y = forward.run_layers(parts, x, batch, b, lm.num_layers, keep=rows)
-            lp, ctx = forward.candidate_set_logprobs(parts, y, batch, rows)
-            loss = loss + lp[0].log_softmax(-1)[0] + ctx.square().mean()
-            lps.append(lp[0].detach())
-        loss.backward()
-    return time.perf_counter() - t, torch.cat(lps)
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--env", default="EchoRL/BabyAI-GoToLocal-v0")
-    ap.add_argument("--history", type=int, nargs="+", default=[0, 2])
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = parser(__doc__).parse_args()
     torch.set_num_threads(args.threads)
     lm = TrainableLM(LLMPolicyConfig(lora_rank=8, train_layers=2, max_kv_tokens=8192))
+
+    def run(distinct: bool, recs) -> tuple[float, torch.Tensor]:
+        with head(distinct):  # the learner's forward + backward, top layer on the read rows
+            return step(lm, recs, keep=True)
+
     table = []
     for h in args.history:
         recs = records(lm, args.env, h, args.batch, args.seed)
-        times: dict[bool, list[float]] = {True: [], False: []}
-        lps = {}
-        for i in range(args.repeats):
-            for distinct in ((False, True) if i % 2 == 0 else (True, False)):  # alternate the order
-                lm.model.zero_grad()
-                s, lps[distinct] = step(lm, recs, distinct)
-                times[distinct].append(s)
-        diff = float((lps[True] - lps[False]).abs().max())
-        per_tok, once = np.median(times[False]), np.median(times[True])
+        med, diff = alternate(lm, lambda distinct, recs=recs: run(distinct, recs), args.repeats)
+        per_tok, once = med[False], med[True]
         toks = np.mean([sum(len(c) for c in r.cands) for r in recs])
         distinct_rows = np.mean([len(set(forward._candidate_token_rows(
             forward.pack_sets(len(r.context), [(len(r.context), r.cands)]))[0])) for r in recs])

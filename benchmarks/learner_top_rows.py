@@ -69,29 +69,40 @@ def step(lm: TrainableLM, recs: list[StepRecord], keep: bool) -> tuple[float, to
     return time.perf_counter() - t, torch.cat(lps)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parser(doc: str) -> argparse.ArgumentParser:
+    """The options shared by the learner benchmarks."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--env", default="EchoRL/BabyAI-GoToLocal-v0")
     ap.add_argument("--history", type=int, nargs="+", default=[0, 2])
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    return ap
+
+
+def alternate(lm: TrainableLM, run, repeats: int) -> tuple[dict[bool, float], float]:
+    """``run(flag) -> (seconds, log-probs)`` for ``flag`` False and True, ``repeats`` times each in alternating
+    order; the median seconds per flag and the largest log-probability difference between the two."""
+    times: dict[bool, list[float]] = {True: [], False: []}
+    lps = {}
+    for i in range(repeats):
+        for flag in ((False, True) if i % 2 == 0 else (True, False)):  # alternate the order
+            lm.model.zero_grad()
+            s, lps[flag] = run(flag)
+            times[flag].append(s)
+    return {k: float(np.median(v)) for k, v in times.items()}, float((lps[True] - lps[False]).abs().max())
+
+
+def main() -> None:
+    args = parser(__doc__).parse_args()
     torch.set_num_threads(args.threads)
     lm = TrainableLM(LLMPolicyConfig(lora_rank=8, train_layers=2, max_kv_tokens=8192))
     table = []
     for h in args.history:
         recs = records(lm, args.env, h, args.batch, args.seed)
-        times: dict[bool, list[float]] = {True: [], False: []}
-        lps = {}
-        for i in range(args.repeats):
-            for keep in ((False, True) if i % 2 == 0 else (True, False)):  # alternate the order
-                lm.model.zero_grad()
-                s, lps[keep] = step(lm, recs, keep)
-                times[keep].append(s)
-        diff = float((lps[True] - lps[False]).abs().max())
-        full, kept = np.median(times[False]), np.median(times[True])
+        med, diff = alternate(lm, lambda keep, recs=recs: step(lm, recs, keep), args.repeats)
+        full, kept = med[False], med[True]
         ctx = np.mean([len(r.context) for r in recs])
         cand = np.mean([sum(len(c) for c in r.cands) for r in recs])
         table.append([h, f"{ctx:.0f} + {cand:.0f}", f"{full:.3f}", f"{kept:.3f}", f"{full / kept:.2f}x",

@@ -229,16 +229,14 @@ def _candidate_token_lp(parts: DecoderParts, x: torch.Tensor, batch: PackedBatch
         if missing:
             raise ValueError(f"x holds rows {list(x_rows)[:8]}..., the log-probabilities need rows {missing[:8]}")
         need = [at[r] for r in need]
-    # a row predicts the first token of every candidate of its set: norm, LM head and softmax run once per distinct
-    # row (a GoToLocal state's 7 candidates have 12 tokens but 6 distinct rows), and each token gathers its row's
-    uniq = list(dict.fromkeys(need))
-    at_u = {r: i for i, r in enumerate(uniq)}
-    hidden = parts.norm(x[torch.tensor(uniq, device=dev, dtype=torch.long)])
-    extra = hidden[torch.tensor([at_u[r] for r in need[: len(extra_rows)]], device=dev, dtype=torch.long)]
-    tok = list(dict.fromkeys(need[len(extra_rows):]))
+    # a set's last prompt row predicts the first token of all its candidates: the LM head and softmax run once per
+    # distinct row (a GoToLocal state's 7 candidates: 19 tokens, 13 distinct rows), and each token gathers its row's
+    n = len(extra_rows)
+    tok = list(dict.fromkeys(need[n:]))
     at_t = {r: i for i, r in enumerate(tok)}
-    logits = parts.lm_head(hidden[torch.tensor([at_u[r] for r in tok], device=dev, dtype=torch.long)]).float()
-    which = torch.tensor([at_t[r] for r in need[len(extra_rows):]], device=dev, dtype=torch.long)
+    extra = parts.norm(x[torch.tensor(need[:n], device=dev, dtype=torch.long)])
+    logits = parts.lm_head(parts.norm(x[torch.tensor(tok, device=dev, dtype=torch.long)])).float()
+    which = torch.tensor([at_t[r] for r in need[n:]], device=dev, dtype=torch.long)
     lp = torch.log_softmax(logits, dim=-1)[which, torch.tensor(targets, device=dev, dtype=torch.long)]
     return lp, owners, extra
 
