@@ -177,7 +177,7 @@ RUN_ARGS = ("env", "bc_episodes", "max_steps", "history", "iterations", "train_s
             "epochs", "minibatch_size", "ent_coef", "ref_kl_coef", "target_kl", "temperature", "omega", "normalize",
             "probe_seeds", "probe_states", "probe_file", "eval_episodes", "sample_weighting",
             "center_advantages", "env_kwargs", "prefill_dtype", "positive_advantages",
-            "oracle_advantages")
+            "oracle_advantages", "learner_dtype")
 """The arguments a checkpointed run must be resumed with (the trainer's own config is checked by the checkpoint)."""
 
 
@@ -200,7 +200,7 @@ def resumable(args, seed: int) -> int | None:
     if not (folder / ckpt.CHECKPOINT).is_dir() and not (folder / (ckpt.CHECKPOINT + ".old")).is_dir():
         return None
     saved = {"sample_weighting": "sample", "center_advantages": False, "env_kwargs": None, "prefill_dtype": "float32",
-             "positive_advantages": False, "oracle_advantages": False,
+             "learner_dtype": "float32", "positive_advantages": False, "oracle_advantages": False,
              **json.loads((folder / "args.json").read_text())}  # older runs: default
     now = json.loads(json.dumps(run_args(args)))
     for k in sorted(set(saved) | set(now)):
@@ -222,7 +222,9 @@ def run_seed(args, seed: int, resume: bool = False) -> None:
                          n_envs=args.groups * args.group_size, group_size=args.group_size,
                          policy_kwargs={**POLICY, "temperature": args.temperature,
                                         **({} if args.prefill_dtype == "float32"
-                                           else {"engine_prefill_dtype": args.prefill_dtype})},
+                                           else {"engine_prefill_dtype": args.prefill_dtype}),
+                                        **({} if args.learner_dtype == "float32"
+                                           else {"learner_matmul_dtype": args.learner_dtype})},
                          step_advantage_weight=args.omega,
                          gigpo_kwargs={"epochs": args.epochs, "minibatch_size": args.minibatch_size,
                                        "ent_coef": args.ent_coef, "normalize": args.normalize,
@@ -445,6 +447,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--env-kwargs", help='JSON gym.make options of the env, e.g. \'{"goal_line": true}\'')
     ap.add_argument("--prefill-dtype", default="float32", choices=("float32", "bfloat16", "int8"),
                     help="rollout engine's prefill of the frozen layers (LLMPolicyConfig.engine_prefill_dtype)")
+    ap.add_argument("--learner-dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="learner's products with frozen weights (LLMPolicyConfig.learner_matmul_dtype)")
     ap.add_argument("--seeds", nargs="+", type=int, default=[8])
     ap.add_argument("--bc-episodes", type=int, default=2, help="expert episodes of the BC warm start (0: none, "
                     "GiGPO starts from the pretrained LM)")

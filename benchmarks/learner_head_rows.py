@@ -41,15 +41,19 @@ def per_token_lp(parts, x, batch, extra_rows=(), x_rows=None):
     return lp, owners, extra
 
 
+def per_token_lp_many(parts, items):
+    return [per_token_lp(parts, *item) for item in items]
+
+
 @contextmanager
 def head(distinct: bool):
-    saved = forward._candidate_token_lp
+    saved = forward._candidate_token_lp_many
     if not distinct:
-        forward._candidate_token_lp = per_token_lp
+        forward._candidate_token_lp_many = per_token_lp_many
     try:
         yield
     finally:
-        forward._candidate_token_lp = saved
+        forward._candidate_token_lp_many = saved
 
 
 def main() -> None:

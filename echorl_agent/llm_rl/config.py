@@ -9,6 +9,7 @@ from typing import Any
 
 from echorl_agent.config import PlanningConfig
 from echorl_agent.llm.engine.config import PREFILL_DTYPES, WEIGHT_DTYPES
+from echorl_agent.llm_rl.learner_bf16 import LEARNER_MATMUL_DTYPES
 
 __all__ = ["LLMPolicyConfig", "LORA_TARGETS", "check_no_plan_on_free_text"]
 
@@ -70,6 +71,12 @@ class LLMPolicyConfig:
     BF16 host int8 prefills 2.3x and bfloat16 2.0x float32's rate (benchmarks/RESULTS.md, "Twenty-second
     session"); on an AVX2-only host int8 is not faster (1.02x at 1 thread, 0.72x at 2; "Ninth session") and
     bfloat16 is slower: keep float32 unless your CPU multiplies int8 or bfloat16 markedly faster than float32."""
+    learner_matmul_dtype: str = "float32"
+    """Products of the learner with frozen weights -- the trained layers' base projections and the LM head: "float32"
+    (exact) or "bfloat16" (inputs and weights rounded to bfloat16, float32 accumulation;
+    :mod:`~echorl_agent.llm_rl.learner_bf16`). The learner's time is almost all those products, and on a CPU with
+    AVX-512 BF16 or AMX they run about 4x faster in bfloat16; on an AVX2-only CPU they are slower (a warning says so).
+    Trainable weights (LoRA adapters), attention, norms and the residual stream stay float32."""
     show_admissible: bool = True
     """List the admissible actions in each observation turn (off: shorter prompts when the set never changes)."""
     rollout_url: str | None = None
@@ -111,6 +118,9 @@ class LLMPolicyConfig:
         if self.engine_prefill_dtype not in PREFILL_DTYPES:
             raise ValueError(f"engine_prefill_dtype must be one of {PREFILL_DTYPES}, got "
                              f"engine_prefill_dtype={self.engine_prefill_dtype!r}")
+        if self.learner_matmul_dtype not in LEARNER_MATMUL_DTYPES:
+            raise ValueError(f"learner_matmul_dtype must be one of {LEARNER_MATMUL_DTYPES}, got "
+                             f"learner_matmul_dtype={self.learner_matmul_dtype!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got device={self.device!r}")
 

@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["DecoderParts", "CandidateSet", "PackedBatch", "pack", "pack_sets", "output_rows", "run_layers",
-           "candidate_logprobs", "candidate_set_logprobs", "candidate_token_logprobs"]
+           "candidate_logprobs", "candidate_set_logprobs", "candidate_set_logprobs_many",
+           "candidate_token_logprobs"]
 
 
 @dataclass
@@ -220,25 +221,45 @@ def _candidate_token_lp(parts: DecoderParts, x: torch.Tensor, batch: PackedBatch
     Only candidate tokens (and ``extra_rows``) go through the final norm; only candidate tokens through the LM head.
     ``x_rows``: the packed rows ``x`` holds, in order (``run_layers(..., keep=x_rows)``); ``None`` = all rows.
     """
-    rows, targets, owners = _candidate_token_rows(batch)
-    dev = x.device
-    need = list(extra_rows) + rows
-    if x_rows is not None:
-        at = {r: i for i, r in enumerate(x_rows)}
-        missing = [r for r in need if r not in at]
-        if missing:
-            raise ValueError(f"x holds rows {list(x_rows)[:8]}..., the log-probabilities need rows {missing[:8]}")
-        need = [at[r] for r in need]
-    # a set's last prompt row predicts the first token of all its candidates: the LM head and softmax run once per
-    # distinct row (a GoToLocal state's 7 candidates: 19 tokens, 13 distinct rows), and each token gathers its row's
-    n = len(extra_rows)
-    tok = list(dict.fromkeys(need[n:]))
-    at_t = {r: i for i, r in enumerate(tok)}
-    extra = parts.norm(x[torch.tensor(need[:n], device=dev, dtype=torch.long)])
-    logits = parts.lm_head(parts.norm(x[torch.tensor(tok, device=dev, dtype=torch.long)])).float()
-    which = torch.tensor([at_t[r] for r in need[n:]], device=dev, dtype=torch.long)
-    lp = torch.log_softmax(logits, dim=-1)[which, torch.tensor(targets, device=dev, dtype=torch.long)]
-    return lp, owners, extra
+    return _candidate_token_lp_many(parts, [(x, batch, extra_rows, x_rows)])[0]
+
+
+def _candidate_token_lp_many(parts: DecoderParts, items: Sequence[tuple[torch.Tensor, PackedBatch, Sequence[int],
+                                                                        Sequence[int] | None]]
+                             ) -> list[tuple[torch.Tensor, list[int], torch.Tensor]]:
+    """:func:`_candidate_token_lp` of several packed sequences ``(x, batch, extra_rows, x_rows)``, with one final
+    norm, one LM head and one softmax over all their rows: the head's weight (576 x 49,152 for SmolLM2) is read once
+    per call, not once per sequence (a learner micro-batch holds about 16 GoToLocal states of 13 head rows each)."""
+    dev = items[0][0].device
+    extra_x, tok_x, plans = [], [], []
+    for x, batch, extra_rows, x_rows in items:
+        rows, targets, owners = _candidate_token_rows(batch)
+        need = list(extra_rows) + rows
+        if x_rows is not None:
+            at = {r: i for i, r in enumerate(x_rows)}
+            missing = [r for r in need if r not in at]
+            if missing:
+                raise ValueError(f"x holds rows {list(x_rows)[:8]}..., the log-probabilities need rows {missing[:8]}")
+            need = [at[r] for r in need]
+        # a set's last prompt row predicts the first token of all its candidates: the LM head and softmax run once
+        # per distinct row (a GoToLocal state's 7 candidates: 19 tokens, 13 distinct rows), and each token gathers
+        # its row's
+        n = len(extra_rows)
+        tok = list(dict.fromkeys(need[n:]))
+        at_t = {r: i for i, r in enumerate(tok)}
+        extra_x.append(x[torch.tensor(need[:n], device=dev, dtype=torch.long)])
+        tok_x.append(x[torch.tensor(tok, device=dev, dtype=torch.long)])
+        plans.append(([at_t[r] for r in need[n:]], targets, owners))
+    extras = parts.norm(torch.cat(extra_x)).split([len(e) for e in extra_x])
+    logp = torch.log_softmax(parts.lm_head(parts.norm(torch.cat(tok_x))).float(), dim=-1)
+    which, targets, off = [], [], 0
+    for t, (w, tg, _) in zip(tok_x, plans, strict=True):
+        which.extend(off + i for i in w)
+        targets.extend(tg)
+        off += len(t)
+    lp = logp[torch.tensor(which, device=dev, dtype=torch.long), torch.tensor(targets, device=dev, dtype=torch.long)]
+    lps = lp.split([len(tg) for _, tg, _ in plans])
+    return [(a, owners, e) for a, (_, _, owners), e in zip(lps, plans, extras, strict=True)]
 
 
 def candidate_set_logprobs(parts: DecoderParts, x: torch.Tensor, batch: PackedBatch,
@@ -249,10 +270,21 @@ def candidate_set_logprobs(parts: DecoderParts, x: torch.Tensor, batch: PackedBa
     Only candidate tokens go through the LM head (one matmul for all sets). ``rows``: the packed rows ``x`` holds
     (from ``run_layers(..., keep=rows)``); ``None`` = all.
     """
-    lp, owners, ctx_h = _candidate_token_lp(parts, x, batch, [s.prefix - 1 for s in batch.sets], rows)
-    n = sum(len(s.ids) for s in batch.sets)
-    sums = torch.zeros(n, dtype=lp.dtype, device=x.device).index_add(0, torch.tensor(owners, device=x.device), lp)
-    return list(sums.split([len(s.ids) for s in batch.sets])), ctx_h
+    return candidate_set_logprobs_many(parts, [(x, batch, rows)])[0]
+
+
+def candidate_set_logprobs_many(parts: DecoderParts, items: Sequence[tuple[torch.Tensor, PackedBatch,
+                                                                           Sequence[int] | None]]
+                                ) -> list[tuple[list[torch.Tensor], torch.Tensor]]:
+    """:func:`candidate_set_logprobs` of several packed sequences ``(x, batch, rows)`` with one LM head call for all
+    (:func:`_candidate_token_lp_many`)."""
+    outs = _candidate_token_lp_many(parts, [(x, b, [s.prefix - 1 for s in b.sets], r) for x, b, r in items])
+    res = []
+    for (x, batch, _), (lp, owners, ctx_h) in zip(items, outs, strict=True):
+        n = sum(len(s.ids) for s in batch.sets)
+        sums = torch.zeros(n, dtype=lp.dtype, device=x.device).index_add(0, torch.tensor(owners, device=x.device), lp)
+        res.append((list(sums.split([len(s.ids) for s in batch.sets])), ctx_h))
+    return res
 
 
 def candidate_token_logprobs(parts: DecoderParts, x: torch.Tensor, batch: PackedBatch,

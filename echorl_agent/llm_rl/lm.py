@@ -21,8 +21,10 @@ from echorl_agent.llm.engine import LLMEngine
 from echorl_agent.llm.engine.config import EngineConfig
 from echorl_agent.llm.engine.prefix_cache import PrefixCacheConfig
 from echorl_agent.llm.models import LoadedModel, load_model
+from echorl_agent.llm.quant.bf16 import cpu_has_native_bf16
 from echorl_agent.llm_rl.config import LLMPolicyConfig
 from echorl_agent.llm_rl.forward import DecoderParts
+from echorl_agent.llm_rl.learner_bf16 import bf16_frozen_linears
 
 __all__ = ["TrainableLM", "resolve_device"]
 
@@ -79,6 +81,12 @@ class TrainableLM:
         self.tokenizer = base.tokenizer
         self.llm = LoadedModel(model=hf, tokenizer=base.tokenizer, name=base.name, extra=base.extra)
         self.parts = DecoderParts.of(self.model)
+        if cfg.learner_matmul_dtype == "bfloat16":
+            if self.device.type == "cpu" and not cpu_has_native_bf16():
+                warnings.warn("learner_matmul_dtype='bfloat16' on a CPU without AMX or AVX-512 BF16 (/proc/cpuinfo): "
+                              "its bfloat16 products are emulated and slower than float32; keep 'float32'",
+                              stacklevel=2)
+            bf16_frozen_linears([self.parts.layers[i] for i in self.layer_ids] + [self.parts.lm_head])
         pc = PrefixCacheConfig(max_tokens=cfg.max_kv_tokens, enable_prefix_caching=cfg.prefix_caching)
         rollout_model.requires_grad_(False).eval()
         self.engine = LLMEngine(LoadedModel(rollout_model, base.tokenizer, base.name, base.extra),

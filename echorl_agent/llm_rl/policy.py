@@ -29,7 +29,13 @@ from torch import nn
 
 from echorl_agent.llm.engine.scoring import SoftTokens
 from echorl_agent.llm_rl.config import LLMPolicyConfig
-from echorl_agent.llm_rl.forward import candidate_set_logprobs, output_rows, pack_sets, run_layers
+from echorl_agent.llm_rl.forward import (
+    PackedBatch,
+    candidate_set_logprobs_many,
+    output_rows,
+    pack_sets,
+    run_layers,
+)
 from echorl_agent.llm_rl.lm import TrainableLM
 from echorl_agent.llm_rl.plan import PlanHead
 from echorl_agent.llm_rl.prompt import candidate_ids, render_prompt
@@ -310,6 +316,7 @@ class LLMPolicy(BasePolicy):
         plans = self.plan.plans(torch.stack([r.window for r in recs]).to(dev)) if self.plan is not None else None
         logps: list[torch.Tensor | None] = [None] * len(recs)
         values: list[torch.Tensor | None] = [None] * len(recs)
+        packed, owners = [], []
         for head, members in segments:
             sets: dict[tuple, int] = {}  # (prefix, candidates) -> candidate-set index in the packed sequence
             reps: list[StepRecord] = []  # the record that stands for each set
@@ -319,17 +326,24 @@ class LLMPolicy(BasePolicy):
                 if k == len(reps):
                     reps.append(recs[i])
                 member_set.append(k)
-            set_lp, set_v = self._segment_forward(recs[head], reps,
-                                                  None if plans is None else self.plan.soft(plans[0][head : head + 1])[0])
+            packed.append(self._segment_layers(recs[head], reps,
+                                               None if plans is None else self.plan.soft(plans[0][head : head + 1])[0]))
+            owners.append((members, member_set))
+        # the LM head and the value head once for the whole minibatch (their weights are read once)
+        outs = candidate_set_logprobs_many(self.lm.parts, packed)
+        set_v = self.value_head(torch.cat([ctx_h for _, ctx_h in outs]).float())
+        off = 0
+        for (set_lp, ctx_h), (members, member_set) in zip(outs, owners, strict=True):
             for i, k in zip(members, member_set, strict=True):
                 logps[i] = self._logits(set_lp[k].double(), recs[i].cands).log_softmax(-1).float()
-                values[i] = set_v[k]
+                values[i] = set_v[off + k]
+            off += len(ctx_h)
         return logps, torch.stack(values), plans  # type: ignore[arg-type]
 
-    def _segment_forward(self, head: StepRecord, reps: list[StepRecord],
-                         soft: torch.Tensor | None) -> tuple[list[torch.Tensor], torch.Tensor]:
+    def _segment_layers(self, head: StepRecord, reps: list[StepRecord],
+                        soft: torch.Tensor | None) -> tuple[torch.Tensor, PackedBatch, list[int]]:
         """Trained layers over ``head``'s context with the candidate sets of ``reps`` (whose prompts are prefixes of
-        it); per-set candidate scores and values."""
+        it): ``(x, batch, rows)``, the top layer's output on the rows the LM head and the value head read."""
         lm, parts, b = self.lm, self.lm.parts, self.lm.boundary
         dev = lm.device
         batch = pack_sets(len(head.context), [(len(r.context), r.cands) for r in reps], dev)
@@ -342,9 +356,7 @@ class LLMPolicy(BasePolicy):
                 x = run_layers(parts, parts.embed(ids), batch, 0, b)
         inject = {b: (head.num_prompt, soft)} if soft is not None else None
         rows = output_rows(batch, [s.prefix - 1 for s in batch.sets])  # the top layer runs only these rows
-        x = run_layers(parts, x, batch, b, lm.num_layers, inject, keep=rows)
-        lps, ctx_h = candidate_set_logprobs(parts, x, batch, rows)
-        return lps, self.value_head(ctx_h.float())
+        return run_layers(parts, x, batch, b, lm.num_layers, inject, keep=rows), batch, rows
 
     def _records(self, obs: torch.Tensor) -> list[StepRecord]:
         return self.record_many(obs.cpu().numpy().astype(np.uint8))

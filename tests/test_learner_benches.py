@@ -1,0 +1,33 @@
+"""The learner benchmarks run as documented and report what they claim (tiny sizes; slow: they load the LM)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("peft")
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(script: str, *args: str) -> list[list[str]]:
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--batch", "4", "--repeats", "1",
+                          "--history", "0", *args], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    return [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines()
+            if line.startswith("|") and not line.startswith("|--")][1:]
+
+
+def test_head_once_per_minibatch_gives_the_same_log_probs():
+    rows = run("learner_head_batch.py")
+    assert [r[0] for r in rows] == ["float32", "bfloat16"]
+    assert all(float(r[-1]) == 0.0 for r in rows)  # bit-identical log pi either way
+
+
+def test_bf16_learner_reports_a_small_policy_shift():
+    (row,) = run("learner_bf16.py")
+    kl_mean, kl_max, diff = float(row[4]), float(row[5]), float(row[6])
+    assert 0 < kl_mean <= kl_max < 0.02 and diff > 0
