@@ -15,6 +15,8 @@ Loops measured (each a fresh process, alternating A/B/... over ``--rounds``, sam
   frozen layers' prefill in bfloat16; faster only where the CPU has AMX or AVX-512 BF16);
 * ``gigpo-2x4-lean-int8``, ``bc+gigpo-2x4-lean-int8`` -- those two with ``engine_prefill_dtype="int8"`` (the frozen
   layers' prefill as SmoothQuant W8A8; faster only where the CPU has a fast int8 product, e.g. AVX-512 VNNI or AMX);
+* ``gigpo-2x4-lean-int8-lbf16``, ``bc+gigpo-2x4-lean-int8-lbf16`` -- the int8 loops with the learner's products with
+  frozen weights in bfloat16 (``learner_matmul_dtype="bfloat16"``; same CPU caveat as bfloat16 prefill);
 * with ``--baseline-tree DIR`` (a checkout of an older commit, e.g. ``git worktree add /tmp/old 16db19f``), the
   ``--baseline-loops`` (default ``ppo-1env``) of that tree too (``old-<loop>``, each right after the same loop of
   this tree), so the ratio new / old is measured in one run.
@@ -59,6 +61,9 @@ LOOPS = {
 LOOPS.update({f"{name}-{suffix}": {**kw, "policy": {**kw["policy"], "engine_prefill_dtype": dtype}}
               for suffix, dtype in (("bf16", "bfloat16"), ("int8", "int8"))
               for name, kw in list(LOOPS.items()) if name.endswith("-lean")})
+# the int8 loops with the learner's products with frozen weights in bfloat16 (learner_matmul_dtype)
+LOOPS.update({f"{name}-lbf16": {**kw, "policy": {**kw["policy"], "learner_matmul_dtype": "bfloat16"}}
+              for name, kw in list(LOOPS.items()) if name.endswith("-lean-int8")})
 
 
 def _prefill_tok_s(engine, n: int = 512) -> float:
