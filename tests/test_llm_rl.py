@@ -168,6 +168,39 @@ def test_lm_head_runs_once_per_distinct_row_and_equals_the_per_token_head(lm):
         torch.testing.assert_close(g, r, atol=1e-5 * max(1.0, float(r.abs().max())), rtol=1e-4)
 
 
+def test_lm_head_runs_once_per_minibatch_with_each_record_s_own_log_probs(lm):
+    """``learner_scores_many`` runs the trained layers per packed sequence and the LM head (and the value head) once
+    for the minibatch; every record's log pi, value and adapter gradients equal those of scoring it alone."""
+    policy, env = make_policy(lm)
+    recs = []
+    for a in (0, 1, 2):  # one start state, then three different second states: three packed sequences
+        obs, _ = env.reset(seed=5)
+        recs.append(policy.record(obs))
+        obs, *_ = env.step(a)
+        recs.append(policy.record(obs))
+    params = [p for p in lm.model.parameters() if p.requires_grad]
+    calls = []
+    hook = lm.parts.lm_head.register_forward_hook(lambda m, i, o: calls.append(i[0].shape[0]))
+    try:
+        logps, values, _ = policy.learner_scores_many(recs)
+        batched, calls[:] = list(calls), []
+        alone = [policy.learner_scores(r) for r in recs]
+    finally:
+        hook.remove()
+    first = {(tuple(r.context), tuple(map(tuple, r.cands))): i for i, r in reversed(list(enumerate(recs)))}
+    assert len(first) == 4 and len(calls) == len(recs)
+    assert batched == [sum(calls[i] for i in first.values())]  # one head call over the rows of all distinct states
+    w = torch.arange(1, len(recs) + 1, dtype=torch.float32)
+    grads = torch.autograd.grad(sum(wi * (lp[0] + v[0]) for wi, lp, v in zip(w, logps, values, strict=True)), params)
+    ref = torch.autograd.grad(sum(wi * (lp[0] + v[0]) for wi, (lp, v, _) in zip(w, alone, strict=True)), params)
+    for lp, v, (lp1, v1, _) in zip(logps, values, alone, strict=True):
+        torch.testing.assert_close(lp.detach(), lp1.detach(), atol=5e-5, rtol=0)  # packed vs alone: summation order
+        torch.testing.assert_close(v.detach(), v1.detach(), atol=1e-5, rtol=1e-5)
+    assert any(float(g.abs().max()) > 0 for g in grads)
+    for g, r in zip(grads, ref, strict=True):
+        torch.testing.assert_close(g, r, atol=1e-5 * max(1.0, float(r.abs().max())), rtol=1e-4)
+
+
 def test_length_norm_and_temperature_change_the_distribution(lm):
     p1, env = make_policy(lm)
     p2, _ = make_policy(lm, length_norm=True, temperature=2.0)
