@@ -126,7 +126,7 @@ def run(method: str, seed: int, args) -> None:
         bc_epochs=args.bc_epochs, bc_learning_rate=args.bc_lr, bc_batch_size=args.bc_batch_size, seed=seed,
         history=args.history, max_episode_steps=args.max_steps,
         n_steps=args.n_steps, batch_size=args.batch_size, n_epochs=args.n_epochs, learning_rate=args.lr,
-        n_envs=args.n_envs if group else 1, group_size=args.group_size,
+        n_envs=args.n_envs if group else 1, group_size=args.group_size, step_advantage_weight=args.omega,
         policy_kwargs={**POLICY, **json.loads(args.policy_kwargs or "{}"), **(arm or {}).get("policy_kwargs", {})},
         gigpo_kwargs=json.loads(args.gigpo_kwargs or "{}") if group else {},
         bc_warm_start=arm is not None, replay=(arm or {}).get("replay"), out=str(out),
@@ -322,6 +322,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--n-envs", type=int, default=8, help="GiGPO: envs per iteration (groups x group size)")
     ap.add_argument("--group-size", type=int, default=4, help="GiGPO: episodes per seed")
+    ap.add_argument("--omega", type=float, default=1.0,
+                    help="GiGPO: weight of the step-level (anchor-state) advantage; 0 = episode-level GRPO")
     ap.add_argument("--policy-kwargs", help="JSON LLMPolicy options added to the defaults (e.g. temperature)")
     ap.add_argument("--gigpo-kwargs", help='JSON GiGPO learner options, e.g. \'{"epochs": 4, "minibatch_size": 32}\'')
     ap.add_argument("--eval-episodes", type=int, default=6)
