@@ -115,6 +115,23 @@ def test_action_aliases_and_invalid_feedback(tmp_path):
     assert legacy_put("move apple 1 to fridge 1") == "put apple 1 in/on fridge 1"
 
 
+@pytest.mark.parametrize("offer_help", [True, False])
+def test_help_is_offered_as_alfworld_does_or_dropped_as_verl_agent_does(offer_help, tmp_path):
+    env = ALFWorldEnv(task_types="PickAndPlace", num_games=1, cache_dir=tmp_path, offer_help=offer_help)
+    try:
+        _, info = env.reset(options={"index": 0})
+        before = info["admissible_actions"]
+        assert ("help" in before) == offer_help and "look" in before
+        obs, r, term, _, info = env.step("help")
+        assert info["invalid_action"] == (not offer_help) and r == 0.0 and not term
+        if offer_help:  # alfworld's command list; the room is unchanged
+            assert "go to" in obs and info["admissible_actions"] == before
+        else:
+            assert "Admissible actions" in obs and "help" not in info["admissible_actions"]
+    finally:
+        env.close()
+
+
 def test_pickle_midepisode_continues_identically(tmp_path):
     env = ALFWorldEnv(task_types="PickCoolAndPlace", num_games=1, cache_dir=tmp_path)
     try:

@@ -102,6 +102,9 @@ class ALFWorldEnv(EngineHostedEnv):
             the engine directly, without a timeout.
         reset_timeout: the same for a reset, which may load and compile a new game (used unless
             ``step_timeout`` is None).
+        offer_help: list the ``help`` command (it prints the command list and changes nothing) among the
+            admissible actions, as alfworld's own command list does. False drops it, as verl-agent's ALFWorld setup
+            (GiGPO's) does: then ``help`` is an invalid action like any other inadmissible text.
     """
 
     def __init__(
@@ -117,12 +120,13 @@ class ALFWorldEnv(EngineHostedEnv):
         render_mode: str | None = None,
         step_timeout: float | None = 30.0,
         reset_timeout: float = 300.0,
+        offer_help: bool = True,
     ) -> None:
         super().__init__(render_mode=render_mode)
         self._ctor = dict(
             task_types=task_types, split=split, num_games=num_games, difficulty=difficulty,
             generator_config=generator_config, data_path=data_path, cache_dir=cache_dir, expert=expert,
-            render_mode=render_mode, step_timeout=step_timeout, reset_timeout=reset_timeout,
+            render_mode=render_mode, step_timeout=step_timeout, reset_timeout=reset_timeout, offer_help=offer_help,
         )
         self._start_host(functools.partial(AlfredEngine, expert=expert), step_timeout, reset_timeout,
                          "echorl-alfworld-engine")
@@ -153,6 +157,7 @@ class ALFWorldEnv(EngineHostedEnv):
         else:
             self._pool = GeneratedPool(self.task_types, self.split, num_games, cfg, cache_dir)
         self.expert = expert
+        self.offer_help = bool(offer_help)
         self._state = {}
         self._task_text = ""
         self._index: int | None = None
@@ -178,7 +183,8 @@ class ALFWorldEnv(EngineHostedEnv):
         return Transition(state["feedback"], reward=1.0 if won else 0.0, terminated=won, won=won)
 
     def _admissible(self) -> list[str]:
-        return list(self._state.get("admissible_commands", ()))
+        cmds = self._state.get("admissible_commands", ())
+        return [c for c in cmds if self.offer_help or c != "help"]
 
     def _task(self) -> str:
         return self._task_text
