@@ -30,6 +30,8 @@ def test_frozen_linears_multiply_in_bfloat16_and_keep_their_float32_parameter():
     (gx,) = torch.autograd.grad(y, x, gy)
     assert torch.equal(gx, (gy.bfloat16() @ w0.bfloat16()).float())  # the input gradient is a bfloat16 product too
     assert bf16_frozen_linears([net]) == 0
+    half = torch.nn.Linear(8, 8).bfloat16().requires_grad_(False)  # already bfloat16 (the CUDA learner): unchanged
+    assert bf16_frozen_linears([half]) == 0 and type(half) is torch.nn.Linear
 
 
 def test_bad_learner_matmul_dtype_names_the_field():

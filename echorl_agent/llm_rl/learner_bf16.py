@@ -44,13 +44,15 @@ class BF16ProductLinear(torch.nn.Linear):
 
 
 def bf16_frozen_linears(modules: Iterable[torch.nn.Module]) -> int:
-    """Turn every frozen ``nn.Linear`` inside ``modules`` (weight without ``requires_grad``) into a
-    :class:`BF16ProductLinear`; returns how many changed. Linears already converted, or trainable, are left alone."""
+    """Turn every frozen float32 ``nn.Linear`` inside ``modules`` (weight without ``requires_grad``) into a
+    :class:`BF16ProductLinear`; returns how many changed. Linears already converted, trainable, or already in
+    bfloat16 (the CUDA learner loads the model in bfloat16) are left alone."""
     n = 0
     seen: set[int] = set()
     for root in modules:
         for mod in root.modules():
-            if type(mod) is not torch.nn.Linear or mod.weight.requires_grad or id(mod) in seen:
+            if (type(mod) is not torch.nn.Linear or mod.weight.requires_grad or mod.weight.dtype != torch.float32
+                    or id(mod) in seen):
                 continue
             seen.add(id(mod))
             mod.__class__ = BF16ProductLinear
