@@ -76,7 +76,8 @@ class LLMPolicyConfig:
     (exact) or "bfloat16" (inputs and weights rounded to bfloat16, float32 accumulation;
     :mod:`~echorl_agent.llm_rl.learner_bf16`). The learner's time is almost all those products, and on a CPU with
     AVX-512 BF16 or AMX they run about 4x faster in bfloat16; on an AVX2-only CPU they are slower (a warning says so).
-    Trainable weights (LoRA adapters), attention, norms and the residual stream stay float32."""
+    Trainable weights (LoRA adapters), attention, norms and the residual stream stay float32. On CUDA the learner
+    loads the model in bfloat16 already, so this has no effect there."""
     show_admissible: bool = True
     """List the admissible actions in each observation turn (off: shorter prompts when the set never changes)."""
     rollout_url: str | None = None
