@@ -74,8 +74,9 @@ class LLMPolicyConfig:
     learner_matmul_dtype: str = "float32"
     """Products of the learner with frozen weights -- the trained layers' base projections and the LM head: "float32"
     (exact) or "bfloat16" (inputs and weights rounded to bfloat16, float32 accumulation;
-    :mod:`~echorl_agent.llm_rl.learner_bf16`). The learner's time is almost all those products, and on a CPU with
-    AVX-512 BF16 or AMX they run about 4x faster in bfloat16; on an AVX2-only CPU they are slower (a warning says so).
+    :mod:`~echorl_agent.llm_rl.learner_bf16`). The learner's time is almost all those products; on an AMD EPYC with
+    AVX-512 BF16 they run about 4x faster in bfloat16 and the learner's forward + backward 2x; on an AVX2-only CPU
+    they are slower (a warning says so).
     Trainable weights (LoRA adapters), attention, norms and the residual stream stay float32. On CUDA the learner
     loads the model in bfloat16 already, so this has no effect there."""
     show_admissible: bool = True
