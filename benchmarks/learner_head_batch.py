@@ -13,8 +13,9 @@ Run: ``python benchmarks/learner_head_batch.py`` (``--history 0 2``, ``--batch 3
 from __future__ import annotations
 
 import sys
-from contextlib import contextmanager
+from contextlib import nullcontext
 from pathlib import Path
+from unittest.mock import patch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -36,15 +37,9 @@ def per_sequence(parts, items):
     return [forward.candidate_set_logprobs_many(parts, [it])[0] for it in items]
 
 
-@contextmanager
 def head(batched: bool):
-    saved = policy_mod.candidate_set_logprobs_many
-    if not batched:
-        policy_mod.candidate_set_logprobs_many = per_sequence
-    try:
-        yield
-    finally:
-        policy_mod.candidate_set_logprobs_many = saved
+    """The learner as it runs (``batched``) or with the per-sequence head patched in."""
+    return nullcontext() if batched else patch.object(policy_mod, "candidate_set_logprobs_many", per_sequence)
 
 
 def main() -> None:

@@ -13,8 +13,9 @@ Run: ``python benchmarks/learner_head_rows.py`` (``--history 0 2``, ``--batch 32
 from __future__ import annotations
 
 import sys
-from contextlib import contextmanager
+from contextlib import nullcontext
 from pathlib import Path
+from unittest.mock import patch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -45,15 +46,9 @@ def per_token_lp_many(parts, items):
     return [per_token_lp(parts, *item) for item in items]
 
 
-@contextmanager
 def head(distinct: bool):
-    saved = forward._candidate_token_lp_many
-    if not distinct:
-        forward._candidate_token_lp_many = per_token_lp_many
-    try:
-        yield
-    finally:
-        forward._candidate_token_lp_many = saved
+    """The learner's head as it runs (``distinct``) or with the per-token head patched in."""
+    return nullcontext() if distinct else patch.object(forward, "_candidate_token_lp_many", per_token_lp_many)
 
 
 def main() -> None:

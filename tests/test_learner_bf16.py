@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from unittest.mock import patch
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -53,13 +55,9 @@ def learners():
         lm32 = lm_mod.TrainableLM(LLMPolicyConfig(**cfg))
     except ValueError as e:  # the embedded model's wheel is missing
         pytest.skip(str(e))
-    saved = lm_mod.cpu_has_native_bf16
-    lm_mod.cpu_has_native_bf16 = lambda: False
-    try:
-        with pytest.warns(UserWarning, match="learner_matmul_dtype='bfloat16' on a CPU without"):
-            lm16 = lm_mod.TrainableLM(LLMPolicyConfig(**cfg, learner_matmul_dtype="bfloat16"))
-    finally:
-        lm_mod.cpu_has_native_bf16 = saved
+    with (patch.object(lm_mod, "cpu_has_native_bf16", lambda: False),
+          pytest.warns(UserWarning, match="learner_matmul_dtype='bfloat16' on a CPU without")):
+        lm16 = lm_mod.TrainableLM(LLMPolicyConfig(**cfg, learner_matmul_dtype="bfloat16"))
     torch.manual_seed(0)
     with torch.no_grad():  # non-zero adapters (peft starts B at 0), the same in both
         for p in lm32.trainable_parameters():

@@ -231,9 +231,9 @@ def _candidate_token_lp_many(parts: DecoderParts, items: Sequence[tuple[torch.Te
     norm, one LM head and one softmax over all their rows: the head's weight (576 x 49,152 for SmolLM2) is read once
     per call, not once per sequence (a learner micro-batch holds about 16 GoToLocal states of 13 head rows each)."""
     dev = items[0][0].device
-    extra_x, tok_x, plans = [], [], []
+    extra_x, tok_x, which, targets, per_item, off = [], [], [], [], [], 0
     for x, batch, extra_rows, x_rows in items:
-        rows, targets, owners = _candidate_token_rows(batch)
+        rows, tgt, owners = _candidate_token_rows(batch)
         need = list(extra_rows) + rows
         if x_rows is not None:
             at = {r: i for i, r in enumerate(x_rows)}
@@ -243,23 +243,21 @@ def _candidate_token_lp_many(parts: DecoderParts, items: Sequence[tuple[torch.Te
             need = [at[r] for r in need]
         # a set's last prompt row predicts the first token of all its candidates: the LM head and softmax run once
         # per distinct row (a GoToLocal state's 7 candidates: 19 tokens, 13 distinct rows), and each token gathers
-        # its row's
+        # its row's (rows of all items are stacked, so an item's rows start after the earlier items')
         n = len(extra_rows)
         tok = list(dict.fromkeys(need[n:]))
-        at_t = {r: i for i, r in enumerate(tok)}
+        at_t = {r: off + i for i, r in enumerate(tok)}
+        off += len(tok)
         extra_x.append(x[torch.tensor(need[:n], device=dev, dtype=torch.long)])
         tok_x.append(x[torch.tensor(tok, device=dev, dtype=torch.long)])
-        plans.append(([at_t[r] for r in need[n:]], targets, owners))
+        which.extend(at_t[r] for r in need[n:])
+        targets.extend(tgt)
+        per_item.append((len(tgt), owners))
     extras = parts.norm(torch.cat(extra_x)).split([len(e) for e in extra_x])
     logp = torch.log_softmax(parts.lm_head(parts.norm(torch.cat(tok_x))).float(), dim=-1)
-    which, targets, off = [], [], 0
-    for t, (w, tg, _) in zip(tok_x, plans, strict=True):
-        which.extend(off + i for i in w)
-        targets.extend(tg)
-        off += len(t)
     lp = logp[torch.tensor(which, device=dev, dtype=torch.long), torch.tensor(targets, device=dev, dtype=torch.long)]
-    lps = lp.split([len(tg) for _, tg, _ in plans])
-    return [(a, owners, e) for a, (_, _, owners), e in zip(lps, plans, extras, strict=True)]
+    lps = lp.split([k for k, _ in per_item])
+    return [(a, owners, e) for a, (_, owners), e in zip(lps, per_item, extras, strict=True)]
 
 
 def candidate_set_logprobs(parts: DecoderParts, x: torch.Tensor, batch: PackedBatch,
