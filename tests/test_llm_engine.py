@@ -148,6 +148,99 @@ def test_scoring_shared_prefix_equals_naive(llm):
     assert abs(shared.logprobs[1] - direct) < 1e-3
 
 
+def test_candidates_that_begin_alike_compute_their_common_tokens_once(llm, monkeypatch):
+    """ALFWorld-style candidates: each distinct prefix of the candidates' inputs runs once, the log-likelihoods and
+    captured activations equal those of the candidates run one by one, and the saved tokens count as cached."""
+    from echorl_agent.llm.engine import scoring
+
+    monkeypatch.setattr(scoring, "MIN_TOKENS_PER_LEVEL", 0)  # one prompt saves few tokens: take every level anyway
+    eng = _engine(llm)
+    p = _prompt(llm, "You are in the middle of a room. Your task is to: put a book in shelf.")
+    actions = ["go to shelf 1", "go to shelf 2", "go to sidetable 1", "go to shelf 12", "take book 1 from sidetable 1",
+               "take book 1 from shelf 2", "look", "go to sofa 1"]
+    cands = [llm.encode(" " + a) for a in actions]
+    inputs = {tuple(c[:-1]) for c in cands}
+    nodes = {c[:i] for c in inputs for i in range(1, len(c) + 1)}  # the distinct prefixes of the inputs
+    assert len(nodes) < sum(len(c) - 1 for c in cands)  # they do share tokens
+    eng.enable_capture(20)
+    res = eng.score(p, cands, capture=True)
+    naive = eng.score(p, cands, share_prefix=False)
+    assert res.logprobs == pytest.approx(naive.logprobs, abs=1e-3)
+    assert res.num_computed_tokens == len(p) + len(nodes)
+    # every prompt token, every candidate's view of the prompt and every input token is either computed or reused
+    assert res.num_cached_tokens + res.num_computed_tokens == len(p) * (1 + len(cands)) + sum(len(c) - 1 for c in cands)
+    for c, got in zip(cands, res.candidate_states, strict=True):
+        want = eng.score(p + c, [[c[-1]]], capture=True).context_states[len(p) : len(p) + len(c) - 1]
+        torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-4)
+    # the same candidates one per call (no sharing between them) give the same numbers
+    alone = [eng.score(p, [c]).logprobs[0] for c in cands]
+    assert res.logprobs == pytest.approx(alone, abs=1e-4)
+
+
+def test_candidate_tree_by_hand():
+    from echorl_agent.llm.engine.scoring import _CandidateTree
+
+    # inputs (all but the last token): 0 [1,2,3], 1 [1,2,3], 2 [1,2,4], 3 one token (none), 4 [1,6], 5 [1,2,3,9]
+    tree = _CandidateTree.build([[1, 2, 3, 9], [1, 2, 3, 8], [1, 2, 4, 7], [5], [1, 6, 2], [1, 2, 3, 9, 4]])
+    assert tree.shared == {0: 0, 1: 3, 5: 3, 2: 2, 4: 1}
+    assert tree.parent == {0: None, 1: 0, 5: 0, 2: 0, 4: 0}  # who computed each one's last shared token
+    assert tree.owners == {0: [0, 0, 0], 1: [0, 0, 0], 5: [0, 0, 0, 5], 2: [0, 0, 2], 4: [0, 4]}
+    assert tree.level == {0: 0, 1: None, 5: 1, 2: 1, 4: 1}  # 1 computes nothing; siblings share one level
+    assert tree.ends == {0: [0, 1], 5: [5], 2: [2], 4: [4]}
+    assert (tree.depth, tree.computed) == (2, 3 + 1 + 1 + 1)
+    flat = _CandidateTree.build([[1, 2, 3, 9], [1, 2, 3, 8], [1, 2, 4, 7], [5], [1, 6, 2], [1, 2, 3, 9, 4]], deep=False)
+    assert flat.level == {0: 0, 1: None, 5: 0, 2: 0, 4: 0}  # only whole inputs shared: one level
+    assert (flat.depth, flat.computed) == (1, 3 + 4 + 3 + 2)
+
+
+@pytest.mark.parametrize("max_tokens, forwards", [(80, 5), (2048, 3)])
+def test_candidates_that_begin_alike_fit_a_small_pool(llm, max_tokens, forwards, monkeypatch):
+    """A pool too small for all candidates at once: levels run in several batches, parents kept until their
+    children ran; the numbers do not change and every block comes back."""
+    from echorl_agent.llm.engine import scoring
+
+    monkeypatch.setattr(scoring, "MIN_TOKENS_PER_LEVEL", 0)
+    eng = _engine(llm, max_tokens=max_tokens)
+    p = _prompt(llm, "Pick one.")
+    cands = [llm.encode(" " + a) for a in ("go to shelf 1", "go to shelf 2", "go to sidetable 1", "go to drawer 3",
+                                           "open drawer 3", "open drawer 4", "examine shelf 1")]
+    calls, forward = [], eng.runner.forward
+    monkeypatch.setattr(eng.runner, "forward", lambda chunks, **kw: calls.append(len(chunks)) or forward(chunks, **kw))
+    res = eng.score(p, cands)
+    # the prompt, then the tree's two levels ("go", "open", "examine"; "sidetable", "drawer"), split when the pool
+    # holds only two candidates' blocks at a time
+    assert len(calls) == forwards
+    assert eng.cache.num_free_blocks == eng.cache.num_blocks  # no block leaked
+    alone = [eng.score(p, [c]).logprobs[0] for c in cands]
+    assert res.logprobs == pytest.approx(alone, abs=1e-4)
+
+
+def test_a_tree_level_that_saves_few_tokens_is_not_taken(llm, monkeypatch):
+    """One prompt's "go to shelf 1", "go to sidetable 1", "open drawer 3"...: the second level would save 2 tokens,
+    less than one more forward costs, so the candidates run in one forward sharing whole inputs only ("go to shelf 1"
+    and "go to shelf 2" end alike: " shelf" then " " and the digit); with the threshold at 0 they take two."""
+    from echorl_agent.llm.engine import scoring
+
+    p = _prompt(llm, "You are in a room. Your task is to: put a book in shelf.")
+    cands = [llm.encode(" " + a) for a in ("go to shelf 1", "go to shelf 2", "go to sidetable 1", "open drawer 3",
+                                           "open drawer 4", "examine shelf 1")]
+    tree = scoring._CandidateTree.build(cands)
+    flat = scoring._CandidateTree.build(cands, deep=False)
+    assert (tree.depth, flat.depth) == (2, 1) and 0 < flat.computed - tree.computed < scoring.MIN_TOKENS_PER_LEVEL
+    runs, default_threshold = {}, scoring.MIN_TOKENS_PER_LEVEL
+    for threshold in (default_threshold, 0):
+        monkeypatch.setattr(scoring, "MIN_TOKENS_PER_LEVEL", threshold)
+        eng = _engine(llm)
+        calls, forward = [], eng.runner.forward
+        monkeypatch.setattr(eng.runner, "forward",
+                            lambda chunks, calls=calls, forward=forward, **kw: calls.append(len(chunks)) or forward(chunks, **kw))
+        runs[threshold] = (eng.score(p, cands), len(calls))
+    (default, n_default), (deep, n_deep) = runs[default_threshold], runs[0]
+    assert (n_default, n_deep) == (2, 3)  # the prompt, then one forward per level
+    assert default.num_computed_tokens - deep.num_computed_tokens == flat.computed - tree.computed
+    assert default.logprobs == pytest.approx(deep.logprobs, abs=1e-4)
+
+
 def test_sampling_is_seeded_and_validated(llm):
     eng = _engine(llm)
     p = _prompt(llm, "Tell me a word.")

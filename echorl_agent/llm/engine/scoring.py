@@ -7,7 +7,10 @@ prompt is prefilled once (its leading blocks may already sit in the prefix cache
 table that shares the prompt's full blocks (ref counts) plus a copy of the partial last block (copy-on-write),
 and all candidates run in one batched forward. A candidate's last token is never run: its logits would predict
 past the candidate and no other token attends to it, so ``a_i`` costs ``s_i - 1`` token forwards (a one-token
-candidate is scored from the prompt's last logits alone).
+candidate is scored from the prompt's last logits alone). Candidates that begin alike share more: each distinct
+prefix of the candidates' inputs is computed once ("go to shelf 1", "go to shelf 2" and "go to sidetable 1" run
+"go to" once, "shelf" once), so the candidates cost one token forward per node of their inputs' prefix tree, in one
+batched forward per level of that tree.
 """
 
 from __future__ import annotations
@@ -209,11 +212,11 @@ def _score_group(
         ctx = _prefill_prompts(runner, cache, prompts, allocs)
         _append_soft_tokens(runner, cache, ctx, softs)
         extras = _captured_context(runner, ctx, candidates) if capture else [{} for _ in prompts]
-        scores = _score_candidate_tokens(runner, cache, ctx, candidates, extras)
+        scores, computed = _score_candidate_tokens(runner, cache, ctx, candidates, extras)
     finally:
         for a in allocs:
             cache.release(a.block_table)  # the soft tokens' blocks were appended to it
-    return _assemble_results(cache, allocs, ctx.lens, candidates, scores, extras)
+    return _assemble_results(cache, allocs, ctx.lens, candidates, scores, computed, extras)
 
 
 def _prefill_prompts(runner: ModelRunner, cache: PrefixCache, prompts: list[list[int]], allocs: list) -> _Contexts:
@@ -270,73 +273,200 @@ def _captured_context(runner: ModelRunner, ctx: _Contexts, candidates: list[list
     return extras
 
 
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@dataclass
+class _CandidateTree:
+    """How the candidates of one context share their input tokens (each candidate's tokens but its last).
+
+    Candidates are taken in lexicographic order of their inputs, so each one's longest common prefix with any
+    earlier input is the one with its predecessor. A candidate *computes* the input tokens after that common prefix
+    (``shared[j]`` of them are not recomputed: their KV, hidden states and logits come from the candidates that
+    computed them, ``owners[j][i]`` for position ``i`` of its input); ``parent[j]`` computed its last shared token.
+    A candidate whose whole input is shared computes nothing (``level[j]`` is None). Candidates of one level
+    depend only on lower levels, so each level is one batched forward.
+    """
+
+    shared: dict[int, int]
+    parent: dict[int, int | None]
+    owners: dict[int, list[int]]
+    level: dict[int, int | None]
+    ends: dict[int, list[int]]
+    """Computing candidate -> the candidates whose last input token it computed (its blocks hold their inputs)."""
+
+    @property
+    def depth(self) -> int:
+        """Forwards the candidates need (levels)."""
+        return 1 + max((v for v in self.level.values() if v is not None), default=-1)
+
+    @property
+    def computed(self) -> int:
+        """Input tokens the candidates compute."""
+        return sum(len(o) - self.shared[j] for j, o in self.owners.items() if self.level[j] is not None)
+
+    @classmethod
+    def build(cls, cands: list[list[int]], deep: bool = True) -> _CandidateTree:
+        """``deep=False``: share only whole inputs (a candidate whose input begins another's computes nothing),
+        which needs no forward beyond level 0."""
+        tree = cls({}, {}, {}, {}, {})
+        prev = None
+        for j in sorted((j for j, c in enumerate(cands) if len(c) > 1), key=lambda j: cands[j][:-1]):
+            inp = cands[j][:-1]
+            n = 0 if prev is None else _common_prefix(inp, cands[prev][:-1])
+            if not deep and n < len(inp):
+                n = 0
+            parent = tree.owners[prev][n - 1] if n else None
+            tree.shared[j], tree.parent[j] = n, parent
+            tree.owners[j] = (tree.owners[prev][:n] if n else []) + [j] * (len(inp) - n)
+            tree.level[j] = None if n == len(inp) else (0 if parent is None else tree.level[parent] + 1)
+            tree.ends.setdefault(tree.owners[j][-1], []).append(j)
+            prev = j
+        return tree
+
+
+#: A tree level past the first costs one more forward through every layer; it is taken only when it saves at least
+#: this many input tokens over sharing whole inputs alone (BabyAI's "turn left" / "turn right" share one token per
+#: state: 16 states save 16 tokens, which one more forward costs about as much; ALFWorld's states save ~25 each,
+#: benchmarks/candidate_tree.py).
+MIN_TOKENS_PER_LEVEL = 32
+
+
+def _candidate_trees(candidates: list[list[list[int]]]) -> list[_CandidateTree]:
+    """Each prompt's :class:`_CandidateTree`: the full prefix trees, or only whole-input sharing when the deeper
+    levels save fewer than :data:`MIN_TOKENS_PER_LEVEL` tokens per extra forward."""
+    deep = [_CandidateTree.build(c) for c in candidates]
+    extra = max(t.depth for t in deep) - 1
+    if extra <= 0:
+        return deep
+    flat = [_CandidateTree.build(c, deep=False) for c in candidates]
+    saved = sum(t.computed for t in flat) - sum(t.computed for t in deep)
+    return deep if saved >= MIN_TOKENS_PER_LEVEL * extra else flat
+
+
 def _score_candidate_tokens(
     runner: ModelRunner, cache: PrefixCache, ctx: _Contexts, candidates: list[list[list[int]]], extras: list[dict]
-) -> list[list[float]]:
-    """Step 3: every candidate of every prompt but its last token, sharing its context's full blocks (+ a copy of
-    the partial one).
+) -> tuple[list[list[float]], list[int]]:
+    """Step 3: every candidate of every prompt but its last token, each distinct input prefix computed once.
 
-    Candidates run in batched forwards of as many as fit the free blocks; each one's blocks are released as soon
-    as its batch is done. A one-token candidate needs no forward (the context's last logits predict it).
+    Candidates that begin alike ("go to shelf 1", "go to shelf 2", "go to sidetable 1") compute their common
+    tokens once (:class:`_CandidateTree`): a candidate continues the blocks of the candidate that computed its last
+    shared token (its full blocks shared by reference count, a copy of the partial one), or the context's when it
+    shares nothing. One batched forward per tree level (as many candidates as fit the free blocks); a candidate's
+    blocks are released once it and every candidate continuing it have run. A one-token candidate needs no forward
+    (the context's last logits predict it).
 
     Returns:
-        Per prompt, the log-likelihood of each candidate.
+        Per prompt, the log-likelihood of each candidate, and the number of candidate tokens computed.
     """
-    pairs = [(k, j) for k in range(len(candidates)) for j in range(len(candidates[k])) if len(candidates[k][j]) > 1]
+    trees = _candidate_trees(candidates)
     firsts = [torch.log_softmax(f, -1) for f in ctx.firsts]  # once per context, not per candidate
-    scores = [[_candidate_logprob(firsts[k], None, c) for c in cands] for k, cands in enumerate(candidates)]
+    heads = [[float(firsts[k][c[0]]) for c in cands] for k, cands in enumerate(candidates)]
+    rest = [[torch.zeros(len(c) - 1) for c in cands] for cands in candidates]
+    computed = [0] * len(candidates)
+    # the (candidate, input position) pairs whose log-probability each computing candidate's rows give
+    reads: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    waiting: dict[tuple[int, int], int] = {}  # computing candidates still to run that continue this one's blocks
+    for k, tree in enumerate(trees):
+        for j, owners in tree.owners.items():
+            for i, o in enumerate(owners):
+                reads.setdefault((k, o), []).append((j, i))
+            if tree.level[j] is not None and tree.parent[j] is not None:
+                waiting[(k, tree.parent[j])] = waiting.get((k, tree.parent[j]), 0) + 1
+    todo = sorted(((tree.level[j], k, j) for k, tree in enumerate(trees) for j in tree.level
+                   if tree.level[j] is not None))
+    tables: dict[tuple[int, int], list[int]] = {}
+    groups: dict[tuple, int] = {}
     lens = ctx.lens
-    i = 0
-    while i < len(pairs):
-        group = _share_context_blocks(runner, cache, ctx, candidates, pairs[i:])
-        i += len(group)
-        try:
-            logits = runner.forward([SeqChunk(candidates[k][j][:-1], lens[k], t, all_logits=True, prefix_group=k)
-                                     for k, j, t in group])
-            for k, j, t in group:
-                if "candidate_states" in extras[k]:
-                    end = lens[k] + len(candidates[k][j]) - 1
-                    extras[k]["candidate_states"][j] = runner.gather_hidden(t, lens[k], end)
-        finally:
-            for _, _, t in group:
-                cache.release(t)
-        for (k, j, _), lg in zip(group, logits, strict=True):
-            scores[k][j] = _candidate_logprob(firsts[k], lg, candidates[k][j])
-    return scores
+    try:
+        while todo:
+            level = todo[0][0]
+            batch = _share_parent_blocks(runner, cache, ctx, candidates, trees, tables,
+                                         [(k, j) for lv, k, j in todo if lv == level])
+            todo = todo[len(batch):]
+            chunks = []
+            for k, j in batch:
+                n, inp = trees[k].shared[j], candidates[k][j][:-1]
+                key = groups.setdefault((k, tuple(inp[:n])), len(groups))
+                chunks.append(SeqChunk(inp[n:], lens[k] + n, tables[(k, j)], all_logits=True, prefix_group=key))
+                computed[k] += len(inp) - n
+                parent = trees[k].parent[j]
+                if parent is not None:
+                    waiting[(k, parent)] -= 1
+            logits = runner.forward(chunks)
+            for (k, j), lg in zip(batch, logits, strict=True):
+                _read_rows(runner, candidates[k], trees[k], tables, k, j, lg, reads.get((k, j), []), rest[k],
+                           extras[k], lens[k])
+            for key in [key for key in tables if not waiting.get(key)]:
+                cache.release(tables.pop(key))
+    finally:
+        for t in tables.values():
+            cache.release(t)
+    scores = [[h + (float(r.sum()) if len(r) else 0.0) for h, r in zip(hs, rs, strict=True)]
+              for hs, rs in zip(heads, rest, strict=True)]
+    return scores, computed
 
 
-def _share_context_blocks(
+def _read_rows(runner: ModelRunner, cands: list[list[int]], tree: _CandidateTree, tables: dict, k: int, o: int,
+               logits: torch.Tensor, reads: list[tuple[int, int]], rest: list[torch.Tensor], extras: dict,
+               ctx_len: int) -> None:
+    """After candidate ``o`` ran: the log-probabilities its rows give (to itself and the candidates sharing them),
+    and with capture the hidden states of every candidate whose last input token ``o`` computed."""
+    n = tree.shared[o]
+    lp = torch.log_softmax(logits, -1)
+    rows = torch.tensor([i - n for _, i in reads], dtype=torch.long)
+    targets = torch.tensor([cands[j][i + 1] for j, i in reads], dtype=torch.long)
+    for (j, i), v in zip(reads, lp[rows, targets], strict=True):
+        rest[j][i] = v
+    if "candidate_states" in extras:
+        for j in tree.ends[o]:  # o's blocks hold j's whole input
+            extras["candidate_states"][j] = runner.gather_hidden(tables[(k, o)], ctx_len, ctx_len + len(cands[j]) - 1)
+
+
+def _share_parent_blocks(
     runner: ModelRunner,
     cache: PrefixCache,
     ctx: _Contexts,
     candidates: list[list[list[int]]],
+    trees: list[_CandidateTree],
+    tables: dict[tuple[int, int], list[int]],
     pairs: list[tuple[int, int]],
-) -> list[tuple[int, int, list[int]]]:
-    """Block tables for the leading ``pairs`` (prompt k, candidate j) that fit the free blocks: the context's full
-    blocks shared (ref counts) plus new blocks for the candidate's tokens but its last, the first holding a copy of
-    the context's partial block.
+) -> list[tuple[int, int]]:
+    """Block tables (into ``tables``) for the leading ``pairs`` (prompt k, candidate j) that fit the free blocks:
+    the full blocks before the candidate's first computed token shared (ref counts) from the candidate that computed
+    the token before it (or the context), plus new blocks for the rest of its input, the first holding a copy of
+    the partial block.
 
     Raises:
         MemoryError: not even the first candidate fits.
     """
     bs = cache.block_size
-    group = []
+    done = []
     free = cache.num_free_blocks
     for k, j in pairs:
-        c, p, table = candidates[k][j], ctx.lens[k], ctx.tables[k]
-        full, partial = p // bs, p % bs
-        need = cache.num_blocks_needed(p + len(c) - 1) - full
+        c, parent = candidates[k][j], trees[k].parent[j]
+        start = ctx.lens[k] + trees[k].shared[j]
+        src = ctx.tables[k] if parent is None else tables[(k, parent)]
+        full, partial = start // bs, start % bs
+        need = cache.num_blocks_needed(ctx.lens[k] + len(c) - 1) - full
         if need > free:
             break
         free -= need
-        cache.share(table[:full])
+        cache.share(src[:full])
         own = [cache.append_block() for _ in range(need)]
         if partial:
-            runner.copy_block(table[full], own[0])
-        group.append((k, j, table[:full] + own))
-    if not group:
+            runner.copy_block(src[full], own[0])
+        tables[(k, j)] = src[:full] + own
+        done.append((k, j))
+    if not done:
         raise MemoryError("prefix cache full while scoring; raise PrefixCacheConfig.max_tokens")
-    return group
+    return done
 
 
 def _assemble_results(
@@ -345,20 +475,22 @@ def _assemble_results(
     lens: list[int],
     candidates: list[list[list[int]]],
     scores: list[list[float]],
+    computed: list[int],
     extras: list[dict],
 ) -> list[ScoreResult]:
     """Step 4: one :class:`ScoreResult` per prompt, and the token counts into the prefix cache's stats.
 
-    Candidates reuse the whole context's KV (KV_frozen) and compute only their own tokens but the last.
+    Candidates reuse the whole context's KV (KV_frozen) and compute only the input tokens (all but the last) that no
+    other candidate computed for them: the rest count as cached.
     """
     out = []
     for k, cands in enumerate(candidates):
-        n_cand = sum(len(c) - 1 for c in cands)
+        reused = sum(len(c) - 1 for c in cands) - computed[k] + lens[k] * len(cands)
         p, cached = lens[k], allocs[k].num_cached_tokens
-        cache.stats.num_cached_tokens += p * len(cands)
-        cache.stats.num_computed_tokens += n_cand
-        out.append(ScoreResult(scores[k], [len(c) for c in cands], cached + p * len(cands),
-                               p - cached + n_cand, **extras[k]))
+        cache.stats.num_cached_tokens += reused
+        cache.stats.num_computed_tokens += computed[k]
+        out.append(ScoreResult(scores[k], [len(c) for c in cands], cached + reused, p - cached + computed[k],
+                               **extras[k]))
     return out
 
 
