@@ -331,10 +331,10 @@ class _CandidateTree:
         return tree
 
 
-#: A tree level past the first costs one more forward through every layer; it is taken only when it saves at least
-#: this many input tokens over sharing whole inputs alone (BabyAI's "turn left" / "turn right" share one token per
-#: state: 16 states save 16 tokens, which one more forward costs about as much; ALFWorld's states save ~25 each,
-#: benchmarks/candidate_tree.py).
+#: A tree level past the first costs one more forward through every layer (its fixed cost: ~30 layers of small
+#: kernels); it is taken only when it saves at least this many input tokens over sharing whole inputs alone. A guess
+#: at the break-even, not tuned: 16 ALFWorld states save ~25 tokens each, far above it (benchmarks/candidate_tree.py);
+#: one state's "go to sidetable 1" next to "go to shelf 1" saves 2, below it.
 MIN_TOKENS_PER_LEVEL = 32
 
 
