@@ -66,7 +66,7 @@ def states(env_id: str, n: int, steps: int, seed: int) -> list[np.ndarray]:
 
 def per_candidate(enabled: bool):
     """The engine as it runs (``enabled``) or with no prefix shared between candidates (the old scoring)."""
-    return nullcontext() if enabled else patch.object(scoring, "_common_prefix", lambda a, b: 0)
+    return nullcontext() if enabled else patch.object(scoring, "common_prefix_len", lambda a, b: 0)
 
 
 def rollouts(lm: TrainableLM, env_id: str, groups: int, group_size: int, max_steps: int, repeats: int,

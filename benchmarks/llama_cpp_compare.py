@@ -36,6 +36,7 @@ import torch  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
 from echorl_agent.llm import EngineConfig, LLMEngine, PrefixCacheConfig, SamplingParams, load_model  # noqa: E402
+from echorl_agent.llm.engine.scoring import common_prefix_len  # noqa: E402
 from echorl_agent.llm.models import embedded_gguf  # noqa: E402
 
 _TEXT = (
@@ -125,7 +126,7 @@ def speed(llm, dtypes: list[str], threads: list[int], rounds: int) -> list[list]
                     cpp.m.reset()
                     t_th, theirs = _timed(lambda: cpp.generate(prompt100, 128))  # noqa: B023
                     res.setdefault("decode_theirs", []).append(128 / t_th)
-                    agree = _common_prefix(r, theirs)
+                    agree = common_prefix_len(r, theirs)
                 t_ours, _r = _timed(lambda: cold.generate([prompt512], _greedy(1)))  # noqa: B023
                 res.setdefault("prefill_ours", []).append(512 / t_ours)
                 if cpp:
@@ -145,15 +146,6 @@ def speed(llm, dtypes: list[str], threads: list[int], rounds: int) -> list[list]
                         res.setdefault("batch_theirs", []).append(64 / t_th)
             rows.extend(_rows(res, dt, th, agree))
     return rows
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _med(v: list[float] | None) -> float | None:

@@ -24,7 +24,7 @@ from echorl_agent.llm.engine.config import ScoreResult
 from echorl_agent.llm.engine.prefix_cache import PrefixCache
 from echorl_agent.llm.engine.runner import ModelRunner, SeqChunk
 
-__all__ = ["score_candidates", "score_batch", "prompt_logprobs", "SoftTokens"]
+__all__ = ["score_candidates", "score_batch", "prompt_logprobs", "SoftTokens", "common_prefix_len"]
 
 
 @dataclass
@@ -273,7 +273,8 @@ def _captured_context(runner: ModelRunner, ctx: _Contexts, candidates: list[list
     return extras
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` have in common."""
     n = 0
     for x, y in zip(a, b, strict=False):
         if x != y:
@@ -319,7 +320,7 @@ class _CandidateTree:
         prev = None
         for j in sorted((j for j, c in enumerate(cands) if len(c) > 1), key=lambda j: cands[j][:-1]):
             inp = cands[j][:-1]
-            n = 0 if prev is None else _common_prefix(inp, cands[prev][:-1])
+            n = 0 if prev is None else common_prefix_len(inp, cands[prev][:-1])
             if not deep and n < len(inp):
                 n = 0
             parent = tree.owners[prev][n - 1] if n else None
