@@ -14,7 +14,15 @@ import pytest
 import torch
 
 from echorl_agent.llm.engine.config import EngineConfig
-from echorl_agent.llm.quant.w8a8 import W8A8Linear, _load, int8_backend, int8_matmul, quantize_rows, smoothing
+from echorl_agent.llm.quant.w8a8 import (
+    W8A8Linear,
+    _load,
+    int8_backend,
+    int8_matmul,
+    pack_weight,
+    quantize_rows,
+    smoothing,
+)
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -32,6 +40,40 @@ def test_int8_kernel_equals_torch_int_mm_exactly(m, k, n):
     assert torch.equal(int8_matmul(a, w).long(), ref)  # the faster backend on this CPU
     if _load() is not None:
         assert torch.equal(int8_matmul(a, w, use_kernel=True).long(), ref)  # the C kernel
+
+
+def test_pack_weight_layout():
+    w = torch.arange(3 * 4, dtype=torch.int8).reshape(3, 4)  # 3 outputs, 4 inputs -> one panel of 16 (13 zero rows)
+    p = pack_weight(w)
+    assert p.shape == (1, 2, 16, 2)  # [panels, K/2, 16 outputs, 2 inputs]
+    assert p[0, 1, 2].tolist() == [w[2, 2].item(), w[2, 3].item()]  # output 2, inputs 2 and 3
+    assert p[0, :, 3:].abs().sum() == 0  # padding outputs are zero
+    with pytest.raises(ValueError, match="K=3"):
+        pack_weight(torch.zeros(2, 3, dtype=torch.int8))
+
+
+@pytest.mark.skipif(_load() is None, reason="no C compiler: the kernel is not built")
+@pytest.mark.parametrize("m", [1, 5, 6, 7, 97, 200])
+@pytest.mark.parametrize(("k", "n", "bias"), [(576, 960, True), (1536, 576, False), (64, 3, True), (32, 40, False)])
+def test_fused_kernel_forward_equals_the_torch_path_bit_for_bit(m, k, n, bias):
+    """The kernel fuses quantization, product and scales (w8a8.c's w8a8_linear): the same floats as quantize_rows +
+    torch._int_mm + the scales, for row counts around its 6-row tiles and output counts around its 16-wide panels."""
+    g = torch.Generator().manual_seed(m * 7 + n)
+    w = torch.randn(n, k, generator=g) / 24
+    x = torch.randn(m, k, generator=g) * 3
+    x[:, 3] *= 40  # an outlier channel, as SmolLM2's
+    x[0] = 0.0  # an all-zero row: scale 0, exactly the bias
+    lin = W8A8Linear([w], [torch.randn(n, generator=g)] if bias else None, act_max=x.abs().amax(0))
+    y = lin(x, use_kernel=True)
+    assert torch.equal(y, lin(x, use_kernel=False))
+    assert torch.equal(y[0], lin.bias if bias else torch.zeros(n))
+    torch.set_num_threads(2)
+    try:  # outputs split between threads: the same floats
+        assert torch.equal(lin(x.repeat(30, 1), use_kernel=True)[:m], y)
+    finally:
+        torch.set_num_threads(1)
+    a = torch.randint(-127, 128, (m, k), generator=g, dtype=torch.int8)
+    assert torch.equal(int8_matmul(a, lin.w_q, True, packed=lin.w_packed), int8_matmul(a, lin.w_q, False))
 
 
 def test_int8_backend_is_chosen_once_and_named():

@@ -15,11 +15,12 @@ weights per output channel (``benchmarks/int8_prefill_probe.py --mode smooth``: 
 with a shared smoothing vector (the input is divided and rounded once), :func:`pack_w8a8` builds one from the
 float linears and the calibrated maxima ``max|X_j|``. The integer product :func:`int8_matmul` is exact, so a row's
 result does not depend on the other rows or the thread count. Two backends give the same integers: ``w8a8.c``
-(AVX2 ``vpmaddwd``) and ``torch._int_mm`` (oneDNN). Which is faster depends on the CPU: on an AVX2 host without
-VNNI ``_int_mm`` was ~50x slower than float32 and the kernel ~1.4x faster (~1.15x with the quantization passes); on
-an AVX-512 VNNI host ``_int_mm`` ran a [512, 576] x [576, 1536] product 7.7x faster than float32 (RESULTS,
-twenty-second session). So the first product times both once on a fixed shape and keeps the faster
-(:func:`int8_backend`); the choice never changes a result.
+(AVX2 ``vpmaddwd`` on a weight packed once by :func:`pack_weight`; it also fuses the quantization and the scales
+around the product, with the same float32 operations in the same order as the torch path) and ``torch._int_mm``
+(oneDNN). Which is faster depends on the CPU: on an AVX2 host without VNNI ``_int_mm`` was ~50x slower than float32
+and the kernel ~1.6-2x faster (RESULTS, twenty-sixth session); on an AVX-512 VNNI host ``_int_mm`` ran a
+[512, 576] x [576, 1536] product 7.7x faster than float32 (RESULTS, twenty-second session). So the first product
+times both once on a fixed shape and keeps the faster (:func:`int8_backend`); the choice never changes a result.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ import torch
 
 from echorl_agent.kernels.cbuild import build_shared_library
 
-__all__ = ["W8A8Linear", "pack_w8a8", "smoothing", "int8_matmul", "int8_backend", "quantize_rows", "DEFAULT_ALPHA"]
+__all__ = ["W8A8Linear", "pack_w8a8", "pack_weight", "smoothing", "int8_matmul", "int8_backend", "quantize_rows",
+           "DEFAULT_ALPHA"]
 
 DEFAULT_ALPHA = 0.5
 """SmoothQuant's migration strength: the probe's setting (0.5 halves each outlier's log-magnitude between the
@@ -57,15 +59,17 @@ def _load() -> ctypes.CDLL | None:
         return _lib
     _tried = True
     simd = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
-    flags = ["-O3", "-shared", "-fPIC", "-std=gnu99", "-pthread"] + (["-mavx2"] if simd else [])
+    flags = ["-O3", "-shared", "-fPIC", "-std=gnu99", "-pthread", "-ffp-contract=off"] + (["-mavx2"] if simd else [])
     try:
-        lib = ctypes.CDLL(str(build_shared_library(_SRC, flags)))
+        lib = ctypes.CDLL(str(build_shared_library(_SRC, flags, ["-lm"])))
     except OSError as exc:
         warnings.warn(f"W8A8 kernel unavailable ({exc}); using torch._int_mm", RuntimeWarning, stacklevel=2)
         return None
     p, i = ctypes.c_void_p, ctypes.c_int
-    lib.w8a8_gemm.argtypes = [p, i, i, p, i, p, i]
-    lib.w8a8_gemm.restype = i
+    lib.w8a8_gemm_packed.argtypes = [p, i, i, p, i, p, i]
+    lib.w8a8_gemm_packed.restype = i
+    lib.w8a8_linear.argtypes = [p, i, i, p, p, i, p, p, p, i]
+    lib.w8a8_linear.restype = i
     lib.w8a8_simd.restype = i
     _lib = lib
     return lib
@@ -96,28 +100,53 @@ def int8_backend() -> str:
     return _backend
 
 
-def int8_matmul(a: torch.Tensor, w: torch.Tensor, use_kernel: bool | None = None) -> torch.Tensor:
-    """Exact ``a @ w.T`` in int32 for int8 ``a [M, K]`` and ``w [N, K]`` with values in -127..127.
+def pack_weight(w: torch.Tensor) -> torch.Tensor:
+    """int8 ``w [N, K]`` (K even) in ``w8a8.c``'s layout: panels of 16 outputs (N zero-padded to a multiple of 16),
+    each ``[K/2, 16, 2]`` -- for every pair of inputs, the 16 outputs' two weights side by side."""
+    N, K = w.shape
+    if K % 2:
+        raise ValueError(f"pack_weight needs an even number of inputs, got K={K}")
+    n_pad = -N % 16
+    if n_pad:
+        w = torch.cat([w, w.new_zeros(n_pad, K)])
+    return w.reshape(-1, 16, K // 2, 2).permute(0, 2, 1, 3).contiguous()
 
-    Args:
-        use_kernel: True = ``w8a8.c`` (error when it is unavailable), False = ``torch._int_mm`` (the reference),
-            None = the faster of the two on this CPU (:func:`int8_backend`) for CPU tensors with K a multiple of 32,
-            else ``torch._int_mm``.
-    """
-    M, K = a.shape
-    N = w.shape[0]
+
+def _threads(M: int, K: int, N: int) -> int:
+    return torch.get_num_threads() if M * N * K >= 1 << 22 else 1
+
+
+def _use_kernel(a: torch.Tensor, K: int, use_kernel: bool | None) -> ctypes.CDLL | None:
+    """The kernel library when it should run this product (see :func:`int8_matmul`'s ``use_kernel``), else None."""
     fits = a.device.type == "cpu" and K % 32 == 0  # what the kernel handles
     if use_kernel is None and fits:
         use_kernel = int8_backend() == "kernel"
     lib = _load() if use_kernel and fits else None
     if use_kernel and lib is None:
         raise RuntimeError("the W8A8 kernel is unavailable (no C compiler, a non-CPU tensor or K % 32 != 0)")
+    return lib
+
+
+def int8_matmul(a: torch.Tensor, w: torch.Tensor, use_kernel: bool | None = None,
+                packed: torch.Tensor | None = None) -> torch.Tensor:
+    """Exact ``a @ w.T`` in int32 for int8 ``a [M, K]`` and ``w [N, K]`` with values in -127..127.
+
+    Args:
+        use_kernel: True = ``w8a8.c`` (error when it is unavailable), False = ``torch._int_mm`` (the reference),
+            None = the faster of the two on this CPU (:func:`int8_backend`) for CPU tensors with K a multiple of 32,
+            else ``torch._int_mm``.
+        packed: ``pack_weight(w)``, if the caller keeps it (else the kernel packs ``w`` for this call).
+    """
+    M, K = a.shape
+    N = w.shape[0]
+    lib = _use_kernel(a, K, use_kernel)
     if lib is not None:
-        a, w = a.contiguous(), w.contiguous()
+        wp = pack_weight(w) if packed is None else packed
+        a = a.contiguous()
         y = torch.empty(M, N, dtype=torch.int32)
-        threads = torch.get_num_threads() if M * N * K >= 1 << 22 else 1
-        rc = lib.w8a8_gemm(a.data_ptr(), M, K, w.data_ptr(), N, y.data_ptr(), threads)
-        assert rc == 0, rc
+        rc = lib.w8a8_gemm_packed(a.data_ptr(), M, K, wp.data_ptr(), N, y.data_ptr(), _threads(M, K, N))
+        if rc != 0:
+            raise MemoryError(f"w8a8_gemm_packed failed ({rc}) for a [{M}, {K}] x [{K}, {N}] product")
         return y
     if M < _MM_MIN_ROWS:
         a = torch.cat([a, a.new_zeros(_MM_MIN_ROWS - M, K)])
@@ -184,6 +213,7 @@ class W8A8Linear(torch.nn.Module):
         self.w_scale = (wmax / 127.0).contiguous()  # [out]
         inv = torch.where(wmax > 0, 127.0 / wmax, torch.zeros_like(wmax))
         self.w_q = torch.round(ws_ * inv[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()  # [out, in]
+        self._w_packed: torch.Tensor | None = None
         bs = list(biases) if biases is not None else [None] * len(ws)
         if len(bs) != len(ws):
             raise ValueError(f"biases must have one entry per weight: {len(bs)} for {len(ws)}")
@@ -197,12 +227,30 @@ class W8A8Linear(torch.nn.Module):
         """float32 ``[out, in]``: the weight this module multiplies the un-smoothed input by (``w_q * scale / s``)."""
         return self.w_q.float() * self.w_scale[:, None] * self.inv_s
 
+    @property
+    def w_packed(self) -> torch.Tensor:
+        """:attr:`w_q` in the kernel's layout (:func:`pack_weight`), built on first use."""
+        if self._w_packed is None:
+            self._w_packed = pack_weight(self.w_q)
+        return self._w_packed
+
     def forward(self, x: torch.Tensor, use_kernel: bool | None = None) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features).float()
-        xq, xs = quantize_rows(x2 * self.inv_s)
-        y = int8_matmul(xq, self.w_q, use_kernel).float().mul_(xs).mul_(self.w_scale)
-        if self.bias is not None:
-            y += self.bias
+        M, K, N = x2.shape[0], self.in_features, self.out_features
+        lib = _use_kernel(x2, K, use_kernel)
+        if lib is not None:  # quantization, product and scales in one call (the same floats as below)
+            x2 = x2.contiguous()
+            y = torch.empty(M, N, dtype=torch.float32)
+            bias = self.bias.data_ptr() if self.bias is not None else None
+            rc = lib.w8a8_linear(x2.data_ptr(), M, K, self.inv_s.data_ptr(), self.w_packed.data_ptr(), N,
+                                 self.w_scale.data_ptr(), bias, y.data_ptr(), _threads(M, K, N))
+            if rc != 0:
+                raise MemoryError(f"w8a8_linear failed ({rc}) for {M} rows")
+        else:
+            xq, xs = quantize_rows(x2 * self.inv_s)
+            y = int8_matmul(xq, self.w_q, False).float().mul_(xs).mul_(self.w_scale)
+            if self.bias is not None:
+                y += self.bias
         return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
