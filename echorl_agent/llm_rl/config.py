@@ -69,8 +69,9 @@ class LLMPolicyConfig:
     (KL ~0.0001; fast only on CPUs with AMX / AVX-512 BF16). The learner then starts from the activations those
     layers captured, so rollout and learner log-probs still agree. Both depend on the CPU: on an AVX-512 VNNI /
     BF16 host int8 prefills 2.3x and bfloat16 2.0x float32's rate (benchmarks/RESULTS.md, "Twenty-second
-    session"); on an AVX2-only host int8 is not faster (1.02x at 1 thread, 0.72x at 2; "Ninth session") and
-    bfloat16 is slower: keep float32 unless your CPU multiplies int8 or bfloat16 markedly faster than float32."""
+    session"); on an AVX2-only AMD EPYC the package's own W8A8 kernel prefills int8 at 1.3x float32's rate
+    ("Twenty-sixth session"; an earlier kernel was 0.97x) and bfloat16 is slower: there int8 buys ~1.3x for its
+    small shift, and bfloat16 only pays where the CPU has AMX or AVX-512 BF16."""
     learner_matmul_dtype: str = "float32"
     """Products of the learner with frozen weights -- the trained layers' base projections and the LM head: "float32"
     (exact) or "bfloat16" (inputs and weights rounded to bfloat16, float32 accumulation;
