@@ -74,6 +74,7 @@ def test_fused_kernel_forward_equals_the_torch_path_bit_for_bit(m, k, n, bias):
         torch.set_num_threads(1)
     a = torch.randint(-127, 128, (m, k), generator=g, dtype=torch.int8)
     assert torch.equal(int8_matmul(a, lin.w_q, True, packed=lin.w_packed), int8_matmul(a, lin.w_q, False))
+    assert lin(x[:0], use_kernel=True).shape == (0, n)  # no rows: an empty result, not an error
 
 
 def test_int8_backend_is_chosen_once_and_named():

@@ -196,7 +196,7 @@ static void run(job base, int threads) {
 
 static int16_t *padded_rows(int M, int K) {
     int Mp = (M + MR - 1) / MR * MR;
-    int16_t *a = (int16_t *)malloc((size_t)Mp * K * sizeof(int16_t));
+    int16_t *a = (int16_t *)malloc((size_t)(Mp > 0 ? Mp : 1) * (K > 0 ? K : 1) * sizeof(int16_t)); /* M = 0: no rows */
     if (a && Mp > M) memset(a + (long)M * K, 0, (size_t)(Mp - M) * K * sizeof(int16_t));
     return a;
 }
@@ -219,7 +219,7 @@ int w8a8_linear(const float *x, int M, int K, const float *inv_s, const int8_t *
                 const float *bias, float *y, int threads) {
     if (K % 2) return -1;
     int16_t *a = padded_rows(M, K);
-    float *t = (float *)malloc((size_t)K * sizeof(float));
+    float *t = (float *)malloc((size_t)(K > 0 ? K : 1) * sizeof(float));
     float *xs = (float *)malloc((size_t)(M > 0 ? M : 1) * sizeof(float));
     if (!a || !t || !xs) {
         free(a); free(t); free(xs);
