@@ -31,7 +31,7 @@ def gemm_microbenchmark(reps: int = 20) -> None:
     xq = torch.randint(-127, 128, (512, 576), dtype=torch.int8)
     fs = {"float32 F.linear": lambda: torch.nn.functional.linear(x, w),
           "int8 product (torch._int_mm)": lambda: int8_matmul(xq, lin.w_q, use_kernel=False),
-          **({"int8 product (w8a8.c)": lambda: int8_matmul(xq, lin.w_q, use_kernel=True)} if _load() else {}),
+          **({"int8 product (w8a8.c)": lambda: int8_matmul(xq, lin.w_q, True, lin.w_packed)} if _load() else {}),
           "W8A8Linear (quantize + product + scales)": lambda: lin(x)}
     tot = dict.fromkeys(fs, 0.0)
     for f in fs.values():
