@@ -13,7 +13,8 @@ held-out states) after every GiGPO iteration with the held-out success before an
 advantage alignment with the expert's actions. Seventh and eighth: the same probe for GiGPO with centred advantages,
 8 groups x 4, one epoch, from BC-2 (§12) and from the pretrained LM (§13). Ninth: §12's recipe with the env's goal line
 (§14). Tenth: §10's recipe for three times the env steps (§11). Eleventh: episode-level GRPO for 12k env steps with
-int8 prefill and the goal line (§16). The number of seeds each method has so far
+int8 prefill and the goal line (§16). Twelfth: ALFWorld-PickAndPlace, BC on 16 demonstrations + positive-only
+GiGPO for 12k env steps (§17), with frozen and BC. The number of seeds each method has so far
 is in the legend (a probe panel counts only finished seeds).
 
 Run: ``python benchmarks/plot_reward_teaches_lm.py`` (reads the committed results, writes ``docs/figures/reward_teaches_lm.png``).
@@ -192,6 +193,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="§11's rows (label s11)")
     ap.add_argument("--grpo12k", default=str(ROOT / "benchmarks/results/gigpo_signal_s1050.jsonl"),
                     help="§16's rows (label s16)")
+    ap.add_argument("--alfworld17", default=str(ROOT / "benchmarks/results/llm_rl_alfworld_s1060"), help="§17's runs")
     ap.add_argument("--out", default=str(ROOT / "docs/figures/reward_teaches_lm.png"))
     args = ap.parse_args(argv)
     import matplotlib
@@ -215,7 +217,9 @@ def main(argv: list[str] | None = None) -> None:
     probe_panel(axes[9], Path(args.long), "s11", "GoToLocal, BC-2 + GiGPO 2x4, ~4,700 env steps (§11)")
     probe_panel(axes[10], Path(args.grpo12k), "s16",
                 "GoToLocal with the goal line, BC-2 + episode GRPO 8x4, 12k env steps, int8 (§16)")
-    axes[11].set_axis_off()
+    group_rl_panel(axes[11], Path(args.alfworld17),
+                   "ALFWorld-PickAndPlace, BC on 16 demos + positive-only GiGPO, 12k env steps (§17)",
+                   trained=("bc+gigpo",), starts=("frozen", "bc"))
     save_figure(fig, "Reward teaches the LM (SmolLM2-135M, LoRA r=8 top 2 layers, CPU): mean and 95% CI over seeds",
                 args.out)
 
