@@ -69,9 +69,19 @@ def _env_kwargs(args) -> dict:
     return json.loads(args.env_kwargs or "{}")
 
 
+def _eval_env_kwargs(args) -> dict:
+    """The held-out episodes' env options: ``--env-kwargs`` with ``--eval-env-kwargs`` on top (e.g. ALFWorld's
+    ``{"split": "valid_unseen"}``: games no run trained on, where the default draws new episodes from the training
+    pool)."""
+    return {**_env_kwargs(args), **json.loads(getattr(args, "eval_env_kwargs", None) or "{}")}
+
+
 def evaluate(model, args, seed: int) -> list[dict]:
     rows = []
-    env = make_llm_env(args.env, args.history, args.max_steps, env_kwargs=_env_kwargs(args))
+    eval_kwargs = _eval_env_kwargs(args)
+    env = make_llm_env(args.env, args.history, args.max_steps, env_kwargs=eval_kwargs)
+    # rows record the options only when they differ from training's, so older rows keep pairing with new ones
+    tag = {} if eval_kwargs == _env_kwargs(args) else {"eval_env_kwargs": json.dumps(eval_kwargs, sort_keys=True)}
     for mode in ("stochastic", "deterministic"):
         for ep in range(args.eval_episodes):
             episode_seed = 100_000 + 1000 * seed + ep  # held out: training used other seeds
@@ -85,7 +95,7 @@ def evaluate(model, args, seed: int) -> list[dict]:
                 obs, r, term, trunc, info = env.step(index)
                 steps, ret, done = steps + 1, ret + float(r), term or trunc
             rows.append({"mode": mode, "episode_seed": episode_seed, "won": bool(info.get("won")),
-                         "return": ret, "steps": steps, "actions": actions})
+                         "return": ret, "steps": steps, "actions": actions, **tag})
     return rows
 
 
@@ -97,7 +107,7 @@ def trace(args) -> None:
     method, seed = args.trace[0], int(args.trace[1])
     model = LLMPPO.load(Path(args.out) / f"{method}-seed{seed}" / "model.zip",
                          custom_objects={"policy_kwargs": dict(POLICY)})
-    env = make_llm_env(args.env, args.history, args.max_steps, env_kwargs=_env_kwargs(args))
+    env = make_llm_env(args.env, args.history, args.max_steps, env_kwargs=_eval_env_kwargs(args))
     for ep in range(args.eval_episodes):
         episode_seed = 100_000 + 1000 * seed + ep
         obs, info = env.reset(seed=episode_seed)
@@ -219,18 +229,19 @@ def target_table(args) -> None:
 
 
 def paired(data: list[dict], method: str, reference: str, mode: str) -> dict | None:
-    """``method`` − ``reference`` success on the episodes both played in ``mode`` (paired by seed and episode seed).
+    """``method`` − ``reference`` success on the episodes both played in ``mode`` (paired by seed, episode seed and
+    the held-out env options, ``eval_env_kwargs``).
 
     Returns None when no episode pairs up; otherwise the seed-level mean difference and its bootstrap CI (seeds are
     the independent units: each trains its own model), the episode-level CI, McNemar's exact p and the counts of
     seeds where ``method``'s success is above / equal to / below the reference's.
     """
-    ref = {(d["seed"], d["episode_seed"]): bool(d["won"]) for d in data
+    ref = {(d["seed"], d["episode_seed"], d.get("eval_env_kwargs")): bool(d["won"]) for d in data
            if d["method"] == reference and d["mode"] == mode}
     pairs: dict[int, list[tuple[bool, bool]]] = {}
     for d in sorted((d for d in data if d["method"] == method and d["mode"] == mode),
                     key=lambda d: (d["seed"], d["episode_seed"])):
-        key = (d["seed"], d["episode_seed"])
+        key = (d["seed"], d["episode_seed"], d.get("eval_env_kwargs"))
         if key in ref:
             pairs.setdefault(d["seed"], []).append((bool(d["won"]), ref[key]))
     if not pairs:
@@ -251,6 +262,10 @@ def summary(args) -> None:
     if not any(d["mode"] in ("stochastic", "deterministic") for d in data):
         print(f"no evaluated episodes in {path} (runs with --eval-episodes 0 only write curve.csv)")
         return
+    options = sorted({d.get("eval_env_kwargs") or "--env-kwargs" for d in data if d["mode"] != "none"})
+    if len(options) > 1:
+        print(f"note: {path} mixes held-out env options ({'; '.join(options)}): the success table pools them; "
+              "paired differences pair only episodes played with the same options")
     table = []
     for method in METHODS:
         for mode in ("stochastic", "deterministic"):
@@ -303,7 +318,7 @@ def claim(out: Path, method: str, seed: int) -> Path | None:
     return claim_file(out / f"{method}-seed{seed}.claim")
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--env", default="EchoRL/MiniGrid-Empty-Random-5x5-v0")
     ap.add_argument("--env-kwargs", help='JSON gym.make options of the env, e.g. \'{"goal_line": true}\'')
@@ -327,6 +342,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--policy-kwargs", help="JSON LLMPolicy options added to the defaults (e.g. temperature)")
     ap.add_argument("--gigpo-kwargs", help='JSON GiGPO learner options, e.g. \'{"epochs": 4, "minibatch_size": 32}\'')
     ap.add_argument("--eval-episodes", type=int, default=6)
+    ap.add_argument("--eval-env-kwargs", help="JSON env options of the held-out episodes only, over --env-kwargs "
+                    '(e.g. \'{"split": "valid_unseen"}\' for ALFWorld games no run trained on)')
     ap.add_argument("--checkpoint-every", type=int, default=None,
                     help="checkpoint every N iterations / PPO updates (default: train-llm's); an interrupted run "
                     "continues from its last checkpoint")
@@ -341,7 +358,11 @@ def main(argv: list[str] | None = None) -> None:
                     help="seeds the registration needs before the claim column says holds / not established")
     ap.add_argument("--trace", nargs=2, metavar=("METHOD", "SEED"),
                     help="replay --eval-episodes greedy evaluation episodes of a saved run, printing its actions")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     torch.set_num_threads(1)
     if args.trace:
         trace(args)

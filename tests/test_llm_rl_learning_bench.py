@@ -157,3 +157,30 @@ def test_steps_to_target_counts_finished_runs_only(tmp_path, capsys):
     args.target_seeds = 2
     bench.target_table(args)
     assert "not established" in capsys.readouterr().out  # 0.85 is not below 0.7
+
+
+def test_held_out_episodes_use_the_eval_env_options_and_pair_only_with_the_same_options():
+    from echorl_envs.wrappers.llm import decode_llm_obs
+
+    seen = []
+
+    class FirstAction:  # a stand-in for the trained model: the test is about which env the episodes run in
+        def predict(self, obs, deterministic=False):
+            seen.append(json.dumps(decode_llm_obs(obs)))
+            return 0, None
+
+    argv = ["--env", "EchoRL/BabyAI-GoToLocal-v0", "--max-steps", "2", "--eval-episodes", "1"]
+    args = bench.parse_args([*argv, "--eval-env-kwargs", '{"goal_line": true}'])
+    rows = bench.evaluate(FirstAction(), args, seed=3)
+    assert [(r["mode"], r["episode_seed"], r["steps"]) for r in rows] == [
+        ("stochastic", 103_000, 2), ("deterministic", 103_000, 2)]
+    assert all(r["eval_env_kwargs"] == '{"goal_line": true}' for r in rows)
+    assert seen and all("Target:" in s for s in seen)  # the goal line is on in evaluation only
+
+    seen.clear()
+    plain = bench.evaluate(FirstAction(), bench.parse_args(argv), seed=3)
+    assert "eval_env_kwargs" not in plain[0] and not any("Target:" in s for s in seen)
+
+    data = [{"method": "bc", "seed": 3, **r} for r in plain] + [{"method": "bc+gigpo", "seed": 3, **r} for r in rows]
+    assert bench.paired(data, "bc+gigpo", "bc", "stochastic") is None  # other options: nothing pairs up
+
