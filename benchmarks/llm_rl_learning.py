@@ -73,7 +73,7 @@ def _eval_env_kwargs(args) -> dict:
     """The held-out episodes' env options: ``--env-kwargs`` with ``--eval-env-kwargs`` on top (e.g. ALFWorld's
     ``{"split": "valid_unseen"}``: games no run trained on, where the default draws new episodes from the training
     pool)."""
-    return {**_env_kwargs(args), **json.loads(getattr(args, "eval_env_kwargs", None) or "{}")}
+    return {**_env_kwargs(args), **json.loads(args.eval_env_kwargs or "{}")}
 
 
 def evaluate(model, args, seed: int) -> list[dict]:
@@ -236,14 +236,13 @@ def paired(data: list[dict], method: str, reference: str, mode: str) -> dict | N
     the independent units: each trains its own model), the episode-level CI, McNemar's exact p and the counts of
     seeds where ``method``'s success is above / equal to / below the reference's.
     """
-    ref = {(d["seed"], d["episode_seed"], d.get("eval_env_kwargs")): bool(d["won"]) for d in data
-           if d["method"] == reference and d["mode"] == mode}
+    episode = lambda d: (d["seed"], d["episode_seed"], d.get("eval_env_kwargs"))  # noqa: E731
+    ref = {episode(d): bool(d["won"]) for d in data if d["method"] == reference and d["mode"] == mode}
     pairs: dict[int, list[tuple[bool, bool]]] = {}
     for d in sorted((d for d in data if d["method"] == method and d["mode"] == mode),
                     key=lambda d: (d["seed"], d["episode_seed"])):
-        key = (d["seed"], d["episode_seed"], d.get("eval_env_kwargs"))
-        if key in ref:
-            pairs.setdefault(d["seed"], []).append((bool(d["won"]), ref[key]))
+        if episode(d) in ref:
+            pairs.setdefault(d["seed"], []).append((bool(d["won"]), ref[episode(d)]))
     if not pairs:
         return None
     per_seed = [float(np.mean([a for a, _ in ps]) - np.mean([b for _, b in ps])) for ps in pairs.values()]
