@@ -35,6 +35,7 @@ import shutil
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -320,7 +321,11 @@ def summary(args) -> None:
     held-out success per mode -- each with a 95% percentile bootstrap CI over seeds. With fewer than
     ``--min-seeds`` finished seeds the verdict column says "partial" (a registration draws no conclusion early)."""
 
-    def verdict(lo: float, n: int) -> str:
+    pooled = "+".join(args.pool)
+
+    def verdict(lo: float, n: int, label: str) -> str:
+        if label == pooled:
+            return "descriptive (pooled)"
         if n < args.min_seeds:
             return f"partial ({n} of {args.min_seeds} seeds)"
         return "holds" if lo > 0 else "not established"
@@ -329,7 +334,7 @@ def summary(args) -> None:
 
     from echorl_agent.eval.stats import bootstrap_text, paired_bootstrap
 
-    data = read_jsonl(args.out)
+    data = pooled_rows([r for path in (args.out, *args.also) for r in read_jsonl(path)], args.pool)
     done = {(d["label"], d["seed"]) for d in data if d.get("kind") == "done"}
     lines = []
     for label in sorted({lab for lab, _ in done}):
@@ -340,7 +345,7 @@ def summary(args) -> None:
             diffs = [its[s][-1][key] - its[s][0][key] for s in seeds]
             lines.append([label, name, len(seeds), f"{np.mean([its[s][0][key] for s in seeds]):.3f}",
                           f"{np.mean([its[s][-1][key] for s in seeds]):.3f}", bootstrap_text(diffs, signed=True),
-                          verdict(paired_bootstrap(diffs)[1], len(seeds))])
+                          verdict(paired_bootstrap(diffs)[1], len(seeds), label)])
         for mode in ("stochastic", "deterministic"):
             per_seed = []
             for s in seeds:
@@ -351,20 +356,41 @@ def summary(args) -> None:
                 diffs = [a - b for b, a in per_seed]
                 lines.append([label, f"success ({mode})", len(per_seed), f"{np.mean([b for b, _ in per_seed]):.3f}",
                               f"{np.mean([a for _, a in per_seed]):.3f}", bootstrap_text(diffs, signed=True),
-                              verdict(paired_bootstrap(diffs)[1], len(per_seed))])
+                              verdict(paired_bootstrap(diffs)[1], len(per_seed), label)])
     print(tabulate(lines, headers=["recipe", "measure", "seeds", "before (start)", "after (start + GiGPO)",
                                    "after − before [95% CI over seeds]", "CI above 0"], tablefmt="github"))
     print("\nupdate dynamics per seed (all iteration rows, finished or not): the steps' mean advantage (loss-weighted "
           "when the row has advantage_mean, else step-weighted from adv_expert/adv_other) and the policy entropy")
-    print(tabulate(dynamics(data), headers=["recipe", "seed", "updates", "mean advantage", "negative updates",
+    own = [d for d in data if d["label"] != pooled]  # per-seed tables: each seed once, under its own label
+    print(tabulate(dynamics(own), headers=["recipe", "seed", "updates", "mean advantage", "negative updates",
                                             "entropy first 3", "entropy last 3"], tablefmt="github"))
     print("\nper finished seed: env steps, updates, probe, held-out wins before → after, and the host its rows ran on")
-    print(tabulate(seed_table(data), headers=["recipe", "seed", "env steps", "updates", "probe p(expert)",
+    print(tabulate(seed_table(own), headers=["recipe", "seed", "env steps", "updates", "probe p(expert)",
                                             "wins, stochastic", "wins, deterministic", "host"], tablefmt="github"))
     print("\nwhat the policy does on the held-out episodes (finished seeds): share of each action among all steps, "
           "and the mean episode length")
     print(tabulate(action_shares(data), headers=["recipe", "mode", "phase", "seeds", "episodes", "mean steps",
                                                  "actions (share of steps)"], tablefmt="github"))
+
+
+def pooled_rows(data: list[dict], labels: Sequence[str]) -> list[dict]:
+    """``data`` plus a copy of every row of ``labels`` relabelled ``"+".join(labels)``: the seeds of several runs of one
+    recipe reported together (descriptive: the runs were registered apart). Raises ValueError if a label has no rows
+    or two labels share a seed (the pooled row would pair one seed's episodes twice)."""
+    if not labels:
+        return data
+    if len(labels) < 2:
+        raise ValueError(f"--pool needs at least two labels, got {list(labels)}")
+    name = "+".join(labels)
+    seeds: dict[str, set[int]] = {lab: {d["seed"] for d in data if d.get("label") == lab} for lab in labels}
+    for lab, got in seeds.items():
+        if not got:
+            raise ValueError(f"--pool label {lab!r} has no rows in --out or --also")
+    for i, a in enumerate(labels):
+        for b in labels[i + 1:]:
+            if seeds[a] & seeds[b]:
+                raise ValueError(f"--pool labels {a!r} and {b!r} share seeds {sorted(seeds[a] & seeds[b])}")
+    return data + [{**d, "label": name} for d in data if d.get("label") in labels]
 
 
 def _mean_advantage(d: dict) -> float | None:
@@ -488,6 +514,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--label", default="", help="recipe name written with every row")
     ap.add_argument("--out", required=True)
     ap.add_argument("--summary", action="store_true", help="only print the paired table of what is in --out")
+    ap.add_argument("--also", nargs="*", default=[], metavar="FILE",
+                    help="--summary: further JSON-lines files read with --out (e.g. an earlier study of the recipe)")
+    ap.add_argument("--pool", nargs="*", default=[], metavar="LABEL",
+                    help="--summary: also report these labels' finished seeds together, as recipe 'A+B' (descriptive, "
+                         "no verdict: e.g. --pool s16 s18 with --also gigpo_signal_s1050.jsonl)")
     ap.add_argument("--min-seeds", type=int, default=10, help="seeds a verdict needs (fewer: 'partial')")
     return ap.parse_args(argv)
 

@@ -94,6 +94,37 @@ def test_summary_pairs_after_with_before_per_seed(tmp_path, capsys):
                for line in capsys.readouterr().out.split("\n\n")[0].splitlines()[2:])
 
 
+def _finished_seed(label: str, seed: int, before: list[int], after: list[int]) -> list[dict]:
+    rows = [{"label": label, "seed": seed, "kind": "iteration", "iteration": i, "probe_p_expert": 0.3,
+             "probe_top_expert": 0.0} for i in (0, 2)]
+    rows += [{"label": label, "seed": seed, "kind": "episode", "phase": phase, "mode": "deterministic",
+              "episode_seed": i, "won": bool(w), "steps": 3, "actions": ["go forward"] * 3}
+             for phase, wins in (("before", before), ("after", after)) for i, w in enumerate(wins)]
+    return rows + [{"label": label, "seed": seed, "kind": "done"}]
+
+
+def test_summary_pools_two_studies_of_one_recipe_without_a_verdict(tmp_path, capsys):
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    first.write_text("".join(json.dumps(r) + "\n" for r in _finished_seed("a", 1, [0, 0], [1, 1])))
+    second.write_text("".join(json.dumps(r) + "\n" for r in
+                              _finished_seed("b", 2, [0, 0], [1, 0]) + _finished_seed("b", 3, [1, 1], [1, 1])))
+    bench.main(["--summary", "--out", str(second), "--also", str(first), "--pool", "a", "b", "--min-seeds", "1"])
+    tables = capsys.readouterr().out.split("\n\n")
+    table = {tuple(c.strip() for c in line.strip("|").split("|")[:2]): [c.strip() for c in line.strip("|").split("|")]
+             for line in tables[0].splitlines()[2:]}
+    seeds, before, after, diff, verdict = table["a+b", "success (deterministic)"][2:]
+    # per-seed differences +1 (a/1), +0.5 (b/2) and 0 (b/3): the three seeds of both files together
+    assert int(seeds) == 3 and abs(float(before) - 1 / 3) < 1e-3 and abs(float(after) - 5 / 6) < 1e-3
+    assert diff.startswith("+0.500") and verdict == "descriptive (pooled)"
+    assert table["a", "success (deterministic)"][6] == "holds"  # each study keeps its own verdict
+    per_seed = tables[2].splitlines()[3:]  # after the title, header and rule
+    assert len(per_seed) == 3 and not any("a+b" in line for line in per_seed)  # each seed once, under its label
+    with pytest.raises(ValueError, match="share seeds"):
+        bench.pooled_rows(_finished_seed("a", 2, [0], [1]) + _finished_seed("b", 2, [0], [1]), ["a", "b"])
+    with pytest.raises(ValueError, match="'c' has no rows"):
+        bench.pooled_rows(_finished_seed("a", 1, [0], [1]), ["a", "c"])
+
+
 def test_exact_anchors_split_aliased_observations():
     from echorl_agent.llm_rl.advantage import anchor_groups
     from echorl_agent.llm_rl.rollout import Episode, Step
