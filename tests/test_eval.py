@@ -130,6 +130,20 @@ def test_ray_backend_matches_local(tmp_path):
     assert [fields(r) for r in sorted(a, key=key)] == [fields(r) for r in sorted(b, key=key)]
 
 
+def test_ray_backend_runs_its_workers_at_the_local_backends_priority(tmp_path, monkeypatch):
+    pytest.importorskip("ray")
+    import os
+
+    from echorl_agent.eval import runner
+
+    # Ray's default worker niceness is 15; a benchmark's workers must not yield the CPU to everything else
+    monkeypatch.setattr(runner, "run_job", lambda *job: [{"job": job, "nice": os.nice(0)}])
+    cfg = BenchConfig(tasks=two_tasks()[:1], agents=["random"], workers=1, backend="ray", out=str(tmp_path))
+    got = list(runner._execute_ray(cfg, [("a",), ("b",)], {}))
+    assert sorted((job, rows[0]["job"], rows[0]["nice"]) for job, rows in got) == [
+        (("a",), ("a", {}), os.nice(0)), (("b",), ("b", {}), os.nice(0))]
+
+
 def test_cli_list_and_bench(tmp_path, capsys):
     tasks = two_tasks()
     assert cli_main(["list"]) == 0

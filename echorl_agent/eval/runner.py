@@ -431,8 +431,10 @@ def _execute_ray(cfg: BenchConfig, jobs: list, options: dict) -> Iterator[list[d
         raise ValueError("backend='ray' needs the ray extra: pip install 'echorl[ray]'") from e
     started = False
     if not ray.is_initialized():
+        # worker_niceness 0: Ray starts its workers at nice 15 (background work); here they are the benchmark, so they
+        # run at the priority of the process backend's workers (at 15, a busy host gave a worker's torch import 65 s)
         ray.init(num_cpus=cfg.workers, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
+                 runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}}, _system_config={"worker_niceness": 0})
         started = True
     try:
         remote = ray.remote(num_cpus=1)(run_job)
