@@ -318,16 +318,19 @@ def start_probe(args, seed: int, trainer) -> tuple[list[np.ndarray], list[int]]:
 
 def summary(args) -> None:
     """Per label: paired (after − before) differences over seeds -- probe p(expert), probe argmax agreement and
-    held-out success per mode -- each with a 95% percentile bootstrap CI over seeds. With fewer than
-    ``--min-seeds`` finished seeds the verdict column says "partial" (a registration draws no conclusion early)."""
+    held-out success per mode -- each with a 95% percentile bootstrap CI over seeds. With fewer finished seeds than
+    the run registered (its rows' ``min_seeds``; ``--min-seeds`` for rows without one) the verdict column says
+    "partial" (a registration draws no conclusion early). ``--pool`` labels add a descriptive row set (no verdict)."""
 
     pooled = "+".join(args.pool)
 
     def verdict(lo: float, n: int, label: str) -> str:
         if label == pooled:
             return "descriptive (pooled)"
-        if n < args.min_seeds:
-            return f"partial ({n} of {args.min_seeds} seeds)"
+        need = max((d["min_seeds"] for d in data if d["label"] == label and d.get("min_seeds")),
+                   default=args.min_seeds)  # the run's registered count, else --min-seeds
+        if n < need:
+            return f"partial ({n} of {need} seeds)"
         return "holds" if lo > 0 else "not established"
 
     from tabulate import tabulate
@@ -519,7 +522,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--pool", nargs="*", default=[], metavar="LABEL",
                     help="--summary: also report these labels' finished seeds together, as recipe 'A+B' (descriptive, "
                          "no verdict: e.g. --pool s16 s18 with --also gigpo_signal_s1050.jsonl)")
-    ap.add_argument("--min-seeds", type=int, default=10, help="seeds a verdict needs (fewer: 'partial')")
+    ap.add_argument("--min-seeds", type=int, default=10,
+                    help="seeds a verdict needs (fewer: 'partial'); recorded in the rows, which --summary reads first")
     return ap.parse_args(argv)
 
 

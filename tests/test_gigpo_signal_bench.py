@@ -106,7 +106,7 @@ def _finished_seed(label: str, seed: int, before: list[int], after: list[int]) -
 def test_summary_pools_two_studies_of_one_recipe_without_a_verdict(tmp_path, capsys):
     first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
     first.write_text("".join(json.dumps(r) + "\n" for r in _finished_seed("a", 1, [0, 0], [1, 1])))
-    second.write_text("".join(json.dumps(r) + "\n" for r in
+    second.write_text("".join(json.dumps({**r, "min_seeds": 5}) + "\n" for r in  # b registered 5 seeds
                               _finished_seed("b", 2, [0, 0], [1, 0]) + _finished_seed("b", 3, [1, 1], [1, 1])))
     bench.main(["--summary", "--out", str(second), "--also", str(first), "--pool", "a", "b", "--min-seeds", "1"])
     tables = capsys.readouterr().out.split("\n\n")
@@ -116,7 +116,8 @@ def test_summary_pools_two_studies_of_one_recipe_without_a_verdict(tmp_path, cap
     # per-seed differences +1 (a/1), +0.5 (b/2) and 0 (b/3): the three seeds of both files together
     assert int(seeds) == 3 and abs(float(before) - 1 / 3) < 1e-3 and abs(float(after) - 5 / 6) < 1e-3
     assert diff.startswith("+0.500") and verdict == "descriptive (pooled)"
-    assert table["a", "success (deterministic)"][6] == "holds"  # each study keeps its own verdict
+    assert table["a", "success (deterministic)"][6] == "holds"  # each study its own verdict: a by --min-seeds
+    assert table["b", "success (deterministic)"][6] == "partial (2 of 5 seeds)"  # b by the count its rows record
     per_seed = tables[2].splitlines()[3:]  # after the title, header and rule
     assert len(per_seed) == 3 and not any("a+b" in line for line in per_seed)  # each seed once, under its label
     with pytest.raises(ValueError, match="share seeds"):
