@@ -99,6 +99,42 @@ def evaluate(model, args, seed: int) -> list[dict]:
     return rows
 
 
+def evaluate_saved(args) -> None:
+    """Evaluate the finished runs of ``--methods`` x ``--seeds`` in ``--out`` again, on ``--eval-env-kwargs``: each
+    run's final checkpoint (:func:`~echorl_agent.llm_rl.train.load_trained`, nothing retrained) plays the same
+    held-out episode seeds with those env options, and its rows join ``episodes.jsonl`` tagged with them (e.g. ALFWorld
+    runs evaluated on ``{"split": "valid_unseen"}`` after training on the ``train`` games). Runs already evaluated
+    with these options are skipped; processes sharing ``--out`` each claim a run.
+
+    Raises:
+        ValueError: ``--eval-env-kwargs`` adds nothing to the training options (``--env-kwargs``).
+    """
+    from echorl_agent.llm_rl.train import load_trained
+
+    if _eval_env_kwargs(args) == _env_kwargs(args):
+        raise ValueError("--evaluate-saved needs --eval-env-kwargs that change the training options, got "
+                         f"--eval-env-kwargs={args.eval_env_kwargs!r} over --env-kwargs={args.env_kwargs!r}")
+    tag = json.dumps(_eval_env_kwargs(args), sort_keys=True)
+    path = Path(args.out) / "episodes.jsonl"
+    for seed in args.seeds:
+        for method in args.methods:
+            held = claim_file(Path(args.out) / f"{method}-seed{seed}-eval.claim")
+            if held is None:
+                continue  # another process evaluates it now
+            rows = [d for d in read_jsonl(path) if d["method"] == method and d["seed"] == seed]
+            if not rows:
+                print(f"{method} seed {seed}: no finished run in {args.out}, skipped", flush=True)
+            elif not any(d.get("eval_env_kwargs") == tag for d in rows):
+                got = evaluate(load_trained(Path(args.out) / f"{method}-seed{seed}"), args, seed)
+                with open(path, "a") as f:
+                    for r in got:
+                        f.write(json.dumps({"method": method, "seed": seed, "train_s": rows[0]["train_s"], **r}) + "\n")
+                print(f"{method} seed {seed} on {tag}: " + ", ".join(
+                    f"{m} {np.mean([r['won'] for r in got if r['mode'] == m]):.2f}"
+                    for m in ("stochastic", "deterministic")), flush=True)
+            held.unlink(missing_ok=True)
+
+
 def trace(args) -> None:
     """Replay the first deterministic evaluation episodes of a saved run (``--trace METHOD SEED``) and print the
     actions, the probability the policy gave each chosen action, and the expert's action at that step."""
@@ -261,10 +297,16 @@ def summary(args) -> None:
     if not any(d["mode"] in ("stochastic", "deterministic") for d in data):
         print(f"no evaluated episodes in {path} (runs with --eval-episodes 0 only write curve.csv)")
         return
-    options = sorted({d.get("eval_env_kwargs") or "--env-kwargs" for d in data if d["mode"] != "none"})
-    if len(options) > 1:
-        print(f"note: {path} mixes held-out env options ({'; '.join(options)}): the success table pools them; "
-              "paired differences pair only episodes played with the same options")
+    options = sorted({d.get("eval_env_kwargs") or "" for d in data if d["mode"] != "none"})
+    for tag in options:  # one set of tables per held-out env options: episodes on other options never pool
+        if len(options) > 1:
+            print(f"\nheld-out episodes on {tag or 'the training options (--env-kwargs)'}:")
+        success_tables([d for d in data if (d.get("eval_env_kwargs") or "") == tag], args)
+    ppo_steps_table(args)
+
+
+def success_tables(data: list[dict], args) -> None:
+    """Success per method and mode (Wilson CI pooled over seeds) and, with ``--reference``, the paired differences."""
     table = []
     for method in METHODS:
         for mode in ("stochastic", "deterministic"):
@@ -294,7 +336,10 @@ def summary(args) -> None:
             print(tabulate(lines, headers=["difference", "eval", "seeds", "episodes", "diff [95% CI over seeds]",
                                            "95% CI over episodes", "McNemar p", "seeds better/tied/worse"],
                            tablefmt="github"))
-    # env steps to reach ppo's final training success (per seed), for every PPO variant
+
+
+def ppo_steps_table(args) -> None:
+    """Env steps each PPO variant needed to reach ``ppo``'s final training success, per seed (from curve.csv)."""
     finals = {}
     for d in Path(args.out).glob("ppo-seed*/curve.csv"):
         rows = list(csv.DictReader(open(d)))
@@ -343,6 +388,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--eval-episodes", type=int, default=6)
     ap.add_argument("--eval-env-kwargs", help="JSON env options of the held-out episodes only, over --env-kwargs "
                     '(e.g. \'{"split": "valid_unseen"}\' for ALFWorld games no run trained on)')
+    ap.add_argument("--evaluate-saved", action="store_true",
+                    help="evaluate the finished runs in --out again on --eval-env-kwargs (their final checkpoints, "
+                    "not retrained), adding rows tagged with those options")
     ap.add_argument("--checkpoint-every", type=int, default=None,
                     help="checkpoint every N iterations / PPO updates (default: train-llm's); an interrupted run "
                     "continues from its last checkpoint")
@@ -370,6 +418,10 @@ def main(argv: list[str] | None = None) -> None:
         summary(args)
         if args.target is not None:
             target_table(args)
+        return
+    if args.evaluate_saved:
+        evaluate_saved(args)
+        summary(args)
         return
     Path(args.out).mkdir(parents=True, exist_ok=True)
     path = Path(args.out) / "episodes.jsonl"

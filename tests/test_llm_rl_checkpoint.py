@@ -113,6 +113,44 @@ def test_resuming_a_finished_run_does_nothing_and_says_so(finished):
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == stamps  # nothing written
 
 
+def test_load_trained_gives_a_finished_runs_model_back_without_training_or_writing(finished, tmp_path):
+    from echorl_agent.llm_rl.gigpo import GiGPOTrainer
+    from echorl_agent.llm_rl.train import load_trained
+
+    out, _, weights, _, lm = finished
+    stamps = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    lm.load_trainable_state({k: v + 0.5 for k, v in weights.items()})  # the load must put the run's adapter back
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # loading a finished run is not a resume that has nothing to do
+        model = load_trained(out, lm=lm)
+    assert isinstance(model, GiGPOTrainer) and (model.num_timesteps, model.num_iterations) == (2, 1)
+    assert all(torch.equal(weights[k], v) for k, v in lm.trainable_state().items())
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == stamps  # nothing written
+    shutil.copytree(out, tmp_path / "short")  # the same checkpoint, registered for a longer run: not finished
+    manifest = json.loads((tmp_path / "short" / "checkpoint" / "checkpoint.json").read_text())
+    manifest["config"]["train_steps"] = 64
+    (tmp_path / "short" / "checkpoint" / "checkpoint.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"not finished: its checkpoint is at 2 of train_steps=64 env steps"):
+        load_trained(tmp_path / "short", lm=lm)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_trained(tmp_path / "nothing", lm=lm)
+
+
+def test_load_trained_gives_a_bc_run_back_as_the_ppo_model_it_saved(lm_and_state, tmp_path):
+    from echorl_agent.llm_rl.ppo import LLMPPO
+    from echorl_agent.llm_rl.train import load_trained
+
+    lm, state = lm_and_state
+    _train(lm, state, _cfg(tmp_path, "bc", train_steps=0, bc_episodes=1, bc_epochs=1, n_envs=1, n_steps=2,
+                           batch_size=2))
+    weights = {k: v.clone() for k, v in lm.trainable_state().items()}
+    assert any(not torch.equal(weights[k], state[k]) for k in weights)  # BC moved the adapter
+    lm.load_trainable_state(state)
+    model = load_trained(tmp_path, lm=lm)
+    assert isinstance(model, LLMPPO) and model.num_timesteps == 0
+    assert all(torch.equal(weights[k], v) for k, v in lm.trainable_state().items())
+
+
 def test_missing_or_damaged_checkpoints_raise_naming_the_file(finished, tmp_path):
     out, _, _, state, lm = finished
     cfg = lambda d: _cfg(d, train_steps=4, max_episode_steps=1)  # noqa: E731

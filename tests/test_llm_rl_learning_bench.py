@@ -184,3 +184,34 @@ def test_held_out_episodes_use_the_eval_env_options_and_pair_only_with_the_same_
     data = [{"method": "bc", "seed": 3, **r} for r in plain] + [{"method": "bc+gigpo", "seed": 3, **r} for r in rows]
     assert bench.paired(data, "bc+gigpo", "bc", "stochastic") is None  # other options: nothing pairs up
 
+
+
+def test_evaluate_saved_plays_finished_runs_again_on_other_env_options_once(tmp_path, monkeypatch, capsys):
+    import echorl_agent.llm_rl.train as train_mod
+
+    loaded = []
+
+    class FirstAction:  # stands in for the saved run's model: the test is about which runs play where
+        def predict(self, obs, deterministic=False):
+            return 0, None
+
+    monkeypatch.setattr(train_mod, "load_trained", lambda out: loaded.append(out.name) or FirstAction())
+    out = tmp_path / "study"
+    out.mkdir()
+    trained = [{"method": "bc", "seed": 3, "train_s": 12.0, "mode": mode, "episode_seed": 103_000, "won": False,
+                "return": 0.0, "steps": 2, "actions": ["turn left"] * 2} for mode in ("stochastic", "deterministic")]
+    (out / "episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in trained))
+    argv = ["--env", "EchoRL/BabyAI-GoToLocal-v0", "--max-steps", "2", "--eval-episodes", "1", "--out", str(out),
+            "--methods", "bc", "frozen", "--seeds", "3"]
+    with pytest.raises(ValueError, match="--evaluate-saved needs --eval-env-kwargs"):
+        bench.main([*argv, "--evaluate-saved"])
+    bench.main([*argv, "--evaluate-saved", "--eval-env-kwargs", '{"goal_line": true}'])
+    assert loaded == ["bc-seed3"]  # frozen has no finished run: skipped
+    rows = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    new = rows[2:]
+    assert [(r["method"], r["seed"], r["mode"], r["episode_seed"], r["eval_env_kwargs"], r["train_s"]) for r in new] == [
+        ("bc", 3, m, 103_000, '{"goal_line": true}', 12.0) for m in ("stochastic", "deterministic")]
+    printed = capsys.readouterr().out
+    assert "held-out episodes on the training options" in printed and 'held-out episodes on {"goal_line": true}' in printed
+    bench.main([*argv, "--evaluate-saved", "--eval-env-kwargs", '{"goal_line": true}'])  # already done: not again
+    assert loaded == ["bc-seed3"] and len((out / "episodes.jsonl").read_text().splitlines()) == 4

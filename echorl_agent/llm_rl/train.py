@@ -16,6 +16,7 @@ adapters inside; PPO methods), ``adapter/`` (peft format), ``tb/`` (TensorBoard:
 keys; GiGPO's ``train/*``, ``rollout/*`` and ``time/*``), ``gigpo.csv`` (GiGPO: one row per iteration),
 ``bc.json`` (BC warm start), ``config.json``, ``checkpoint/`` (every ``checkpoint_every`` iterations and at the end;
 ``train_llm(cfg, resume=True)`` continues from it, see :mod:`echorl_agent.llm_rl.checkpoint`).
+``load_trained(out)`` gives a finished run's model back (to act, or to evaluate again on other env options).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ECHORL_LEARNERS", "LLMTrainConfig", "METHODS", "train_llm", "make_llm_env"]
+__all__ = ["ECHORL_LEARNERS", "LLMTrainConfig", "METHODS", "load_trained", "train_llm", "make_llm_env"]
 
 log = logging.getLogger(__name__)
 
@@ -319,6 +320,31 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None, resume: bool = False):
         ckpt.save_ppo(model, curve, cfg, out)
     vec.close()
     return model
+
+
+def load_trained(out: str | Path, lm: Any = None):
+    """The trained model of the finished run in the output folder ``out``, from its final checkpoint: what
+    :func:`train_llm` returned (an :class:`LLMPPO` for ``bc`` and the PPO methods, a :class:`GiGPOTrainer` or a
+    :class:`GRPOTrainer`), with the run's own policy options (e.g. int8 prefill); nothing is trained or written.
+    ``lm``: an already loaded :class:`~echorl_agent.llm_rl.lm.TrainableLM` to load the run's weights into (default:
+    load the run's model).
+
+    Raises:
+        FileNotFoundError: no checkpoint in ``out``.
+        ValueError: a corrupt or incomplete checkpoint, or a run that is not finished (its checkpoint is short of
+            ``train_steps``; ``train_llm(cfg, resume=True)`` continues it).
+    """
+    from echorl_agent.llm_rl import checkpoint as ckpt
+
+    _, manifest = ckpt.read_checkpoint(out)
+    cfg = LLMTrainConfig(**{**manifest["config"], "out": str(out), "progress": False})
+    if manifest["timesteps"] < cfg.train_steps:
+        raise ValueError(f"the run in {out} is not finished: its checkpoint is at {manifest['timesteps']} of "
+                         f"train_steps={cfg.train_steps} env steps (train_llm(cfg, resume=True) continues it)")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="nothing to resume")  # loading: nothing is meant to run on
+        warnings.filterwarnings("ignore", message="PPO resumes from its last update")
+        return train_llm(cfg, lm=lm, resume=True)
 
 
 def _finished(cfg: LLMTrainConfig, timesteps: int, stacklevel: int = 3) -> None:
