@@ -327,10 +327,8 @@ def summary(args) -> None:
     def verdict(lo: float, n: int, label: str) -> str:
         if label == pooled:
             return "descriptive (pooled)"
-        need = max((d["min_seeds"] for d in data if d["label"] == label and d.get("min_seeds")),
-                   default=args.min_seeds)  # the run's registered count, else --min-seeds
-        if n < need:
-            return f"partial ({n} of {need} seeds)"
+        if n < need.get(label, args.min_seeds):
+            return f"partial ({n} of {need.get(label, args.min_seeds)} seeds)"
         return "holds" if lo > 0 else "not established"
 
     from tabulate import tabulate
@@ -339,6 +337,10 @@ def summary(args) -> None:
 
     data = pooled_rows([r for path in (args.out, *args.also) for r in read_jsonl(path)], args.pool)
     done = {(d["label"], d["seed"]) for d in data if d.get("kind") == "done"}
+    need: dict[str, int] = {}  # each run's registered seed count (its rows' min_seeds); --min-seeds without one
+    for d in data:
+        if d.get("min_seeds"):
+            need[d["label"]] = max(need.get(d["label"], 0), d["min_seeds"])
     lines = []
     for label in sorted({lab for lab, _ in done}):
         seeds = sorted(s for lab, s in done if lab == label)
