@@ -327,8 +327,9 @@ def summary(args) -> None:
     def verdict(lo: float, n: int, label: str) -> str:
         if label == pooled:
             return "descriptive (pooled)"
-        if n < need.get(label, args.min_seeds):
-            return f"partial ({n} of {need.get(label, args.min_seeds)} seeds)"
+        want = need.get(label, args.min_seeds)
+        if n < want:
+            return f"partial ({n} of {want} seeds)"
         return "holds" if lo > 0 else "not established"
 
     from tabulate import tabulate
