@@ -62,6 +62,7 @@ ECHORL_ARMS = {"bc+gigpo+plan": {"replay": {"off": True}},
                "bc+echorl": {}}
 """EchoRL arms: ``method="echorl"`` (GiGPO learner, 2 plan tokens + replay by default) after the BC warm start."""
 GROUP_METHODS = ("gigpo", "bc+gigpo", *ECHORL_ARMS)
+PPO_METHODS = ("ppo", "bc+ppo", "echoppo")
 POLICY = {"length_norm": True, "show_admissible": False, "lora_rank": 8, "train_layers": 2}
 
 
@@ -172,7 +173,8 @@ def run(method: str, seed: int, args) -> None:
         bc_epochs=args.bc_epochs, bc_learning_rate=args.bc_lr, bc_batch_size=args.bc_batch_size, seed=seed,
         history=args.history, max_episode_steps=args.max_steps,
         n_steps=args.n_steps, batch_size=args.batch_size, n_epochs=args.n_epochs, learning_rate=args.lr,
-        n_envs=args.n_envs if group else 1, group_size=args.group_size, step_advantage_weight=args.omega,
+        n_envs=args.n_envs if group else args.ppo_envs if method in PPO_METHODS else 1,
+        group_size=args.group_size, step_advantage_weight=args.omega,
         policy_kwargs={**POLICY, **json.loads(args.policy_kwargs or "{}"), **(arm or {}).get("policy_kwargs", {})},
         gigpo_kwargs=json.loads(args.gigpo_kwargs or "{}") if group else {},
         bc_warm_start=arm is not None, replay=(arm or {}).get("replay"), out=str(out),
@@ -380,6 +382,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--n-epochs", type=int, default=2)
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--n-envs", type=int, default=8, help="GiGPO: envs per iteration (groups x group size)")
+    ap.add_argument("--ppo-envs", type=int, default=1,
+                    help="PPO methods (ppo, bc+ppo, echoppo): envs stepping together, their candidates scored in one "
+                    "engine call per step (each update: --n-steps x this many env steps)")
     ap.add_argument("--group-size", type=int, default=4, help="GiGPO: episodes per seed")
     ap.add_argument("--omega", type=float, default=1.0,
                     help="GiGPO: weight of the step-level (anchor-state) advantage; 0 = episode-level GRPO")

@@ -215,3 +215,14 @@ def test_evaluate_saved_plays_finished_runs_again_on_other_env_options_once(tmp_
     assert "held-out episodes on the training options" in printed and 'held-out episodes on {"goal_line": true}' in printed
     bench.main([*argv, "--evaluate-saved", "--eval-env-kwargs", '{"goal_line": true}'])  # already done: not again
     assert loaded == ["bc-seed3"] and len((out / "episodes.jsonl").read_text().splitlines()) == 4
+
+
+def test_ppo_envs_reach_the_ppo_methods_only(tmp_path, monkeypatch):
+    calls = {}
+    monkeypatch.setattr(bench, "train_llm", lambda cfg, resume=False: calls.setdefault(cfg.method, cfg))
+    monkeypatch.setattr(bench, "evaluate", lambda model, args, seed: [])
+    monkeypatch.setattr(bench, "summary", lambda args: None)
+    bench.main(["--methods", "bc", "bc+ppo", "bc+gigpo", "--seeds", "5", "--train-steps", "1024", "--ppo-envs", "8",
+                "--n-envs", "4", "--group-size", "2", "--out", str(tmp_path)])
+    assert {m: c.n_envs for m, c in calls.items()} == {"bc": 1, "bc+ppo": 8, "bc+gigpo": 4}
+    assert calls["bc+ppo"].train_steps == 1024 and calls["bc"].train_steps == 0
