@@ -293,9 +293,30 @@ def paired(data: list[dict], method: str, reference: str, mode: str) -> dict | N
             "worse": sum(d < 0 for d in per_seed)}
 
 
+def signal_rows(path: str | Path, label: str, seeds: set[int]) -> list[dict]:
+    """The held-out episodes of ``benchmarks/gigpo_signal.py``'s finished runs of recipe ``label`` on ``seeds``, as
+    rows of two extra methods ``<label>:before`` (its start, e.g. BC-2) and ``<label>:after`` (after its RL): they
+    pair with this script's methods by seed and episode seed (both scripts play ``100000 + 1000 * seed + ep``), for
+    a descriptive side-by-side (the two scripts evaluate differently, so it is no paired comparison of one run).
+
+    Raises:
+        ValueError: the file has no finished run of ``label`` on any of ``seeds``.
+    """
+    data = read_jsonl(Path(path))
+    done = {d["seed"] for d in data if d.get("kind") == "done" and d.get("label") == label and d["seed"] in seeds}
+    if not done:
+        raise ValueError(f"--signal: {path} has no finished run of label {label!r} on the seeds of --out "
+                         f"({sorted(seeds)})")
+    return [{"method": f"{label}:{d['phase']}", "seed": d["seed"], "mode": d["mode"], "episode_seed": d["episode_seed"],
+             "won": bool(d["won"]), "steps": d["steps"], "train_s": float("nan"), "actions": d.get("actions")}
+            for d in data if d.get("kind") == "episode" and d.get("label") == label and d["seed"] in done]
+
+
 def summary(args) -> None:
     path = Path(args.out) / "episodes.jsonl"
     data = read_jsonl(path)
+    if getattr(args, "signal", None):
+        data = data + signal_rows(args.signal[0], args.signal[1], {d["seed"] for d in data})
     if not any(d["mode"] in ("stochastic", "deterministic") for d in data):
         print(f"no evaluated episodes in {path} (runs with --eval-episodes 0 only write curve.csv)")
         return
@@ -310,7 +331,8 @@ def summary(args) -> None:
 def success_tables(data: list[dict], args) -> None:
     """Success per method and mode (Wilson CI pooled over seeds) and, with ``--reference``, the paired differences."""
     table = []
-    for method in METHODS:
+    methods = [*METHODS, *sorted({d["method"] for d in data} - set(METHODS))]  # then --signal's
+    for method in methods:
         for mode in ("stochastic", "deterministic"):
             rs = [d for d in data if d["method"] == method and d["mode"] == mode]
             if not rs:
@@ -320,12 +342,12 @@ def success_tables(data: list[dict], args) -> None:
             seeds = sorted({d["seed"] for d in rs})
             train = np.mean([d["train_s"] for d in rs])
             table.append([method, mode, len(seeds), n, f"{k / n:.2f} [{lo:.2f}, {hi:.2f}]",
-                          f"{np.mean([d['steps'] for d in rs]):.1f}", f"{train:.0f}"])
+                          f"{np.mean([d['steps'] for d in rs]):.1f}", "–" if np.isnan(train) else f"{train:.0f}"])
     print(tabulate(table, headers=["method", "eval", "seeds", "episodes", "success [95% CI]", "steps",
                                    "train s/seed"], tablefmt="github"))
     if args.reference:
         lines = []
-        for method in METHODS:
+        for method in methods:
             for mode in ("stochastic", "deterministic"):
                 p = None if method == args.reference else paired(data, method, args.reference, mode)
                 if p is not None:
@@ -401,8 +423,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "continues from its last checkpoint")
     ap.add_argument("--out", default="benchmarks/results/llm_rl_learning")
     ap.add_argument("--summary", action="store_true", help="only print the table of what is in --out")
-    ap.add_argument("--reference", default=None, choices=METHODS,
-                    help="also print every method's paired success difference to this method")
+    ap.add_argument("--reference", default=None,
+                    help=f"also print every method's paired success difference to this method ({', '.join(METHODS)}, "
+                    "or --signal's LABEL:before / LABEL:after)")
+    ap.add_argument("--signal", nargs=2, metavar=("FILE", "LABEL"),
+                    help="--summary: add the held-out episodes of benchmarks/gigpo_signal.py's finished runs of "
+                    "recipe LABEL in FILE on the same seeds, as methods LABEL:before and LABEL:after (descriptive)")
     ap.add_argument("--target", type=float, default=None,
                     help="also print env steps to this training success (last 20 episodes) vs --target-reference")
     ap.add_argument("--target-reference", default="bc+gigpo", choices=GROUP_METHODS)
@@ -415,6 +441,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    extra = {f"{args.signal[1]}:before", f"{args.signal[1]}:after"} if args.signal else set()
+    if args.reference is not None and args.reference not in (*METHODS, *extra):
+        raise ValueError(f"--reference must be one of {(*METHODS, *sorted(extra))}, got --reference={args.reference!r}")
     torch.set_num_threads(1)
     if args.trace:
         trace(args)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -226,3 +227,28 @@ def test_ppo_envs_reach_the_ppo_methods_only(tmp_path, monkeypatch):
                 "--n-envs", "4", "--group-size", "2", "--out", str(tmp_path)])
     assert {m: c.n_envs for m, c in calls.items()} == {"bc": 1, "bc+ppo": 8, "bc+gigpo": 4}
     assert calls["bc+ppo"].train_steps == 1024 and calls["bc"].train_steps == 0
+
+
+def test_signal_adds_another_scripts_finished_runs_paired_by_episode(tmp_path, capsys):
+    with open(tmp_path / "episodes.jsonl", "w") as f:
+        for seed in (5, 6):
+            for r in _rows("bc", seed, "deterministic", [False, False, True, False]):
+                f.write(json.dumps({**r, "steps": 10, "train_s": 1.0}) + "\n")
+    signal = tmp_path / "signal.jsonl"
+    with open(signal, "w") as f:
+        for seed, done in ((5, True), (6, False), (7, True)):  # 6 still training; 7 not in --out
+            for phase, wins in (("before", [False, False, True, False]), ("after", [True, True, True, False])):
+                for r in _rows("x", seed, "deterministic", wins):
+                    f.write(json.dumps({"label": "s18", "kind": "episode", "phase": phase, "steps": 8, **r}) + "\n")
+            if done:
+                f.write(json.dumps({"label": "s18", "kind": "done", "seed": seed}) + "\n")
+        f.write(json.dumps({"label": "other", "kind": "done", "seed": 9}) + "\n")  # not in --out
+    bench.main(["--summary", "--reference", "bc", "--signal", str(signal), "s18", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert re.search(r"\| s18:after +\| deterministic +\| +1 +\| +4 +\| 0\.75", out)  # seed 5 only
+    assert "s18:after − bc" in out and "+0.50 [+0.50, +0.50]" in out  # 3/4 vs 1/4 on seed 5's episodes
+    assert "s18:before − bc" in out and "+0.00 [+0.00, +0.00]" in out
+    with pytest.raises(ValueError, match="no finished run of label 'other'"):
+        bench.main(["--summary", "--signal", str(signal), "other", "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="--reference must be one of"):
+        bench.main(["--summary", "--reference", "s19:after", "--signal", str(signal), "s18", "--out", str(tmp_path)])
