@@ -308,14 +308,14 @@ def signal_rows(path: str | Path, label: str, seeds: set[int]) -> list[dict]:
         raise ValueError(f"--signal: {path} has no finished run of label {label!r} on the seeds of --out "
                          f"({sorted(seeds)})")
     return [{"method": f"{label}:{d['phase']}", "seed": d["seed"], "mode": d["mode"], "episode_seed": d["episode_seed"],
-             "won": bool(d["won"]), "steps": d["steps"], "train_s": float("nan"), "actions": d.get("actions")}
+             "won": bool(d["won"]), "steps": d["steps"], "train_s": float("nan")}
             for d in data if d.get("kind") == "episode" and d.get("label") == label and d["seed"] in done]
 
 
 def summary(args) -> None:
     path = Path(args.out) / "episodes.jsonl"
     data = read_jsonl(path)
-    if getattr(args, "signal", None):
+    if args.signal:
         data = data + signal_rows(args.signal[0], args.signal[1], {d["seed"] for d in data})
     if not any(d["mode"] in ("stochastic", "deterministic") for d in data):
         print(f"no evaluated episodes in {path} (runs with --eval-episodes 0 only write curve.csv)")
@@ -371,7 +371,7 @@ def ppo_steps_table(args) -> None:
             finals[d.parent.name.split("seed")[1]] = float(rows[-1]["success_rate"])
     if finals:
         lines = []
-        for method in ("ppo", "bc+ppo", "echoppo"):
+        for method in PPO_METHODS:
             vals = [steps_to(Path(args.out) / f"{method}-seed{s}" / "curve.csv", t) for s, t in finals.items()]
             lines.append([method, ", ".join("-" if v is None else f"{v:.0f}" for v in vals)])
         print("\nenv steps to reach ppo's final training success (per seed "
