@@ -25,6 +25,15 @@ PARAMS = [
     pytest.param(i, marks=pytest.mark.slow) if i.startswith("EchoRL/MiniWoB-") and i not in MINIWOB_FAST_IDS else i
     for i in IDS
 ]
+#: Gymnasium's ``check_env`` resets a text engine many times (10-25 s per ALFWorld or TextWorld id on 2 busy cores);
+#: by default it runs on one id per engine (the task-type variants share their family's engine code, and every other
+#: registry test below still runs on each of them); the slow suite runs it on all of them.
+CHECK_ENV_DEFAULT = ("EchoRL/ALFWorld-v0", "EchoRL/TextWorld-Simple-v0")
+CHECK_ENV_PARAMS = [
+    pytest.param(i, marks=pytest.mark.slow)
+    if i.startswith(("EchoRL/ALFWorld-", "EchoRL/TextWorld-")) and i not in CHECK_ENV_DEFAULT else p
+    for i, p in zip(IDS, PARAMS, strict=True)
+]
 
 
 def make(env_id: str, **extra):
@@ -104,6 +113,7 @@ def test_family_modules_that_became_packages_export_what_they_had(module, env_cl
     assert gym.envs.registration.load_env_creator(points.pop()) is getattr(pkg, env_class)
 
 
+@pytest.mark.parametrize("env_id", CHECK_ENV_PARAMS)
 def test_check_env(env_id):
     env = make(env_id)
     try:
