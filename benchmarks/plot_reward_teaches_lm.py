@@ -14,8 +14,9 @@ advantage alignment with the expert's actions. Seventh and eighth: the same prob
 8 groups x 4, one epoch, from BC-2 (§12) and from the pretrained LM (§13). Ninth: §12's recipe with the env's goal line
 (§14). Tenth: §10's recipe for three times the env steps (§11). Eleventh: episode-level GRPO for 12k env steps with
 int8 prefill and the goal line (§16). Twelfth: ALFWorld-PickAndPlace, BC on 16 demonstrations + positive-only
-GiGPO for 12k env steps (§17), with frozen and BC. The number of seeds each method has so far
-is in the legend (a probe panel counts only finished seeds).
+GiGPO for 12k env steps (§17), with frozen and BC. Thirteenth: §16's recipe on 20 fresh seeds (§18). Fourteenth:
+BC-2 + PPO with a critic for 12k env steps on the same task (§20), with BC. The number of seeds each method has so far
+is in the legend (a probe panel counts only finished seeds; §18 and §20 span sessions and are partial until then).
 
 Run: ``python benchmarks/plot_reward_teaches_lm.py`` (reads the committed results, writes ``docs/figures/reward_teaches_lm.png``).
 """
@@ -73,7 +74,7 @@ def group_rl_panel(ax, folder: Path, title: str, trained: tuple[str, ...] = ("gi
         ax.plot(grid, m, color=colors[method], label=f"{method} training (rolling, sampled), {len(curves)} seeds")
         ax.fill_between(grid, lo, hi, color=colors[method], alpha=0.2)
     if x_end == 0:
-        ax.set_title(f"no curves of {', '.join(trained)} in {folder}")
+        ax.set_title(f"{title}: no finished {', '.join(trained)} run yet", fontsize=9)
         return
     evals: dict[tuple[str, str], dict[int, list[bool]]] = defaultdict(lambda: defaultdict(list))
     for e in episodes:
@@ -194,6 +195,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--grpo12k", default=str(ROOT / "benchmarks/results/gigpo_signal_s1050.jsonl"),
                     help="§16's rows (label s16)")
     ap.add_argument("--alfworld17", default=str(ROOT / "benchmarks/results/llm_rl_alfworld_s1060"), help="§17's runs")
+    ap.add_argument("--repeat", default=str(ROOT / "benchmarks/results/gigpo_signal_s1070.jsonl"),
+                    help="§18's rows (label s18)")
+    ap.add_argument("--ppo", default=str(ROOT / "benchmarks/results/llm_rl_gotolocal_s1070"), help="§20's runs")
     ap.add_argument("--out", default=str(ROOT / "docs/figures/reward_teaches_lm.png"))
     args = ap.parse_args(argv)
     import matplotlib
@@ -201,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(4, 3, figsize=(19, 17.6))
+    fig, axes = plt.subplots(5, 3, figsize=(19, 22))
     axes = axes.ravel()
     group_rl_panel(axes[0], Path(args.gigpo), "MiniGrid-Empty-Random-5x5: GiGPO from the pretrained LM (§5)")
     grpo_panel(axes[1], Path(args.grpo))
@@ -220,6 +224,11 @@ def main(argv: list[str] | None = None) -> None:
     group_rl_panel(axes[11], Path(args.alfworld17),
                    "ALFWorld-PickAndPlace, BC on 16 demos + positive-only GiGPO, 12k env steps (§17)",
                    trained=("bc+gigpo",), starts=("frozen", "bc"))
+    probe_panel(axes[12], Path(args.repeat), "s18",
+                "GoToLocal + goal line, §16's recipe, 20 fresh seeds (§18)")
+    group_rl_panel(axes[13], Path(args.ppo), "GoToLocal + goal line, BC-2 + PPO (critic), 12k (§20)",
+                   trained=("bc+ppo",), starts=("bc",))
+    axes[14].axis("off")
     save_figure(fig, "Reward teaches the LM (SmolLM2-135M, LoRA r=8 top 2 layers, CPU): mean and 95% CI over seeds",
                 args.out)
 
@@ -227,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
 def save_figure(fig, title: str, out: str | Path) -> None:
     """Title, tighten and write a README figure (creating its folder); prints the path."""
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.985))  # room for the suptitle above the top row's titles
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
