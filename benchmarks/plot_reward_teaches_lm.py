@@ -16,7 +16,7 @@ advantage alignment with the expert's actions. Seventh and eighth: the same prob
 int8 prefill and the goal line (§16). Twelfth: ALFWorld-PickAndPlace, BC on 16 demonstrations + positive-only
 GiGPO for 12k env steps (§17), with frozen and BC. Thirteenth: §16's recipe on 20 fresh seeds (§18). Fourteenth:
 BC-2 + PPO with a critic for 12k env steps on the same task (§20), with BC. The number of seeds each method has so far
-is in the legend (a probe panel counts only finished seeds; §18 and §20 span sessions and are partial until then).
+is in the legend (a probe panel counts only finished seeds; §20 spans sessions and is partial until all its seeds finish).
 
 Run: ``python benchmarks/plot_reward_teaches_lm.py`` (reads the committed results, writes ``docs/figures/reward_teaches_lm.png``).
 """
