@@ -15,8 +15,9 @@ advantage alignment with the expert's actions. Seventh and eighth: the same prob
 (§14). Tenth: §10's recipe for three times the env steps (§11). Eleventh: episode-level GRPO for 12k env steps with
 int8 prefill and the goal line (§16). Twelfth: ALFWorld-PickAndPlace, BC on 16 demonstrations + positive-only
 GiGPO for 12k env steps (§17), with frozen and BC. Thirteenth: §16's recipe on 20 fresh seeds (§18). Fourteenth:
-BC-2 + PPO with a critic for 12k env steps on the same task (§20), with BC. The number of seeds each method has so far
-is in the legend (a probe panel counts only finished seeds; §20 spans sessions and is partial until all its seeds finish).
+BC-2 + PPO with a critic for 12k env steps on the same task (§20), with BC. Fifteenth: ALFWorld-PickAndPlace, BC on 16
+demonstrations + PPO with a critic for 12k env steps (§21), with BC. The number of seeds each method has so far is in
+the legend (a probe panel counts only finished seeds; §21 spans sessions and is partial until all its seeds finish).
 
 Run: ``python benchmarks/plot_reward_teaches_lm.py`` (reads the committed results, writes ``docs/figures/reward_teaches_lm.png``).
 """
@@ -198,6 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeat", default=str(ROOT / "benchmarks/results/gigpo_signal_s1070.jsonl"),
                     help="§18's rows (label s18)")
     ap.add_argument("--ppo", default=str(ROOT / "benchmarks/results/llm_rl_gotolocal_s1070"), help="§20's runs")
+    ap.add_argument("--alfworld-ppo", default=str(ROOT / "benchmarks/results/llm_rl_alfworld_s1110"), help="§21's runs")
     ap.add_argument("--out", default=str(ROOT / "docs/figures/reward_teaches_lm.png"))
     args = ap.parse_args(argv)
     import matplotlib
@@ -228,7 +230,8 @@ def main(argv: list[str] | None = None) -> None:
                 "GoToLocal + goal line, §16's recipe, 20 fresh seeds (§18)")
     group_rl_panel(axes[13], Path(args.ppo), "GoToLocal + goal line, BC-2 + PPO (critic), 12k (§20)",
                    trained=("bc+ppo",), starts=("bc",))
-    axes[14].axis("off")
+    group_rl_panel(axes[14], Path(args.alfworld_ppo), "ALFWorld-PickAndPlace, BC-16 + PPO (critic), 12k (§21)",
+                   trained=("bc+ppo",), starts=("bc",))
     save_figure(fig, "Reward teaches the LM (SmolLM2-135M, LoRA r=8 top 2 layers, CPU): mean and 95% CI over seeds",
                 args.out)
 
