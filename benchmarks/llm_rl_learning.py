@@ -28,6 +28,9 @@ Run: ``python benchmarks/llm_rl_learning.py --methods frozen bc ppo bc+ppo echop
 several processes can share ``--out``: each run is claimed by one process with a ``<method>-seed<seed>.claim`` file).
 An interrupted run continues from the checkpoint in its folder (``--checkpoint-every`` iterations or PPO updates;
 GiGPO and EchoRL resume exactly, see :mod:`echorl_agent.llm_rl.checkpoint`).
+Read what a run does: ``--trace METHOD SEED --trace-mode stochastic`` replays its held-out episodes on the run's own
+env options with each chosen action's probability and the expert's action (sampled episodes replay the recorded
+ones); rows of ``--reference`` over fewer than 5 seeds are flagged as descriptive.
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ ECHORL_ARMS = {"bc+gigpo+plan": {"replay": {"off": True}},
 """EchoRL arms: ``method="echorl"`` (GiGPO learner, 2 plan tokens + replay by default) after the BC warm start."""
 GROUP_METHODS = ("gigpo", "bc+gigpo", *ECHORL_ARMS)
 PPO_METHODS = ("ppo", "bc+ppo", "echoppo")
+FEW_SEEDS = 5
+"""Paired rows over fewer seeds get a note that their CI over seeds is no test (5: the fewest any registration uses)."""
 POLICY = {"length_norm": True, "show_admissible": False, "lora_rank": 8, "train_layers": 2}
 
 
@@ -137,29 +142,54 @@ def evaluate_saved(args) -> None:
 
 
 def trace(args) -> None:
-    """Replay the first deterministic evaluation episodes of a saved run (``--trace METHOD SEED``) and print the
-    actions, the probability the policy gave each chosen action, and the expert's action at that step."""
+    """Replay the first ``--eval-episodes`` held-out episodes of a saved run (``--trace METHOD SEED``) in
+    ``--trace-mode`` and print the actions, the probability the policy gave each chosen action and the expert's
+    action at that step.
+
+    The run's own env options (its ``config.json``: env, env options, history, step budget) are used, with
+    ``--eval-env-kwargs`` on top; a sampled episode reseeds torch as the evaluation did, so it replays the recorded
+    one, and each episode says whether its actions match the one recorded in ``episodes.jsonl``.
+    """
     from echorl_agent import LLMPPO
 
     method, seed = args.trace[0], int(args.trace[1])
-    model = LLMPPO.load(Path(args.out) / f"{method}-seed{seed}" / "model.zip",
-                         custom_objects={"policy_kwargs": dict(POLICY)})
-    env = make_llm_env(args.env, args.history, args.max_steps, env_kwargs=_eval_env_kwargs(args))
+    run_dir = Path(args.out) / f"{method}-seed{seed}"
+    if not (run_dir / "model.zip").is_file():
+        raise ValueError(f"--trace: no finished run {method} seed {seed} in --out={args.out!r} "
+                         f"(no {run_dir / 'model.zip'})")
+    env_id, env_kwargs, history, max_steps = args.env, _env_kwargs(args), args.history, args.max_steps
+    if (run_dir / "config.json").is_file():  # the run's own env, whatever --env says
+        cfg = json.loads((run_dir / "config.json").read_text())
+        env_id, env_kwargs = cfg["env_id"], cfg.get("env_kwargs") or {}
+        history, max_steps = cfg["history"], cfg["max_episode_steps"]
+    eval_kwargs = {**env_kwargs, **json.loads(args.eval_env_kwargs or "{}")}
+    tag = None if eval_kwargs == env_kwargs else json.dumps(eval_kwargs, sort_keys=True)
+    recorded = {d["episode_seed"]: d.get("actions")
+                for d in read_jsonl(Path(args.out) / "episodes.jsonl") if d["method"] == method
+                and d["seed"] == seed and d["mode"] == args.trace_mode and d.get("eval_env_kwargs") == tag}
+    print(f"{method} seed {seed}: {args.trace_mode} episodes on {env_id} {json.dumps(eval_kwargs)}, "
+          f"history {history}, at most {max_steps} steps", flush=True)
+    model = LLMPPO.load(run_dir / "model.zip", custom_objects={"policy_kwargs": dict(POLICY)})
+    env = make_llm_env(env_id, history, max_steps, env_kwargs=eval_kwargs)
     for ep in range(args.eval_episodes):
         episode_seed = 100_000 + 1000 * seed + ep
+        torch.manual_seed(episode_seed)  # as evaluate(): a sampled episode draws the same actions
         obs, info = env.reset(seed=episode_seed)
-        done, steps = False, []
+        done, steps, actions = False, [], []
         while not done:
             expert = info.get("expert_action")
-            a, _ = model.predict(obs, deterministic=True)
+            a, _ = model.predict(obs, deterministic=args.trace_mode == "deterministic")
             index = int(np.asarray(a).reshape(-1)[0])
-            probs = model.policy.record(obs).rollout_logp.softmax(-1)
-            steps.append(f"{env.action_text(index)} (p={float(probs[index]):.2f}"
-                         + ("" if env.action_text(index) == expert else f"; expert: {expert}") + ")")
+            probs = model.policy.record(obs).rollout_logp.softmax(-1)  # scoring only: draws no random numbers
+            actions.append(env.action_text(index))
+            steps.append(f"{actions[-1]} (p={float(probs[index]):.2f}"
+                         + ("" if actions[-1] == expert else f"; expert: {expert}") + ")")
             obs, _, term, trunc, info = env.step(index)
             done = term or trunc
-        print(f"{method} seed {seed}, episode seed {episode_seed}: won={bool(info.get('won'))} in {len(steps)}: "
-              + ", ".join(steps), flush=True)
+        match = ("" if recorded.get(episode_seed) is None else "; as recorded" if recorded[episode_seed] == actions
+                 else "; differs from the recorded episode")
+        print(f"{method} seed {seed}, episode seed {episode_seed}: won={bool(info.get('won'))} in {len(steps)}"
+              f"{match}: " + ", ".join(steps), flush=True)
 
 
 def run(method: str, seed: int, args) -> None:
@@ -360,6 +390,11 @@ def success_tables(data: list[dict], args) -> None:
             print(tabulate(lines, headers=["difference", "eval", "seeds", "episodes", "diff [95% CI over seeds]",
                                            "95% CI over episodes", "McNemar p", "seeds better/tied/worse"],
                            tablefmt="github"))
+            few = sorted({line[2] for line in lines if line[2] < FEW_SEEDS})
+            if few:
+                print(f"note: rows over {' or '.join(map(str, few))} seed(s) resample so few per-seed differences that "
+                      "their CI over seeds is no test (over 2 seeds it is the range of the two, over 1 a point); "
+                      f"read them as descriptive until {FEW_SEEDS} or more seeds are in")
 
 
 def ppo_steps_table(args) -> None:
@@ -435,7 +470,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--target-seeds", type=int, default=10,
                     help="seeds the registration needs before the claim column says holds / not established")
     ap.add_argument("--trace", nargs=2, metavar=("METHOD", "SEED"),
-                    help="replay --eval-episodes greedy evaluation episodes of a saved run, printing its actions")
+                    help="replay --eval-episodes held-out episodes of a saved run on its own env options, printing "
+                    "its actions, their probabilities and the expert's")
+    ap.add_argument("--trace-mode", choices=("deterministic", "stochastic"), default="deterministic",
+                    help="--trace: greedy or sampled episodes (sampled ones replay the recorded evaluation)")
     return ap.parse_args(argv)
 
 

@@ -252,3 +252,49 @@ def test_signal_adds_another_scripts_finished_runs_paired_by_episode(tmp_path, c
         bench.main(["--summary", "--signal", str(signal), "other", "--out", str(tmp_path)])
     with pytest.raises(ValueError, match="--reference must be one of"):
         bench.main(["--summary", "--reference", "s19:after", "--signal", str(signal), "s18", "--out", str(tmp_path)])
+
+
+def _write(path: Path, rows: list[dict]) -> None:
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(json.dumps({**r, "steps": 10, "train_s": 1.0}) + "\n")
+
+
+def test_paired_rows_over_few_seeds_are_flagged_descriptive(tmp_path, capsys):
+    rows = []
+    for seed, wins in ((0, [True, True, False, False]), (1, [True, False, False, False])):
+        rows += _rows("bc", seed, "stochastic", [False] * 4) + _rows("bc+ppo", seed, "stochastic", wins)
+    _write(tmp_path / "episodes.jsonl", rows)
+    bench.main(["--summary", "--reference", "bc", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "+0.38 [+0.25, +0.50]" in out  # two seeds: the "CI" is the range of +0.50 and +0.25
+    assert "rows over 2 seed(s)" in out and "no test" in out
+    rows = []
+    for seed in range(5):
+        rows += _rows("bc", seed, "stochastic", [False] * 4) + _rows("bc+ppo", seed, "stochastic", [True] * 4)
+    _write(tmp_path / "episodes.jsonl", rows)
+    bench.main(["--summary", "--reference", "bc", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "+1.00 [+1.00, +1.00]" in out and "no test" not in out
+
+
+def test_trace_of_a_missing_run_names_it(tmp_path):
+    with pytest.raises(ValueError, match="no finished run bc\\+ppo seed 3"):
+        bench.main(["--trace", "bc+ppo", "3", "--out", str(tmp_path)])
+
+
+@pytest.mark.slow
+def test_trace_replays_a_sampled_evaluation_episode_on_the_runs_own_env(tmp_path, capsys):
+    """A real frozen run on MiniGrid; --trace given another --env still plays the run's env (its config.json), and
+    the sampled episode it replays is the one the evaluation recorded."""
+    common = ["--methods", "frozen", "--seeds", "0", "--eval-episodes", "1", "--out", str(tmp_path)]
+    bench.main(["--env", "EchoRL/MiniGrid-Empty-Random-5x5-v0", "--max-steps", "6", *common])
+    recorded = [d for d in map(json.loads, open(tmp_path / "episodes.jsonl")) if d["mode"] == "stochastic"]
+    capsys.readouterr()
+    bench.main(["--trace", "frozen", "0", "--trace-mode", "stochastic", "--env", "EchoRL/BabyAI-GoToLocal-v0",
+                "--eval-episodes", "1", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "on EchoRL/MiniGrid-Empty-Random-5x5-v0" in out and "at most 6 steps" in out
+    line = next(s for s in out.splitlines() if "episode seed 100000" in s)
+    assert "; as recorded:" in line and f"in {recorded[0]['steps']}" in line
+    assert line.split(": ", 1)[1].split(" (p=")[0].endswith(recorded[0]["actions"][0])
