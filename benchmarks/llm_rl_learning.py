@@ -228,7 +228,9 @@ def run(method: str, seed: int, args) -> None:
     rows = evaluate(model, args, seed) or [{"mode": "none"}]
     with open(Path(args.out) / "episodes.jsonl", "a") as f:
         for r in rows:
-            f.write(json.dumps({"method": method, "seed": seed, "train_s": train_s, **r}) + "\n")
+            # a resumed run's train_s counts only the time since the resume: marked, the table prints it as a bound
+            f.write(json.dumps({"method": method, "seed": seed, "train_s": train_s, **({"resumed": True} if resume
+                                                                                     else {}), **r}) + "\n")
     wins = {m: [r["won"] for r in rows if r["mode"] == m] for m in ("stochastic", "deterministic")}
     print(f"{method} seed {seed}: train {train_s:.0f}s"
           + "".join(f", {m} {np.mean(w):.2f}" for m, w in wins.items() if w), flush=True)  # none: --eval-episodes 0
@@ -359,7 +361,10 @@ def summary(args) -> None:
 
 
 def success_tables(data: list[dict], args) -> None:
-    """Success per method and mode (Wilson CI pooled over seeds) and, with ``--reference``, the paired differences."""
+    """Success per method and mode (Wilson CI pooled over seeds) and, with ``--reference``, the paired differences.
+
+    "train s/seed" is a lower bound ("≥") where a run resumed from a checkpoint (it counts the time since the resume).
+    """
     table = []
     methods = [*METHODS, *sorted({d["method"] for d in data} - set(METHODS))]  # then --signal's
     for method in methods:
@@ -371,8 +376,9 @@ def success_tables(data: list[dict], args) -> None:
             lo, hi = wilson(k, n)
             seeds = sorted({d["seed"] for d in rs})
             train = np.mean([d["train_s"] for d in rs])
+            bound = "≥ " if any(d.get("resumed") for d in rs) else ""  # resumed runs: time since the resume only
             table.append([method, mode, len(seeds), n, f"{k / n:.2f} [{lo:.2f}, {hi:.2f}]",
-                          f"{np.mean([d['steps'] for d in rs]):.1f}", "–" if np.isnan(train) else f"{train:.0f}"])
+                          f"{np.mean([d['steps'] for d in rs]):.1f}", "–" if np.isnan(train) else f"{bound}{train:.0f}"])
     print(tabulate(table, headers=["method", "eval", "seeds", "episodes", "success [95% CI]", "steps",
                                    "train s/seed"], tablefmt="github"))
     if args.reference:

@@ -107,6 +107,8 @@ def test_a_run_with_a_checkpoint_resumes_and_a_corrupt_one_starts_again(tmp_path
     (tmp_path / "episodes.jsonl").unlink()
     bench.main(argv)
     assert calls[-1] == (1, True)
+    row = json.loads((tmp_path / "episodes.jsonl").read_text())
+    assert row["resumed"] is True  # its train_s counts only the time since the resume
 
 
 def test_a_run_without_evaluation_is_marked_finished_and_its_curve_counts(tmp_path, monkeypatch, capsys):
@@ -276,6 +278,11 @@ def test_paired_rows_over_few_seeds_are_flagged_descriptive(tmp_path, capsys):
     bench.main(["--summary", "--reference", "bc", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert "+1.00 [+1.00, +1.00]" in out and "no test" not in out
+    rows[0]["resumed"] = True  # one resumed run: the method's training time is a lower bound
+    _write(tmp_path / "episodes.jsonl", rows)
+    bench.main(["--summary", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert re.search(r"\| bc +\| stochastic .*\| +≥ 1 +\|", out) and re.search(r"\| bc\+ppo +\| stochastic .*\| +1 +\|", out)
 
 
 def test_trace_of_a_missing_run_names_it(tmp_path):
