@@ -82,15 +82,26 @@ def _eval_env_kwargs(args) -> dict:
     return {**_env_kwargs(args), **json.loads(args.eval_env_kwargs or "{}")}
 
 
+def held_out_seed(seed: int, ep: int) -> int:
+    """The episode seed of held-out episode ``ep`` of run seed ``seed`` (training uses other seeds)."""
+    return 100_000 + 1000 * seed + ep
+
+
+def eval_tag(env_kwargs: dict, eval_kwargs: dict) -> str | None:
+    """The ``eval_env_kwargs`` tag of held-out rows: None when they use the training options (so older rows keep
+    pairing with new ones), else the options as sorted JSON."""
+    return None if eval_kwargs == env_kwargs else json.dumps(eval_kwargs, sort_keys=True)
+
+
 def evaluate(model, args, seed: int) -> list[dict]:
     rows = []
     eval_kwargs = _eval_env_kwargs(args)
     env = make_llm_env(args.env, args.history, args.max_steps, env_kwargs=eval_kwargs)
-    # rows record the options only when they differ from training's, so older rows keep pairing with new ones
-    tag = {} if eval_kwargs == _env_kwargs(args) else {"eval_env_kwargs": json.dumps(eval_kwargs, sort_keys=True)}
+    tag = eval_tag(_env_kwargs(args), eval_kwargs)
+    tag = {} if tag is None else {"eval_env_kwargs": tag}
     for mode in ("stochastic", "deterministic"):
         for ep in range(args.eval_episodes):
-            episode_seed = 100_000 + 1000 * seed + ep  # held out: training used other seeds
+            episode_seed = held_out_seed(seed, ep)
             torch.manual_seed(episode_seed)
             obs, _ = env.reset(seed=episode_seed)
             done, steps, ret, info, actions = False, 0, 0.0, {}, []
@@ -120,7 +131,7 @@ def evaluate_saved(args) -> None:
     if _eval_env_kwargs(args) == _env_kwargs(args):
         raise ValueError("--evaluate-saved needs --eval-env-kwargs that change the training options, got "
                          f"--eval-env-kwargs={args.eval_env_kwargs!r} over --env-kwargs={args.env_kwargs!r}")
-    tag = json.dumps(_eval_env_kwargs(args), sort_keys=True)
+    tag = eval_tag(_env_kwargs(args), _eval_env_kwargs(args))
     path = Path(args.out) / "episodes.jsonl"
     for seed in args.seeds:
         for method in args.methods:
@@ -163,7 +174,7 @@ def trace(args) -> None:
         env_id, env_kwargs = cfg["env_id"], cfg.get("env_kwargs") or {}
         history, max_steps = cfg["history"], cfg["max_episode_steps"]
     eval_kwargs = {**env_kwargs, **json.loads(args.eval_env_kwargs or "{}")}
-    tag = None if eval_kwargs == env_kwargs else json.dumps(eval_kwargs, sort_keys=True)
+    tag = eval_tag(env_kwargs, eval_kwargs)
     recorded = {d["episode_seed"]: d.get("actions")
                 for d in read_jsonl(Path(args.out) / "episodes.jsonl") if d["method"] == method
                 and d["seed"] == seed and d["mode"] == args.trace_mode and d.get("eval_env_kwargs") == tag}
@@ -172,7 +183,7 @@ def trace(args) -> None:
     model = LLMPPO.load(run_dir / "model.zip", custom_objects={"policy_kwargs": dict(POLICY)})
     env = make_llm_env(env_id, history, max_steps, env_kwargs=eval_kwargs)
     for ep in range(args.eval_episodes):
-        episode_seed = 100_000 + 1000 * seed + ep
+        episode_seed = held_out_seed(seed, ep)
         torch.manual_seed(episode_seed)  # as evaluate(): a sampled episode draws the same actions
         obs, info = env.reset(seed=episode_seed)
         done, steps, actions = False, [], []
