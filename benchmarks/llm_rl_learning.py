@@ -157,7 +157,7 @@ def trace(args) -> None:
     ``--trace-mode`` and print the actions, the probability the policy gave each chosen action and the expert's
     action at that step.
 
-    The run's own env options (its ``config.json``: env, env options, history, step budget) are used, with
+    The run's own options (its ``config.json``: env, env options, history, step budget, policy options) are used, with
     ``--eval-env-kwargs`` on top; a sampled episode reseeds torch as the evaluation did, so it replays the recorded
     one, and each episode says whether its actions match the one recorded in ``episodes.jsonl``.
     """
@@ -169,10 +169,12 @@ def trace(args) -> None:
         raise ValueError(f"--trace: no finished run {method} seed {seed} in --out={args.out!r} "
                          f"(no {run_dir / 'model.zip'})")
     env_id, env_kwargs, history, max_steps = args.env, _env_kwargs(args), args.history, args.max_steps
-    if (run_dir / "config.json").is_file():  # the run's own env, whatever --env says
+    policy_kwargs = dict(POLICY)
+    if (run_dir / "config.json").is_file():  # the run's own env and policy options, whatever --env says
         cfg = json.loads((run_dir / "config.json").read_text())
         env_id, env_kwargs = cfg["env_id"], cfg.get("env_kwargs") or {}
         history, max_steps = cfg["history"], cfg["max_episode_steps"]
+        policy_kwargs = {**policy_kwargs, **(cfg.get("policy_kwargs") or {})}  # e.g. its int8 prefill
     eval_kwargs = {**env_kwargs, **json.loads(args.eval_env_kwargs or "{}")}
     tag = eval_tag(env_kwargs, eval_kwargs)
     recorded = {d["episode_seed"]: d.get("actions")
@@ -180,7 +182,7 @@ def trace(args) -> None:
                 and d["seed"] == seed and d["mode"] == args.trace_mode and d.get("eval_env_kwargs") == tag}
     print(f"{method} seed {seed}: {args.trace_mode} episodes on {env_id} {json.dumps(eval_kwargs)}, "
           f"history {history}, at most {max_steps} steps", flush=True)
-    model = LLMPPO.load(run_dir / "model.zip", custom_objects={"policy_kwargs": dict(POLICY)})
+    model = LLMPPO.load(run_dir / "model.zip", custom_objects={"policy_kwargs": policy_kwargs})
     env = make_llm_env(env_id, history, max_steps, env_kwargs=eval_kwargs)
     for ep in range(args.eval_episodes):
         episode_seed = held_out_seed(seed, ep)
