@@ -220,6 +220,7 @@ def run(method: str, seed: int, args) -> None:
         group_size=args.group_size, step_advantage_weight=args.omega,
         policy_kwargs={**POLICY, **json.loads(args.policy_kwargs or "{}"), **(arm or {}).get("policy_kwargs", {})},
         gigpo_kwargs=json.loads(args.gigpo_kwargs or "{}") if group else {},
+        ppo_kwargs=json.loads(args.ppo_kwargs or "{}") if method in PPO_METHODS else {},
         bc_warm_start=arm is not None, replay=(arm or {}).get("replay"), out=str(out),
         **({} if args.checkpoint_every is None else {"checkpoint_every": args.checkpoint_every}))
     resume = cfg.train_steps > 0 and any((out / name).is_dir() for name in ("checkpoint", "checkpoint.old"))
@@ -466,6 +467,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="GiGPO: weight of the step-level (anchor-state) advantage; 0 = episode-level GRPO")
     ap.add_argument("--policy-kwargs", help="JSON LLMPolicy options added to the defaults (e.g. temperature)")
     ap.add_argument("--gigpo-kwargs", help='JSON GiGPO learner options, e.g. \'{"epochs": 4, "minibatch_size": 32}\'')
+    ap.add_argument("--ppo-kwargs", help='JSON PPO options of the PPO methods (bc+ppo, ...), e.g. \'{"target_kl": 0.02}\'')
     ap.add_argument("--eval-episodes", type=int, default=6)
     ap.add_argument("--eval-env-kwargs", help="JSON env options of the held-out episodes only, over --env-kwargs "
                     '(e.g. \'{"split": "valid_unseen"}\' for ALFWorld games no run trained on)')

@@ -255,6 +255,7 @@ def cmd_train_llm(args: argparse.Namespace) -> int:
             n_steps=args.n_steps, batch_size=args.batch_size, n_epochs=args.n_epochs,
             learning_rate=args.learning_rate, policy_kwargs=json.loads(args.policy_kwargs or "{}"),
             grpo_kwargs=json.loads(args.grpo_kwargs or "{}"), gigpo_kwargs=json.loads(args.gigpo_kwargs or "{}"),
+            ppo_kwargs=json.loads(args.ppo_kwargs or "{}"),
             env_kwargs=json.loads(args.env_kwargs or "{}"),
             n_envs=args.n_envs, gamma=args.gamma, group_size=args.group_size,
             step_advantage_weight=args.step_advantage_weight, echorl_learner=args.echorl_learner,
@@ -438,6 +439,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--grpo-kwargs", help='JSON GRPOConfig options, e.g. \'{"group_size": 8}\'')
     s.add_argument("--gigpo-kwargs", help='JSON GiGPO learner options (gigpo, bc+gigpo, echorl), e.g. '
                    '\'{"epochs": 4, "minibatch_size": 32}\'')
+    s.add_argument("--ppo-kwargs", help='JSON PPO options (ppo, bc+ppo, echoppo, echorl --echorl-learner ppo): clip_range, '
+                   'target_kl, gae_lambda, vf_coef, max_grad_norm, e.g. \'{"target_kl": 0.02}\'')
     s.add_argument("--out", default="runs/train-llm", help="output folder")
     s.add_argument("--checkpoint-every", type=int, default=10, metavar="N",
                    help="write OUT/checkpoint/ every N iterations (GiGPO iterations, PPO updates) and at the end; "

@@ -4,6 +4,7 @@ echorl) or from the last update (PPO), refused on a changed config or a damaged 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import shutil
@@ -268,6 +269,40 @@ def test_ppo_resume_continues_from_the_last_update(lm_and_state, tmp_path):
     assert _tb_steps(tmp_path / "tb" / "llm_1", "time/fps") == [2, 4]
     assert json.loads((tmp_path / "checkpoint" / "checkpoint.json").read_text())["timesteps"] == 4
     np.testing.assert_equal(len(more.policy.state_dict()), len(saved))
+
+
+def test_ppo_kwargs_reach_the_update_and_target_kl_ends_its_epochs(lm_and_state, tmp_path):
+    lm, state = lm_and_state
+    kw = dict(n_envs=1, n_steps=4, batch_size=2, n_epochs=3, max_episode_steps=2, learning_rate=5e-2)
+    free = _train(lm, state, _cfg(None, "ppo", train_steps=4, **kw))
+    assert free._n_updates == 3 and free.target_kl is None and free.clip_range(1.0) == 0.2  # SB3's defaults
+    # the first minibatch is on-policy (its KL ~0, below any bound); after its step the policy moved, so a tiny
+    # target_kl stops the update inside the first epoch
+    stopped = _train(lm, state, _cfg(None, "ppo", train_steps=4, ppo_kwargs={"target_kl": 1e-9, "clip_range": 0.1,
+                                                                              "gae_lambda": 0.9}, **kw))
+    assert stopped._n_updates == 1 and stopped.target_kl == 1e-9 and stopped.gae_lambda == 0.9
+    assert stopped.clip_range(1.0) == 0.1
+    assert stopped.logger.name_to_value["train/approx_kl"] > 1.5e-9
+    roomy = _train(lm, state, _cfg(None, "ppo", train_steps=4, ppo_kwargs={"target_kl": 1e6}, **kw))
+    assert roomy._n_updates == 3
+
+
+def test_a_checkpoint_written_before_ppo_kwargs_existed_resumes(lm_and_state, tmp_path):
+    """Fields added later (``ppo_kwargs``, a dict field) count as their defaults in an older checkpoint."""
+    from echorl_agent.llm_rl.checkpoint import check_config
+
+    lm, state = lm_and_state
+    cfg = _cfg(tmp_path, "ppo", train_steps=2, n_envs=1, n_steps=2, batch_size=2, n_epochs=1, max_episode_steps=1)
+    saved = json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+    del saved["ppo_kwargs"]
+    check_config(saved, cfg, tmp_path)  # no error
+    with pytest.raises(ValueError, match=r"ppo_kwargs\['target_kl'\] differs \(ppo_kwargs\['target_kl'\]='<unset>'"):
+        check_config(saved, dataclasses.replace(cfg, ppo_kwargs={"target_kl": 0.02}), tmp_path)
+    from echorl_agent import cli
+
+    with pytest.raises(SystemExit, match="echorl train-llm: ppo_kwargs applies to the PPO methods.*method='bc'"):
+        cli.main(["train-llm", "--task", ENV, "--method", "bc", "--ppo-kwargs", '{"target_kl": 0.02}',
+                  "--out", str(tmp_path / "cli")])
 
 
 def test_cli_resume_without_a_checkpoint_is_a_clear_error(tmp_path, capsys):

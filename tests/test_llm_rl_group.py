@@ -249,12 +249,27 @@ def test_train_config_rejects_bad_input():
         LLMTrainConfig(env_id=ENV, method="gigpo", group_size=1)
     with pytest.raises(ValueError, match="n_envs must be a multiple of group_size"):
         LLMTrainConfig(env_id=ENV, method="gigpo", n_envs=6, group_size=4)
+    with pytest.raises(ValueError, match="batch_size must be >= 2 for PPO.*got batch_size=1"):
+        LLMTrainConfig(env_id=ENV, method="bc+ppo", n_steps=4, batch_size=1)
     with pytest.raises(ValueError, match="batch_size must divide n_steps"):
         LLMTrainConfig(env_id=ENV, method="ppo", n_steps=10, batch_size=4)
     with pytest.raises(ValueError, match=r"gigpo_kwargs takes .*unknown: \['epoch'\]"):
         LLMTrainConfig(env_id=ENV, method="gigpo", gigpo_kwargs={"epoch": 4})
     with pytest.raises(ValueError, match="gigpo_kwargs applies to the GiGPO methods.*method='ppo'"):
         LLMTrainConfig(env_id=ENV, method="ppo", gigpo_kwargs={"epochs": 4})
+    with pytest.raises(ValueError, match=r"ppo_kwargs takes .*unknown: \['clip'\]"):
+        LLMTrainConfig(env_id=ENV, method="ppo", ppo_kwargs={"clip": 0.1})
+    with pytest.raises(ValueError, match="ppo_kwargs applies to the PPO methods.*method='bc\\+gigpo'"):
+        LLMTrainConfig(env_id=ENV, method="bc+gigpo", ppo_kwargs={"target_kl": 0.02})
+    with pytest.raises(ValueError, match="ppo_kwargs applies to the PPO methods.*method='bc'"):
+        LLMTrainConfig(env_id=ENV, method="bc", ppo_kwargs={"target_kl": 0.02})
+    with pytest.raises(ValueError, match=r"ppo_kwargs\['target_kl'\] must be a number > 0 or None, got target_kl=0"):
+        LLMTrainConfig(env_id=ENV, method="bc+ppo", ppo_kwargs={"target_kl": 0})
+    with pytest.raises(ValueError, match=r"ppo_kwargs\['gae_lambda'\] must be a number in \[0, 1\], got gae_lambda=1.5"):
+        LLMTrainConfig(env_id=ENV, method="ppo", ppo_kwargs={"gae_lambda": 1.5})
+    with pytest.raises(ValueError, match=r"ppo_kwargs\['clip_range'\] must be a number > 0, got clip_range='0.1'"):
+        LLMTrainConfig(env_id=ENV, method="ppo", ppo_kwargs={"clip_range": "0.1"})
+    LLMTrainConfig(env_id=ENV, method="echorl", echorl_learner="ppo", ppo_kwargs={"target_kl": None, "vf_coef": 0})
     with pytest.raises(ValueError, match="bc_warm_start applies to method='echorl'.*method='gigpo'"):
         LLMTrainConfig(env_id=ENV, method="gigpo", bc_warm_start=True)
     with pytest.raises(ValueError, match="bc_warm_start applies.*echorl_learner='ppo'"):

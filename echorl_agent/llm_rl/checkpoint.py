@@ -152,7 +152,9 @@ def check_config(saved: dict[str, Any], cfg: Any, path: str | Path) -> None:
     """
     now = _config_dict(cfg)
     # a field added after the checkpoint was written (e.g. echorl_learner) had its default value in that run
-    defaults = {f.name: f.default for f in dataclasses.fields(cfg) if f.default is not dataclasses.MISSING}
+    defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                for f in dataclasses.fields(cfg)
+                if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
     saved = {**json.loads(json.dumps({k: v for k, v in defaults.items() if k not in saved}, default=str)), **saved}
     for name in sorted(set(saved) | set(now)):
         if name in RESUMABLE_FIELDS or saved.get(name) == now.get(name):

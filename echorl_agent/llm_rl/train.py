@@ -25,6 +25,7 @@ import csv
 import dataclasses
 import json
 import logging
+import math
 import warnings
 from collections import deque
 from dataclasses import dataclass, field
@@ -45,6 +46,8 @@ ECHORL_LEARNERS = ("gigpo", "ppo")
 #: The GiGPO learner options ``LLMTrainConfig.gigpo_kwargs`` may set.
 GIGPO_LEARNER_FIELDS = ("epochs", "minibatch_size", "clip_range", "ent_coef", "normalize", "max_grad_norm", "micro_batch",
                         "ref_kl_coef", "target_kl", "sample_weighting", "center_advantages", "positive_advantages")
+#: The PPO options ``LLMTrainConfig.ppo_kwargs`` may set (SB3 ``PPO`` arguments of the same names).
+PPO_LEARNER_FIELDS = ("clip_range", "target_kl", "gae_lambda", "vf_coef", "max_grad_norm")
 
 
 @dataclass
@@ -107,6 +110,11 @@ class LLMTrainConfig:
     ``minibatch_size``, ``clip_range``, ``ent_coef``, ``normalize``, ``max_grad_norm``, ``micro_batch``, ``ref_kl_coef``,
     ``target_kl``) for the
     GiGPO methods (``gigpo``, ``bc+gigpo``, ``echorl``); the rest of GiGPOConfig comes from the fields above."""
+    ppo_kwargs: dict[str, Any] = field(default_factory=dict)
+    """PPO options (:data:`PPO_LEARNER_FIELDS`: ``clip_range``, ``target_kl``, ``gae_lambda``, ``vf_coef``,
+    ``max_grad_norm``, SB3's meanings; unset: SB3's defaults 0.2, None, 0.95, 0.5, 0.5) for the PPO methods (``ppo``,
+    ``bc+ppo``, ``echoppo``, ``echorl`` with the PPO learner). ``target_kl`` ends an update's epochs at the first
+    minibatch whose approximate KL to the rollout policy exceeds ``1.5 * target_kl``."""
     checkpoint_every: int = 10
     """Write ``<out>/checkpoint/`` every this many iterations (GiGPO iterations, PPO rollout+update rounds) and at
     the end; 0: at the end only (``grpo``: every this many GRPO steps)."""
@@ -133,6 +141,9 @@ class LLMTrainConfig:
             if self.n_envs > 1 and self.n_envs % self.group_size:
                 raise ValueError(f"n_envs must be a multiple of group_size (groups of K envs), got n_envs={self.n_envs}, "
                                  f"group_size={self.group_size}")
+        elif self.learner == "ppo" and self.method != "bc" and self.batch_size < 2:
+            raise ValueError(f"batch_size must be >= 2 for PPO (advantages are normalised per minibatch), "
+                             f"got batch_size={self.batch_size}")
         elif self.learner == "ppo" and self.method != "bc" and (self.n_steps * self.n_envs) % self.batch_size:
             raise ValueError(f"batch_size must divide n_steps * n_envs, got batch_size={self.batch_size}, "
                              f"n_steps={self.n_steps}, n_envs={self.n_envs}")
@@ -144,6 +155,7 @@ class LLMTrainConfig:
             raise ValueError(f"gigpo_kwargs applies to the GiGPO methods, got gigpo_kwargs={self.gigpo_kwargs!r} "
                              f"with method={self.method!r}"
                              + (f", echorl_learner={self.echorl_learner!r}" if self.method == "echorl" else ""))
+        self._check_ppo_kwargs()
         if not isinstance(self.bc_warm_start, bool):
             raise ValueError(f"bc_warm_start must be True or False, got bc_warm_start={self.bc_warm_start!r}")
         if self.bc_warm_start and not (self.method == "echorl" and self.learner == "gigpo"):
@@ -169,6 +181,30 @@ class LLMTrainConfig:
             from echorl_agent.llm_rl.config import check_no_plan_on_free_text
 
             check_no_plan_on_free_text(self.policy_kwargs.get("plan_tokens", 0), self.env_id)
+
+    def _check_ppo_kwargs(self) -> None:
+        if not isinstance(self.ppo_kwargs, dict):
+            raise ValueError(f"ppo_kwargs must be a dict, got ppo_kwargs={self.ppo_kwargs!r}")
+        unknown = sorted(set(self.ppo_kwargs) - set(PPO_LEARNER_FIELDS))
+        if unknown:
+            raise ValueError(f"ppo_kwargs takes {PPO_LEARNER_FIELDS}, got ppo_kwargs={self.ppo_kwargs!r} "
+                             f"(unknown: {unknown})")
+        if self.ppo_kwargs and (self.learner != "ppo" or self.method == "bc"):
+            raise ValueError(f"ppo_kwargs applies to the PPO methods (ppo, bc+ppo, echoppo, echorl with "
+                             f"echorl_learner='ppo'), got ppo_kwargs={self.ppo_kwargs!r} with method={self.method!r}"
+                             + (f", echorl_learner={self.echorl_learner!r}" if self.method == "echorl" else ""))
+        limits = {"clip_range": (0.0, False), "target_kl": (0.0, False), "vf_coef": (0.0, True),
+                  "max_grad_norm": (0.0, False), "gae_lambda": (0.0, True)}
+        for name, v in self.ppo_kwargs.items():
+            if name == "target_kl" and v is None:
+                continue
+            low, closed = limits[name]
+            ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) \
+                and (v >= low if closed else v > low) and (name != "gae_lambda" or v <= 1.0)
+            if not ok:
+                bound = "in [0, 1]" if name == "gae_lambda" else ">= 0" if closed else "> 0"
+                raise ValueError(f"ppo_kwargs[{name!r}] must be a number {bound}"
+                                 + (" or None" if name == "target_kl" else "") + f", got {name}={v!r}")
 
     @property
     def learner(self) -> str:
@@ -286,7 +322,7 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None, resume: bool = False):
     model = LLMPPO("LLMPolicy", vec, n_steps=cfg.n_steps, batch_size=cfg.batch_size, n_epochs=cfg.n_epochs,
                     learning_rate=cfg.learning_rate, ent_coef=cfg.ent_coef, seed=cfg.seed, verbose=0,
                     gamma=0.99 if cfg.gamma is None else cfg.gamma, tensorboard_log=tb, policy_kwargs=pk,
-                    replay=cfg.replay_kwargs(), replay_ratio=cfg.replay_ratio)
+                    replay=cfg.replay_kwargs(), replay_ratio=cfg.replay_ratio, **cfg.ppo_kwargs)
     curve = _Curve(out / "curve.csv" if out is not None else None)
     if opened is not None:
         ckpt.load_ppo(model, curve, opened)
