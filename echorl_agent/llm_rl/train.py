@@ -48,6 +48,9 @@ GIGPO_LEARNER_FIELDS = ("epochs", "minibatch_size", "clip_range", "ent_coef", "n
                         "ref_kl_coef", "target_kl", "sample_weighting", "center_advantages", "positive_advantages")
 #: The PPO options ``LLMTrainConfig.ppo_kwargs`` may set (SB3 ``PPO`` arguments of the same names).
 PPO_LEARNER_FIELDS = ("clip_range", "target_kl", "gae_lambda", "vf_coef", "max_grad_norm")
+_PPO_BOUNDS = {"clip_range": ("> 0", lambda v: v > 0), "target_kl": ("> 0 or None", lambda v: v > 0),
+               "gae_lambda": ("in [0, 1]", lambda v: 0 <= v <= 1), "vf_coef": (">= 0", lambda v: v >= 0),
+               "max_grad_norm": ("> 0", lambda v: v > 0)}
 
 
 @dataclass
@@ -147,15 +150,14 @@ class LLMTrainConfig:
         elif self.learner == "ppo" and self.method != "bc" and (self.n_steps * self.n_envs) % self.batch_size:
             raise ValueError(f"batch_size must divide n_steps * n_envs, got batch_size={self.batch_size}, "
                              f"n_steps={self.n_steps}, n_envs={self.n_envs}")
-        unknown = sorted(set(self.gigpo_kwargs) - set(GIGPO_LEARNER_FIELDS))
-        if unknown:
-            raise ValueError(f"gigpo_kwargs takes {GIGPO_LEARNER_FIELDS}, got gigpo_kwargs={self.gigpo_kwargs!r} "
-                             f"(unknown: {unknown})")
-        if self.gigpo_kwargs and self.learner != "gigpo":
-            raise ValueError(f"gigpo_kwargs applies to the GiGPO methods, got gigpo_kwargs={self.gigpo_kwargs!r} "
-                             f"with method={self.method!r}"
-                             + (f", echorl_learner={self.echorl_learner!r}" if self.method == "echorl" else ""))
-        self._check_ppo_kwargs()
+        self._check_learner_kwargs("gigpo_kwargs", GIGPO_LEARNER_FIELDS, self.learner == "gigpo", "the GiGPO methods")
+        self._check_learner_kwargs("ppo_kwargs", PPO_LEARNER_FIELDS, self.learner == "ppo" and self.method != "bc",
+                                   "the PPO methods (ppo, bc+ppo, echoppo, echorl with echorl_learner='ppo')")
+        for name, v in self.ppo_kwargs.items():
+            bound, ok = _PPO_BOUNDS[name]
+            if not (name == "target_kl" and v is None or not isinstance(v, bool) and isinstance(v, (int, float))
+                    and math.isfinite(v) and ok(v)):
+                raise ValueError(f"ppo_kwargs[{name!r}] must be a number {bound}, got {name}={v!r}")
         if not isinstance(self.bc_warm_start, bool):
             raise ValueError(f"bc_warm_start must be True or False, got bc_warm_start={self.bc_warm_start!r}")
         if self.bc_warm_start and not (self.method == "echorl" and self.learner == "gigpo"):
@@ -182,29 +184,17 @@ class LLMTrainConfig:
 
             check_no_plan_on_free_text(self.policy_kwargs.get("plan_tokens", 0), self.env_id)
 
-    def _check_ppo_kwargs(self) -> None:
-        if not isinstance(self.ppo_kwargs, dict):
-            raise ValueError(f"ppo_kwargs must be a dict, got ppo_kwargs={self.ppo_kwargs!r}")
-        unknown = sorted(set(self.ppo_kwargs) - set(PPO_LEARNER_FIELDS))
+    def _check_learner_kwargs(self, name: str, fields: tuple[str, ...], applies: bool, methods: str) -> None:
+        """``gigpo_kwargs`` / ``ppo_kwargs``: a dict of known ``fields``, set only where its learner runs."""
+        kwargs = getattr(self, name)
+        if not isinstance(kwargs, dict):
+            raise ValueError(f"{name} must be a dict, got {name}={kwargs!r}")
+        unknown = sorted(set(kwargs) - set(fields))
         if unknown:
-            raise ValueError(f"ppo_kwargs takes {PPO_LEARNER_FIELDS}, got ppo_kwargs={self.ppo_kwargs!r} "
-                             f"(unknown: {unknown})")
-        if self.ppo_kwargs and (self.learner != "ppo" or self.method == "bc"):
-            raise ValueError(f"ppo_kwargs applies to the PPO methods (ppo, bc+ppo, echoppo, echorl with "
-                             f"echorl_learner='ppo'), got ppo_kwargs={self.ppo_kwargs!r} with method={self.method!r}"
+            raise ValueError(f"{name} takes {fields}, got {name}={kwargs!r} (unknown: {unknown})")
+        if kwargs and not applies:
+            raise ValueError(f"{name} applies to {methods}, got {name}={kwargs!r} with method={self.method!r}"
                              + (f", echorl_learner={self.echorl_learner!r}" if self.method == "echorl" else ""))
-        limits = {"clip_range": (0.0, False), "target_kl": (0.0, False), "vf_coef": (0.0, True),
-                  "max_grad_norm": (0.0, False), "gae_lambda": (0.0, True)}
-        for name, v in self.ppo_kwargs.items():
-            if name == "target_kl" and v is None:
-                continue
-            low, closed = limits[name]
-            ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) \
-                and (v >= low if closed else v > low) and (name != "gae_lambda" or v <= 1.0)
-            if not ok:
-                bound = "in [0, 1]" if name == "gae_lambda" else ">= 0" if closed else "> 0"
-                raise ValueError(f"ppo_kwargs[{name!r}] must be a number {bound}"
-                                 + (" or None" if name == "target_kl" else "") + f", got {name}={v!r}")
 
     @property
     def learner(self) -> str:
