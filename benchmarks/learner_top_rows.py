@@ -59,7 +59,7 @@ def step(lm: TrainableLM, recs: list[StepRecord], keep: bool) -> tuple[float, to
     loss, lps = 0.0, []
     for r in recs:
         batch = pack_sets(len(r.context), [(len(r.context), r.cands)])
-        x = torch.cat([r.context_states, *r.cand_states])
+        x = torch.cat([r.context_states, batch.candidate_rows(r.cand_states)])
         rows = output_rows(batch, [len(r.context) - 1]) if keep else None
         y = run_layers(parts, x, batch, b, lm.num_layers, keep=rows)
         lp, ctx = candidate_set_logprobs(parts, y, batch, rows)

@@ -69,7 +69,7 @@ def main() -> None:
         ids = torch.tensor(batch.row_ids(item.context))
         with torch.no_grad():
             x = run_layers(parts, parts.embed(ids), batch, 0, b)
-        return x[: len(item.context)], [x[lo:hi] for lo, hi in batch.cand_spans]
+        return x[: len(item.context)], [x[rows] for rows in batch.cand_rows]
 
     tokens = sum(it.token_nbytes for it in items)
     acts = sum(it.activation_nbytes for it in items)

@@ -31,3 +31,14 @@ def test_bf16_learner_reports_a_small_policy_shift():
     (row,) = run("learner_bf16.py")
     kl_mean, kl_max, diff = float(row[4]), float(row[5]), float(row[6])
     assert 0 < kl_mean <= kl_max < 0.02 and diff > 0
+
+
+def test_tree_rows_learner_has_fewer_alfworld_rows_and_the_same_log_probs():
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "learner_tree_rows.py"), "--batch", "8",
+                          "--repeats", "1", "--envs", "4", "--env", "EchoRL/ALFWorld-PickAndPlace-v0"],
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    (row,) = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines()
+              if line.startswith("|") and not line.startswith("|--")][1:]
+    per_token, tree = (float(v) for v in row[3].split("/"))
+    assert row[0] == "ALFWorld-PickAndPlace-v0" and 0 < tree < per_token  # "go to ..." rows computed once
+    assert float(row[-1]) < 1e-4  # the same log pi either way (float rounding only)

@@ -100,7 +100,7 @@ def test_top_layer_on_the_read_rows_only_equals_the_full_forward_and_its_gradien
     assert r2.context[: len(r1.context)] == r1.context
     parts, b, L = lm.parts, lm.boundary, lm.num_layers
     batch = pack_sets(len(r2.context), [(len(r1.context), r1.cands), (len(r2.context), r2.cands)])
-    x0 = torch.cat([r2.context_states, *r1.cand_states, *r2.cand_states])
+    x0 = torch.cat([r2.context_states, batch.candidate_rows([*r1.cand_states, *r2.cand_states])])
     rows = output_rows(batch, [s.prefix - 1 for s in batch.sets])
     assert len(rows) < x0.shape[0] // 2  # most rows are prompt rows nobody reads
     params = [p for p in lm.model.parameters() if p.requires_grad]
@@ -140,7 +140,7 @@ def test_lm_head_runs_once_per_distinct_row_and_equals_the_per_token_head(lm):
     rec = policy.record(obs)
     parts, b, L = lm.parts, lm.boundary, lm.num_layers
     batch = pack_sets(len(rec.context), [(len(rec.context), rec.cands)])
-    x0 = torch.cat([rec.context_states, *rec.cand_states])
+    x0 = torch.cat([rec.context_states, batch.candidate_rows(rec.cand_states)])
     rows, targets, owners = _candidate_token_rows(batch)
     assert len(set(rows)) < len(rows)  # 7 candidates share their first token's row
     params = [p for p in lm.model.parameters() if p.requires_grad]
@@ -578,3 +578,73 @@ def test_quantized_rollouts_are_corrected_by_learner_recomputed_log_probs():
     lm.sync()
     w = rollout_and_weights()
     assert torch.all((w - 1).abs() < 0.5) and not torch.all((w - 1).abs() < 1e-6)  # a real, corrected mismatch
+
+
+def test_pack_sets_shares_the_rows_of_candidates_that_begin_alike():
+    """Hand-checked layout: one row per distinct input prefix of a set's candidates, positions after the set's
+    prefix, each row attending to the set's context prefix and its own ancestors only."""
+    from echorl_agent.llm_rl.forward import _candidate_token_rows, pack_sets
+
+    # context of 4 rows; set A (prefix 3): [1, 2, 5], [1, 2, 6], [1, 7], [9]; set B (prefix 4): [1, 2, 5]
+    b = pack_sets(4, [(3, [[1, 2, 5], [1, 2, 6], [1, 7], [9]]), (4, [[1, 2, 5]])])
+    assert b.sets[0].rows == [[4, 5], [4, 5], [4], []]  # "1" and "1 2" once; a one-token candidate has no row
+    assert b.sets[1].rows == [[6, 7]]  # another set's tree never shares (its context differs)
+    assert b.positions.tolist() == [0, 1, 2, 3, 3, 4, 4, 5]
+    assert b.sources == [0, 1, 5, 6]  # flat input tokens: A [1, 2 | 1, 2 | 1 | -], B [1, 2]
+    assert b.row_ids([10, 11, 12, 13]) == [10, 11, 12, 13, 1, 2, 1, 2]
+    want = torch.zeros(8, 8, dtype=torch.bool)
+    want[:4, :4] = torch.ones(4, 4, dtype=torch.bool).tril()
+    want[4, [0, 1, 2, 4]] = want[5, [0, 1, 2, 4, 5]] = True
+    want[6, [0, 1, 2, 3, 6]] = want[7, [0, 1, 2, 3, 6, 7]] = True
+    assert torch.equal(b.mask, want)
+    rows, targets, owners = _candidate_token_rows(b)
+    assert rows == [2, 4, 5, 2, 4, 5, 2, 4, 2, 3, 6, 7]  # [1, 7]'s "7" is predicted by row 4 ("1"), like [1, 2]'s "2"
+    assert targets == [1, 2, 5, 1, 2, 6, 1, 7, 9, 1, 2, 5] and owners == [0, 0, 0, 1, 1, 1, 2, 2, 3, 4, 4, 4]
+    flat = pack_sets(4, [(3, [[1, 2, 5], [1, 2, 6], [1, 7], [9]])], share_prefixes=False)
+    assert flat.sets[0].rows == [[4, 5], [6, 7], [8], []] and flat.sources == [0, 1, 2, 3, 4]
+    states = [torch.arange(n * 2.0).view(n, 2) + 10 * i for i, n in enumerate([2, 2, 1, 0])]
+    assert torch.equal(b.candidate_rows(states + [torch.zeros(2, 2)]), torch.cat([states[0], torch.zeros(2, 2)]))
+    # with the captured activations, rows merge only where those are equal too (int8 prefill computes separately
+    # scored copies of one prefix with different rounding): candidate 1's "1" differs, so its "1 2" cannot merge
+    st = [torch.zeros(2, 2), torch.tensor([[0.0, 1e-6], [0.0, 0.0]]), torch.zeros(1, 2), torch.zeros(0, 2)]
+    b = pack_sets(4, [(3, [[1, 2, 5], [1, 2, 6], [1, 7], [9]])], states=st)
+    assert b.sets[0].rows == [[4, 5], [6, 7], [4], []] and b.sources == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="states hold 4 rows"):
+        pack_sets(4, [(3, [[1, 2, 5], [1, 2, 6], [1, 7], [9]])], states=st[:2])
+    with pytest.raises(ValueError, match="prefix"):
+        pack_sets(4, [(5, [[1]])])
+    with pytest.raises(ValueError, match="empty candidate"):
+        pack_sets(4, [(4, [[1], []])])
+
+
+def test_shared_candidate_rows_give_the_per_token_rows_log_probs_and_gradients(lm):
+    """Candidates that begin alike ("go to shelf 1", "go to shelf 2", ...) on fewer rows: the learner's log pi,
+    value-head input and adapter gradients equal one row per candidate token, and log pi equals a full HF forward."""
+    from echorl_agent.llm_rl.forward import candidate_set_logprobs, output_rows, pack_sets, run_layers
+
+    policy, env = make_policy(lm)
+    obs, _ = env.reset(seed=3)
+    rec = policy.record(obs)
+    cands = [lm.llm.encode(a) for a in ("go to shelf 1", "go to shelf 2", "go to sidetable 1", "go to drawer 3",
+                                        "take book 1 from shelf 1", "take book 1 from shelf 2", "look")]
+    ref = hf_action_logprobs(lm.model, lm.llm, rec.context, cands)
+    res = lm.engine.score(rec.context, cands, capture=True)
+    parts, b, L = lm.parts, lm.boundary, lm.num_layers
+    params = [p for p in lm.model.parameters() if p.requires_grad]
+    got = {}
+    for share in (False, True):
+        batch = pack_sets(len(rec.context), [(len(rec.context), cands)], share_prefixes=share,
+                          states=res.candidate_states)
+        x0 = torch.cat([res.context_states, batch.candidate_rows(res.candidate_states)])
+        rows = output_rows(batch, [len(rec.context) - 1])
+        lps, ctx = candidate_set_logprobs(parts, run_layers(parts, x0, batch, b, L, keep=rows), batch, rows)
+        loss = (lps[0] * torch.arange(1, len(cands) + 1)).sum() + ctx.square().sum()
+        got[share] = (x0.shape[0], lps[0].detach(), ctx.detach(), torch.autograd.grad(loss, params))
+    (n_flat, lp_flat, ctx_flat, g_flat), (n_tree, lp_tree, ctx_tree, g_tree) = got[False], got[True]
+    assert n_tree < n_flat  # the engine computed "go to" (and more) once for several candidates: those rows merge
+    torch.testing.assert_close(lp_tree, lp_flat, atol=2e-5, rtol=0)
+    torch.testing.assert_close(ctx_tree, ctx_flat, atol=2e-5, rtol=1e-5)
+    for gt, gf in zip(g_tree, g_flat, strict=True):
+        torch.testing.assert_close(gt, gf, atol=1e-4 * max(1.0, float(gf.abs().max())), rtol=1e-3)
+    assert any(float(g.abs().max()) > 0 for g in g_tree)
+    torch.testing.assert_close(lp_tree.double().log_softmax(-1), ref, atol=1e-4, rtol=0)

@@ -369,7 +369,7 @@ def test_smollm2_dropped_activations_are_recomputed_from_the_frozen_layers():
         batch, ids = packed(item)
         with torch.no_grad():
             x = run_layers(parts, parts.embed(ids), batch, 0, b)
-        return x[: len(item.context)], [x[lo:hi] for lo, hi in batch.cand_spans]
+        return x[: len(item.context)], [x[rows] for rows in batch.cand_rows]
 
     items, engine_logp = [], []
     for k, task in enumerate(["Go to the green goal square.", "Pick up the red key and open the door."]):
@@ -399,7 +399,7 @@ def test_smollm2_dropped_activations_are_recomputed_from_the_frozen_layers():
         # a replayed learner pass from the (recomputed or kept) activations equals the engine's fresh forward
         pb, _ = packed(it)
         with torch.no_grad():
-            x = run_layers(parts, torch.cat([it.context_states, *it.cand_states]), pb, b, lm.num_layers)
+            x = run_layers(parts, torch.cat([it.context_states, pb.candidate_rows(it.cand_states)]), pb, b, lm.num_layers)
             lp, _ = candidate_logprobs(parts, x, pb)
         torch.testing.assert_close(lp.double(), engine_logp[k], atol=1e-4, rtol=0)
 

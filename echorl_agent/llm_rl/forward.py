@@ -5,6 +5,10 @@ packed sequence is ``[C, a_1[:-1], ..., a_N[:-1]]``; candidate ``a_i`` sits at p
 attends to all of ``C`` and to its own earlier tokens (a block mask, as lamorel's ``pre_encode_inputs`` but in one
 pass). Every token of ``C`` is computed once however many candidates there are, and a candidate's last token gets
 no row at all: its output would predict past the candidate and no row attends to it (its id is only a target).
+Candidates that begin alike share rows: ``[C, tree]`` holds one row per distinct input prefix of the candidates
+(ALFWorld's "go to shelf 1", "go to shelf 2" share "go", " to", " shelf"), each row attending to ``C`` and its
+ancestors -- the same computation per candidate token, on fewer rows (the rollout engine's candidate tree does the
+same, :mod:`echorl_agent.llm.engine.scoring`).
 
 The forward can start at any layer ``b``: given the activations entering layer ``b`` (the rollout engine captured
 them, see :meth:`echorl_agent.llm.engine.runner.ModelRunner.enable_capture`) only layers ``b..L-1`` run -- with gradients
@@ -59,16 +63,21 @@ class DecoderParts:
 
 @dataclass
 class CandidateSet:
-    """The candidates of one state in a packed sequence: they see the first ``prefix`` context rows."""
+    """The candidates of one state in a packed sequence: they see the first ``prefix`` context rows.
+
+    ``rows[i]`` are the packed rows holding candidate ``i``'s tokens but its last (``ids[i][:-1]``), in order; row
+    ``rows[i][j]`` predicts token ``ids[i][j + 1]``. Candidates that begin alike share the rows of their common
+    tokens (a prefix tree), so ``rows`` of different candidates can overlap.
+    """
 
     prefix: int
-    spans: list[tuple[int, int]]  # rows of each candidate's tokens but its last in the packed sequence
+    rows: list[list[int]]
     ids: list[list[int]]
 
 
 @dataclass
 class PackedBatch:
-    """Positions, attention mask and candidate rows of one packed ``[context, candidates...]`` sequence.
+    """Positions, attention mask and candidate rows of one packed ``[context, candidate tree rows...]`` sequence.
 
     Several states whose prompts are prefixes of one context (consecutive steps of an episode inside one history
     chunk, or the same state reached twice) share the context rows: each state's candidate set attends to its own
@@ -79,50 +88,100 @@ class PackedBatch:
     mask: torch.Tensor  # [T, T] bool, True = may attend
     context_len: int
     sets: list[CandidateSet]
+    #: for each row after the context: its index in the concatenation of every candidate's input tokens
+    #: (``ids[:-1]`` of each candidate of each set, in order) -- the first candidate token that row stands for
+    sources: list[int]
 
     @property
-    def cand_spans(self) -> list[tuple[int, int]]:
-        return [sp for s in self.sets for sp in s.spans]
+    def cand_rows(self) -> list[list[int]]:
+        """Every candidate's rows (:attr:`CandidateSet.rows`), all sets in order."""
+        return [r for s in self.sets for r in s.rows]
 
     @property
     def cand_ids(self) -> list[list[int]]:
         return [c for s in self.sets for c in s.ids]
 
     def row_ids(self, context: Sequence[int]) -> list[int]:
-        """The token id of every packed row: the context's ``context_len`` tokens, then each candidate's tokens but
-        its last (what :func:`run_layers` embeds when it starts from layer 0)."""
-        return list(context[: self.context_len]) + [t for c in self.cand_ids for t in c[:-1]]
+        """The token id of every packed row: the context's ``context_len`` tokens, then the token each candidate row
+        stands for (what :func:`run_layers` embeds when it starts from layer 0)."""
+        flat = [t for c in self.cand_ids for t in c[:-1]]
+        return list(context[: self.context_len]) + [flat[i] for i in self.sources]
+
+    def candidate_rows(self, states: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The candidate rows from per-candidate activations ``states`` (``[len(ids[i]) - 1, hidden]`` each, as the
+        rollout engine captured them, all sets' candidates in order): ``[T - context_len, hidden]``."""
+        flat = torch.cat(list(states), dim=0)
+        return flat[torch.tensor(self.sources, device=flat.device, dtype=torch.long)]
 
 
-def pack(context_len: int, cand_ids: Sequence[Sequence[int]], device: torch.device | str = "cpu") -> PackedBatch:
+def pack(context_len: int, cand_ids: Sequence[Sequence[int]], device: torch.device | str = "cpu",
+         share_prefixes: bool = True, states: Sequence[torch.Tensor] | None = None) -> PackedBatch:
     """Build the block mask and positions for a context of ``context_len`` rows and the candidates."""
-    return pack_sets(context_len, [(context_len, cand_ids)], device)
+    return pack_sets(context_len, [(context_len, cand_ids)], device, share_prefixes, states)
 
 
 def pack_sets(context_len: int, sets: Sequence[tuple[int, Sequence[Sequence[int]]]],
-              device: torch.device | str = "cpu") -> PackedBatch:
-    """A context of ``context_len`` rows and candidate sets ``(prefix, cand_ids)`` attached after ``prefix`` rows."""
+              device: torch.device | str = "cpu", share_prefixes: bool = True,
+              states: Sequence[torch.Tensor] | None = None) -> PackedBatch:
+    """A context of ``context_len`` rows and candidate sets ``(prefix, cand_ids)`` attached after ``prefix`` rows.
+
+    With ``share_prefixes`` (the default) the candidates of a set form a prefix tree: "go to shelf 1" and "go to
+    shelf 2" share the rows of "go", " to" and " shelf" (one row per distinct input prefix, attending to the set's
+    context prefix and to its ancestors). Every candidate token is predicted by the same computation as with one row
+    per candidate token (``share_prefixes=False``), on fewer rows -- in the trained layers and in the LM head.
+
+    Args:
+        states: the activations the rows will start from, per candidate (all sets' candidates in order,
+            ``[len(ids) - 1, hidden]`` each; :meth:`PackedBatch.candidate_rows`). Two candidates then share a row
+            only when their activations there are equal too: the rollout engine computes a common prefix once when
+            its own candidate tree does, but with int8 prefill two separate computations of one prefix differ by
+            rounding, and the learner should compute what the engine scored.
+    """
     pos = list(range(context_len))
     row = context_len
     out: list[CandidateSet] = []
+    sources: list[int] = []
+    flat = 0
+    flat_states = torch.cat(list(states)) if states is not None and len(states) else None
+    need = sum(max(len(c) - 1, 0) for _, cands in sets for c in cands)
+    if flat_states is not None and flat_states.shape[0] != need:
+        raise ValueError(f"states hold {flat_states.shape[0]} rows, the candidates' inputs {need}")
     for prefix, cands in sets:
         if not 0 < prefix <= context_len:
             raise ValueError(f"a candidate set's prefix must be in [1, {context_len}], got prefix={prefix}")
-        spans = []
+        nodes: dict[tuple[int | None, int], list[int]] = {}  # (parent row, token) -> the rows standing for it
+        rows_of = []
         for c in cands:
             if not c:
                 raise ValueError("every candidate needs at least one token, got an empty candidate")
-            spans.append((row, row + len(c) - 1))
-            pos.extend(range(prefix, prefix + len(c) - 1))
-            row += len(c) - 1
-        out.append(CandidateSet(prefix, spans, [list(c) for c in cands]))
+            rr: list[int] = []
+            for j in range(len(c) - 1):
+                key = (rr[-1] if rr else None, c[j])
+                r = None
+                for cand_row in nodes.get(key, []) if share_prefixes else []:
+                    if flat_states is None or torch.equal(flat_states[sources[cand_row - context_len]],
+                                                          flat_states[flat + j]):
+                        r = cand_row
+                        break
+                if r is None:
+                    r = row
+                    nodes.setdefault(key, []).append(r)
+                    row += 1
+                    pos.append(prefix + j)
+                    sources.append(flat + j)
+                rr.append(r)
+            flat += len(c) - 1
+            rows_of.append(rr)
+        out.append(CandidateSet(prefix, rows_of, [list(c) for c in cands]))
     mask = torch.zeros(row, row, dtype=torch.bool)
     mask[:context_len, :context_len] = torch.ones(context_len, context_len, dtype=torch.bool).tril()
     for s in out:
-        for lo, hi in s.spans:
-            mask[lo:hi, : s.prefix] = True
-            mask[lo:hi, lo:hi] = torch.ones(hi - lo, hi - lo, dtype=torch.bool).tril()
-    return PackedBatch(torch.tensor(pos, device=device), mask.to(device), context_len, out)
+        for rr in s.rows:
+            if rr:
+                idx = torch.tensor(rr)
+                mask[idx, : s.prefix] = True
+                mask[idx[:, None], idx[None, :]] |= torch.ones(len(rr), len(rr), dtype=torch.bool).tril()
+    return PackedBatch(torch.tensor(pos, device=device), mask.to(device), context_len, out, sources)
 
 
 def _apply_rope(layer: torch.nn.Module):
@@ -204,10 +263,10 @@ def _candidate_token_rows(batch: PackedBatch) -> tuple[list[int], list[int], lis
     rows, targets, owners = [], [], []
     n = 0
     for s in batch.sets:
-        for (lo, hi), ids in zip(s.spans, s.ids, strict=True):
-            # ids[0] is predicted by the set's last context row, ids[j] (j >= 1) by row lo + j - 1
+        for rr, ids in zip(s.rows, s.ids, strict=True):
+            # ids[0] is predicted by the set's last context row, ids[j] (j >= 1) by row rr[j - 1]
             rows.append(s.prefix - 1)
-            rows.extend(range(lo, hi))
+            rows.extend(rr)
             targets.extend(ids)
             owners.extend([n] * len(ids))
             n += 1

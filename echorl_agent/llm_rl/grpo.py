@@ -149,17 +149,21 @@ class GRPOTrainer:
 
         The sequence is ``[prompt, c_1, ..., c_n]``: the prompt rows run once and each completion attends to the
         prompt and to its own earlier tokens (:func:`~echorl_agent.llm_rl.forward.pack`), so a group costs one
-        forward of ``|prompt| + sum (|c_i| - 1)`` rows instead of ``n`` forwards of ``|prompt| + |c_i|``. Equal to
+        forward of at most ``|prompt| + sum (|c_i| - 1)`` rows (completions that begin alike share their common
+        tokens' rows) instead of ``n`` forwards of ``|prompt| + |c_i|``. Equal to
         :meth:`completion_logprobs` of each completion (up to float rounding).
         """
         lm, parts, b = self.lm, self.lm.parts, self.lm.boundary
         p = len(prompt)
-        batch = pack(p, [list(o.token_ids) for o in outs], lm.device)
-        captured = all(o.states is not None and o.states.shape[0] == p + len(o.token_ids) - 1 for o in outs)
-        if captured and outs:
-            # rows entering layer b as the engine computed them: the prompt, then each completion but its last token
-            # (the packed sequence has no row for it: nothing attends to it and its output predicts past the end)
-            x = torch.cat([outs[0].states[:p]] + [o.states[p:] for o in outs]).to(lm.device)
+        captured = bool(outs) and all(o.states is not None and o.states.shape[0] == p + len(o.token_ids) - 1
+                                      for o in outs)
+        batch = pack(p, [list(o.token_ids) for o in outs], lm.device,
+                     states=[o.states[p:] for o in outs] if captured else None)
+        if captured:
+            # rows entering layer b as the engine computed them: the prompt, then the completions' tree rows (each
+            # completion but its last token; the packed sequence has no row for it: nothing attends to it and its
+            # output predicts past the end)
+            x = torch.cat([outs[0].states[:p], batch.candidate_rows([o.states[p:] for o in outs])]).to(lm.device)
         else:
             tokens = batch.row_ids(prompt)
             with torch.no_grad():

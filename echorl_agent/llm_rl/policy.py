@@ -346,10 +346,12 @@ class LLMPolicy(BasePolicy):
         it): ``(x, batch, rows)``, the top layer's output on the rows the LM head and the value head read."""
         lm, parts, b = self.lm, self.lm.parts, self.lm.boundary
         dev = lm.device
-        batch = pack_sets(len(head.context), [(len(r.context), r.cands) for r in reps], dev)
-        if head.context_states is not None and all(r.cand_states is not None for r in reps):
+        captured = head.context_states is not None and all(r.cand_states is not None for r in reps)
+        states = [c for r in reps for c in r.cand_states] if captured else None
+        batch = pack_sets(len(head.context), [(len(r.context), r.cands) for r in reps], dev, states=states)
+        if states is not None:
             # the frozen layers' activations as the rollout captured them (a prefix's are the same rows)
-            x = torch.cat([head.context_states] + [c for r in reps for c in r.cand_states], dim=0).to(dev)
+            x = torch.cat([head.context_states, batch.candidate_rows(states)], dim=0).to(dev)
         else:
             ids = torch.tensor(batch.row_ids(head.context), device=dev)
             with torch.no_grad():
