@@ -3,11 +3,11 @@
 ALFWorld's admissible actions begin alike ("go to shelf 1", "go to shelf 2", "take book 1 from shelf 1"), and the
 learner's packed sequence (:func:`~echorl_agent.llm_rl.forward.pack_sets`) now holds one row per distinct input
 prefix of a state's candidates (where the rollout's captured activations agree) instead of one row per candidate
-token: fewer rows through the trained layers and,
-above all, through the LM head (576 x 49,152) and its softmax, forward and backward. The baseline is the per-token
-packing it replaced (``share_prefixes=False``, patched in). This times one forward + backward of
-:meth:`LLMPolicy.learner_scores_many` over a minibatch of records (uniformly random episodes of 8 envs scored together, activations
-captured by the rollout engine, as in a PPO update) both ways, checks that the log-probabilities agree, and prints the ratio.
+token: fewer rows through the trained layers and, above all, through the LM head (576 x 49,152) and its softmax,
+forward and backward. The baseline is the per-token packing it replaced (``share_prefixes=False``, patched in). This
+times one forward + backward of :meth:`LLMPolicy.learner_scores_many` over a minibatch of records (uniformly random
+episodes of 8 envs scored together, activations captured by the rollout engine, as in a PPO update) both ways,
+checks that the log-probabilities agree, and prints the ratio.
 
 Run: ``python benchmarks/learner_tree_rows.py`` (``--env`` repeatable, ``--batch 32``, ``--repeats 5``,
 ``--threads 1``, ``--envs 8``).
