@@ -114,8 +114,9 @@ def main() -> None:
                       f"{np.mean([rows(r, False) for r in recs]):.1f} / {np.mean([rows(r, True) for r in recs]):.1f}",
                       f"{med[False]:.3f}", f"{med[True]:.3f}", f"**{med[False] / med[True]:.2f}x**",
                       f"{float((lps[True] - lps[False]).abs().max()):.1e}"])
-    print(f"{args.batch} records per minibatch (rolled out {args.envs} envs per engine call), LoRA r=8 on the top 2 layers, learner forward + backward, "
-          f"{args.threads} thread(s), median of {args.repeats} alternating; {cpu_name()}")
+    print(f"{args.batch} records per minibatch (rolled out {args.envs} envs per engine call), LoRA r=8 on the top 2 "
+          f"layers, learner forward + backward, {args.threads} thread(s), median of {args.repeats} alternating; "
+          f"{cpu_name()}")
     print(tabulate(table, headers=["env", "prompt tokens", "candidates", "candidate rows per state: per token / tree",
                                    "per token s", "tree s", "speed-up", "max |dlogp|"], tablefmt="github"))
 

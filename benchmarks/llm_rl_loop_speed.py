@@ -63,13 +63,13 @@ LOOPS = {
     "bc+gigpo-2x4-lean": dict(method="gigpo", n_envs=8, group_size=4, policy={"show_admissible": False},
                               warm="bc+gigpo", bc=dict(bc_episodes=8, bc_epochs=20, bc_learning_rate=2e-3, bc_batch_size=8)),
 }
-# ALFWorld-PickAndPlace (generated games, no "help" action, history 0, 30-step episodes): PPO with §21's update (8 envs,
-# minibatches of 32, 4 epochs, lr 1e-3) from the pretrained LM, int8 prefill; updates every 16 steps of 8 envs so a
-# short timing includes its learner (per sample the same learner work as §21's 64-step rollouts)
-ALFWORLD = dict(env="EchoRL/ALFWorld-PickAndPlace-v0", env_kwargs={"offer_help": False}, history=0,
-                max_episode_steps=30)
-LOOPS["alfworld-ppo-8env-int8"] = dict(method="ppo", n_envs=8, n_steps=16, batch_size=32, n_epochs=4, learning_rate=1e-3,
-                                       policy={"show_admissible": False, "engine_prefill_dtype": "int8"}, **ALFWORLD)
+# ALFWorld-PickAndPlace (generated games, no "help" action, history 0, 30-step episodes): PPO with §21's update (8
+# envs, minibatches of 32, 4 epochs, lr 1e-3) from the pretrained LM, int8 prefill; updates every 16 steps of 8 envs
+# so a short timing includes its learner (per sample the same learner work as §21's 64-step rollouts)
+LOOPS["alfworld-ppo-8env-int8"] = dict(
+    method="ppo", n_envs=8, n_steps=16, batch_size=32, n_epochs=4, learning_rate=1e-3,
+    policy={"show_admissible": False, "engine_prefill_dtype": "int8"},
+    env="EchoRL/ALFWorld-PickAndPlace-v0", env_kwargs={"offer_help": False}, history=0, max_episode_steps=30)
 # the same loops with the engine's frozen layers prefilled in bfloat16 (fast only on CPUs with AMX / AVX-512 BF16)
 # or as SmoothQuant W8A8 (int8 activations x int8 weights; fast only with VNNI / AMX int8 products)
 LOOPS.update({f"{name}-{suffix}": {**kw, "policy": {**kw["policy"], "engine_prefill_dtype": dtype}}
@@ -105,7 +105,8 @@ def worker(loop: str, steps: int, seed: int) -> dict:
     policy = {"lora_rank": 8, "train_layers": 2, **kw.pop("policy", {})}
     common = dict(env_id=kw.pop("env", ENV), method=method, history=kw.pop("history", 2),
                   max_episode_steps=kw.pop("max_episode_steps", 24), seed=seed,
-                  learning_rate=kw.pop("learning_rate", 1e-4), policy_kwargs=policy, **{"bc_episodes": 1, **kw.pop("bc", {})}, **kw, **extra)
+                  learning_rate=kw.pop("learning_rate", 1e-4), policy_kwargs=policy,
+                  **{"bc_episodes": 1, **kw.pop("bc", {})}, **kw, **extra)
     # warm-up: load the model and run one short loop (not timed); a BC warm start happens here
     t0 = time.perf_counter()
     model = train_llm(LLMTrainConfig(**{**common, "method": warm,
