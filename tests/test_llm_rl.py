@@ -160,7 +160,8 @@ def test_lm_head_runs_once_per_distinct_row_and_equals_the_per_token_head(lm):
     tok_lp = tok_lp.gather(1, torch.tensor(targets)[:, None])[:, 0]
     ref = torch.zeros(len(rec.cands)).index_add(0, torch.tensor(owners), tok_lp)
     ref_ctx = parts.norm(x[torch.tensor([batch.sets[0].prefix - 1])])
-    torch.testing.assert_close(lps[0].detach(), ref.detach(), atol=1e-5, rtol=0)
+    # sums of a candidate's token log-probs (|lp| ~ 10): the head's matmul over fewer rows rounds differently
+    torch.testing.assert_close(lps[0].detach(), ref.detach(), atol=5e-5, rtol=0)
     torch.testing.assert_close(ctx.detach(), ref_ctx.detach(), atol=0, rtol=0)
     ref_grads = torch.autograd.grad((ref * torch.arange(1, len(ref) + 1)).sum() + ref_ctx.square().sum(), params)
     assert any(float(g.abs().max()) > 0 for g in grads)
