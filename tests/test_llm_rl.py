@@ -114,7 +114,7 @@ def test_top_layer_on_the_read_rows_only_equals_the_full_forward_and_its_gradien
         grads = torch.autograd.grad(loss, params)
         got.append((torch.cat(lps).detach(), ctx.detach(), torch.cat(toks).detach(), grads))
     (lp_a, ctx_a, tok_a, g_a), (lp_b, ctx_b, tok_b, g_b) = got
-    torch.testing.assert_close(lp_b, lp_a, atol=2e-5, rtol=0)
+    torch.testing.assert_close(lp_b, lp_a, atol=5e-5, rtol=0)  # summed log-probs (|lp| ~ 10): float32 rounding
     torch.testing.assert_close(ctx_b, ctx_a, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(tok_b, tok_a, atol=2e-5, rtol=0)
     assert any(float(g.abs().max()) > 0 for g in g_a)
@@ -643,7 +643,7 @@ def test_shared_candidate_rows_give_the_per_token_rows_log_probs_and_gradients(l
         got[share] = (x0.shape[0], lps[0].detach(), ctx.detach(), torch.autograd.grad(loss, params))
     (n_flat, lp_flat, ctx_flat, g_flat), (n_tree, lp_tree, ctx_tree, g_tree) = got[False], got[True]
     assert n_tree < n_flat  # the engine computed "go to" (and more) once for several candidates: those rows merge
-    torch.testing.assert_close(lp_tree, lp_flat, atol=2e-5, rtol=0)
+    torch.testing.assert_close(lp_tree, lp_flat, atol=5e-5, rtol=0)  # summed log-probs (|lp| ~ 10): float32 rounding
     torch.testing.assert_close(ctx_tree, ctx_flat, atol=2e-5, rtol=1e-5)
     for gt, gf in zip(g_tree, g_flat, strict=True):
         torch.testing.assert_close(gt, gf, atol=1e-4 * max(1.0, float(gf.abs().max())), rtol=1e-3)
