@@ -16,8 +16,9 @@ advantage alignment with the expert's actions. Seventh and eighth: the same prob
 int8 prefill and the goal line (§16). Twelfth: ALFWorld-PickAndPlace, BC on 16 demonstrations + positive-only
 GiGPO for 12k env steps (§17), with frozen and BC. Thirteenth: §16's recipe on 20 fresh seeds (§18). Fourteenth:
 BC-2 + PPO with a critic for 12k env steps on the same task (§20), with BC. Fifteenth: ALFWorld-PickAndPlace, BC on 16
-demonstrations + PPO with a critic for 12k env steps (§21), with BC. The number of seeds each method has so far is in
-the legend (a probe panel counts only finished seeds; §21 spans sessions and is partial until all its seeds finish).
+demonstrations + PPO with a critic for 12k env steps (§21), with BC. Sixteenth: ALFWorld-PickAndPlace on four games,
+BC on 4 demonstrations + PPO and + GiGPO at lr 1e-4 for 4,096 env steps (§24), with BC. The number of seeds each
+method has so far is in the legend (a probe panel counts only finished seeds; §21 spans sessions and is partial until all its seeds finish).
 
 Run: ``python benchmarks/plot_reward_teaches_lm.py`` (reads the committed results, writes ``docs/figures/reward_teaches_lm.png``).
 """
@@ -200,6 +201,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="§18's rows (label s18)")
     ap.add_argument("--ppo", default=str(ROOT / "benchmarks/results/llm_rl_gotolocal_s1070"), help="§20's runs")
     ap.add_argument("--alfworld-ppo", default=str(ROOT / "benchmarks/results/llm_rl_alfworld_s1110"), help="§21's runs")
+    ap.add_argument("--alfworld4", default=str(ROOT / "benchmarks/results/llm_rl_alfworld4_s1150"), help="§24's runs")
     ap.add_argument("--out", default=str(ROOT / "docs/figures/reward_teaches_lm.png"))
     args = ap.parse_args(argv)
     import matplotlib
@@ -207,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(5, 3, figsize=(19, 22))
+    fig, axes = plt.subplots(6, 3, figsize=(19, 26.4))
     axes = axes.ravel()
     group_rl_panel(axes[0], Path(args.gigpo), "MiniGrid-Empty-Random-5x5: GiGPO from the pretrained LM (§5)")
     grpo_panel(axes[1], Path(args.grpo))
@@ -232,6 +234,11 @@ def main(argv: list[str] | None = None) -> None:
                    trained=("bc+ppo",), starts=("bc",))
     group_rl_panel(axes[14], Path(args.alfworld_ppo), "ALFWorld-PickAndPlace, BC-16 + PPO (critic), 12k (§21)",
                    trained=("bc+ppo",), starts=("bc",))
+    group_rl_panel(axes[15], Path(args.alfworld4),
+                   "ALFWorld-PickAndPlace, 4 games, BC-4 + PPO / + GiGPO, lr 1e-4, 4k env steps (§24)",
+                   trained=("bc+ppo", "bc+gigpo"), starts=("bc",))
+    for ax in axes[16:]:
+        ax.axis("off")
     save_figure(fig, "Reward teaches the LM (SmolLM2-135M, LoRA r=8 top 2 layers, CPU): mean and 95% CI over seeds",
                 args.out)
 
