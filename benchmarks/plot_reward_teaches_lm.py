@@ -18,7 +18,7 @@ GiGPO for 12k env steps (§17), with frozen and BC. Thirteenth: §16's recipe on
 BC-2 + PPO with a critic for 12k env steps on the same task (§20), with BC. Fifteenth: ALFWorld-PickAndPlace, BC on 16
 demonstrations + PPO with a critic for 12k env steps (§21), with BC. Sixteenth: ALFWorld-PickAndPlace on four games,
 BC on 4 demonstrations + PPO and + GiGPO at lr 1e-4 for 4,096 env steps (§24), with BC. The number of seeds each
-method has so far is in the legend (a probe panel counts only finished seeds; §21 spans sessions and is partial until all its seeds finish).
+method has is in the legend (a probe panel counts only finished seeds).
 
 Run: ``python benchmarks/plot_reward_teaches_lm.py`` (reads the committed results, writes ``docs/figures/reward_teaches_lm.png``).
 """
