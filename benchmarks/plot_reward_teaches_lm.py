@@ -17,8 +17,8 @@ int8 prefill and the goal line (§16). Twelfth: ALFWorld-PickAndPlace, BC on 16 
 GiGPO for 12k env steps (§17), with frozen and BC. Thirteenth: §16's recipe on 20 fresh seeds (§18). Fourteenth:
 BC-2 + PPO with a critic for 12k env steps on the same task (§20), with BC. Fifteenth: ALFWorld-PickAndPlace, BC on 16
 demonstrations + PPO with a critic for 12k env steps (§21), with BC. Sixteenth: ALFWorld-PickAndPlace on four games,
-BC on 4 demonstrations + PPO and + GiGPO at lr 1e-4 for 4,096 env steps (§24), with BC. The number of seeds each
-method has is in the legend (a probe panel counts only finished seeds).
+BC on 4 demonstrations + PPO and + GiGPO at lr 1e-4 for 4,096 env steps (§24), with frozen (§25) and BC. The number
+of seeds each method has is in the legend (a probe panel counts only finished seeds).
 
 Run: ``python benchmarks/plot_reward_teaches_lm.py`` (reads the committed results, writes ``docs/figures/reward_teaches_lm.png``).
 """
@@ -235,8 +235,8 @@ def main(argv: list[str] | None = None) -> None:
     group_rl_panel(axes[14], Path(args.alfworld_ppo), "ALFWorld-PickAndPlace, BC-16 + PPO (critic), 12k (§21)",
                    trained=("bc+ppo",), starts=("bc",))
     group_rl_panel(axes[15], Path(args.alfworld4),
-                   "ALFWorld-PickAndPlace, 4 games, BC-4 + PPO / + GiGPO, lr 1e-4, 4k env steps (§24)",
-                   trained=("bc+ppo", "bc+gigpo"), starts=("bc",))
+                   "ALFWorld-PickAndPlace, 4 games, BC-4 + PPO / + GiGPO, lr 1e-4, 4k (§24; frozen §25)",
+                   trained=("bc+ppo", "bc+gigpo"), starts=("frozen", "bc"))
     for ax in axes[16:]:
         ax.axis("off")
     save_figure(fig, "Reward teaches the LM (SmolLM2-135M, LoRA r=8 top 2 layers, CPU): mean and 95% CI over seeds",
