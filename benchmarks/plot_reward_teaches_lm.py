@@ -17,8 +17,10 @@ int8 prefill and the goal line (§16). Twelfth: ALFWorld-PickAndPlace, BC on 16 
 GiGPO for 12k env steps (§17), with frozen and BC. Thirteenth: §16's recipe on 20 fresh seeds (§18). Fourteenth:
 BC-2 + PPO with a critic for 12k env steps on the same task (§20), with BC. Fifteenth: ALFWorld-PickAndPlace, BC on 16
 demonstrations + PPO with a critic for 12k env steps (§21), with BC. Sixteenth: ALFWorld-PickAndPlace on four games,
-BC on 4 demonstrations + PPO and + GiGPO at lr 1e-4 for 4,096 env steps (§24), with frozen (§25) and BC. The number
-of seeds each method has is in the legend (a probe panel counts only finished seeds).
+BC on 4 demonstrations + PPO and + GiGPO at lr 1e-4 for 4,096 env steps (§24), with frozen (§25) and BC.
+Seventeenth: ALFWorld-PickAndPlace, BC on 16 demonstrations + PPO at lr 1e-4 for 12k env steps (§23), with BC. The
+ALFWorld panels' held-out points are on the training games (unseen-game rows, §19, §22, §23 (b), are left out). The
+number of seeds each method has is in the legend (a probe panel counts only finished seeds).
 
 Run: ``python benchmarks/plot_reward_teaches_lm.py`` (reads the committed results, writes ``docs/figures/reward_teaches_lm.png``).
 """
@@ -56,8 +58,9 @@ def on_grid(steps: list[float], values: list[float], grid: np.ndarray) -> np.nda
 def group_rl_panel(ax, folder: Path, title: str, trained: tuple[str, ...] = ("gigpo",),
                    starts: tuple[str, ...] = ("frozen",), colors: dict[str, str] | None = None) -> None:
     """Rolling training success of each ``trained`` method (mean and CI over its finished seeds: those with rows in
-    ``episodes.jsonl``) and the held-out evaluation of every method in ``starts + trained`` (both modes) as points
-    with CIs over seeds; ``colors`` maps each method to its colour (default: C0, C1, ... in that order)."""
+    ``episodes.jsonl``) and the held-out evaluation of every method in ``starts + trained`` (both modes, on the
+    training options: rows tagged ``eval_env_kwargs`` are left out) as points with CIs over seeds; ``colors`` maps
+    each method to its colour (default: C0, C1, ... in that order)."""
     colors = colors or {m: f"C{i}" for i, m in enumerate(starts + trained)}
     episodes = read_jsonl(folder / "episodes.jsonl") if (folder / "episodes.jsonl").exists() else []
     finished = {f"{e['method']}-seed{e['seed']}" for e in episodes}  # a run's rows are written when it has finished
@@ -80,7 +83,8 @@ def group_rl_panel(ax, folder: Path, title: str, trained: tuple[str, ...] = ("gi
         return
     evals: dict[tuple[str, str], dict[int, list[bool]]] = defaultdict(lambda: defaultdict(list))
     for e in episodes:
-        if e["method"] in colors and e["mode"] in ("stochastic", "deterministic"):  # not a run's "none" marker
+        # not a run's "none" marker, and not rows played on other held-out options (e.g. §22's unseen games)
+        if e["method"] in colors and e["mode"] in ("stochastic", "deterministic") and not e.get("eval_env_kwargs"):
             evals[(e["method"], e["mode"])][e["seed"]].append(bool(e["won"]))
     dx = x_end / 80
     for (method, mode), by_seed in sorted(evals.items()):
@@ -201,6 +205,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="§18's rows (label s18)")
     ap.add_argument("--ppo", default=str(ROOT / "benchmarks/results/llm_rl_gotolocal_s1070"), help="§20's runs")
     ap.add_argument("--alfworld-ppo", default=str(ROOT / "benchmarks/results/llm_rl_alfworld_s1110"), help="§21's runs")
+    ap.add_argument("--alfworld-ppo-lr", default=str(ROOT / "benchmarks/results/llm_rl_alfworld_s1140"),
+                    help="§23's runs")
     ap.add_argument("--alfworld4", default=str(ROOT / "benchmarks/results/llm_rl_alfworld4_s1150"), help="§24's runs")
     ap.add_argument("--out", default=str(ROOT / "docs/figures/reward_teaches_lm.png"))
     args = ap.parse_args(argv)
@@ -237,7 +243,10 @@ def main(argv: list[str] | None = None) -> None:
     group_rl_panel(axes[15], Path(args.alfworld4),
                    "ALFWorld-PickAndPlace, 4 games, BC-4 + PPO / + GiGPO, lr 1e-4, 4k (§24; frozen §25)",
                    trained=("bc+ppo", "bc+gigpo"), starts=("frozen", "bc"))
-    for ax in axes[16:]:
+    group_rl_panel(axes[16], Path(args.alfworld_ppo_lr),
+                   "ALFWorld-PickAndPlace, BC-16 + PPO (critic), lr 1e-4, 12k (§23)", trained=("bc+ppo",),
+                   starts=("bc",))
+    for ax in axes[17:]:
         ax.axis("off")
     save_figure(fig, "Reward teaches the LM (SmolLM2-135M, LoRA r=8 top 2 layers, CPU): mean and 95% CI over seeds",
                 args.out)

@@ -98,3 +98,16 @@ def test_group_rl_panel_averages_finished_runs_only(tmp_path):
     labels = ax.get_legend_handles_labels()[1]
     assert "gigpo held-out, stochastic (1 seeds)" in labels and "gigpo held-out, deterministic (1 seeds)" in labels
     plt.close(fig)
+
+
+def test_group_rl_panel_leaves_out_rows_on_other_held_out_options(tmp_path):
+    _run(tmp_path, "bc+ppo-seed1", [(16, 0.0), (100, 0.5)])
+    rows = [{"method": "bc+ppo", "seed": 1, "mode": "stochastic", "won": w} for w in (1, 1, 0, 0)]
+    rows += [{"method": "bc+ppo", "seed": 1, "mode": "stochastic", "won": 0,
+              "eval_env_kwargs": '{"split": "valid_unseen"}'}] * 4  # unseen games: another measure, not pooled
+    (tmp_path / "episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    fig, ax = plt.subplots()
+    plot.group_rl_panel(ax, tmp_path, "t", trained=("bc+ppo",), starts=())
+    (held_out,) = [c for c in ax.containers if c.get_label() == "bc+ppo held-out, stochastic (1 seeds)"]
+    assert held_out.lines[0].get_ydata()[0] == 0.5  # 2 of the 4 training-option episodes, not 2 of 8
+    plt.close(fig)
