@@ -208,6 +208,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--alfworld-ppo-lr", default=str(ROOT / "benchmarks/results/llm_rl_alfworld_s1140"),
                     help="§23's runs")
     ap.add_argument("--alfworld4", default=str(ROOT / "benchmarks/results/llm_rl_alfworld4_s1150"), help="§24's runs")
+    ap.add_argument("--from-pretrained", default=str(ROOT / "benchmarks/results/gigpo_signal_s1200.jsonl"),
+                    help="§26's rows (label s26)")
     ap.add_argument("--out", default=str(ROOT / "docs/figures/reward_teaches_lm.png"))
     args = ap.parse_args(argv)
     import matplotlib
@@ -246,8 +248,8 @@ def main(argv: list[str] | None = None) -> None:
     group_rl_panel(axes[16], Path(args.alfworld_ppo_lr),
                    "ALFWorld-PickAndPlace, BC-16 + PPO (critic), lr 1e-4, 12k (§23)", trained=("bc+ppo",),
                    starts=("bc",))
-    for ax in axes[17:]:
-        ax.axis("off")
+    probe_panel(axes[17], Path(args.from_pretrained), "s26",
+                "GoToLocal + goal line, pretrained + GRPO (§18 recipe), 12k (§26)", start="frozen")
     save_figure(fig, "Reward teaches the LM (SmolLM2-135M, LoRA r=8 top 2 layers, CPU): mean and 95% CI over seeds",
                 args.out)
 
