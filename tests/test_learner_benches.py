@@ -24,7 +24,10 @@ def run(script: str, *args: str) -> list[list[str]]:
 def test_head_once_per_minibatch_gives_the_same_log_probs():
     rows = run("learner_head_batch.py")
     assert [r[0] for r in rows] == ["float32", "bfloat16"]
-    assert all(float(r[-1]) == 0.0 for r in rows)  # bit-identical log pi either way
+    # The same log pi either way, up to float32 summation order: the head's GEMM runs on a different number of rows
+    # and the BLAS need not sum them alike -- bit-identical on the host this was written on (twenty-fourth
+    # session), 2.9e-05 (float32) / 3.8e-06 (bfloat16) on the Intel Xeon with AMX of sessions 55-59.
+    assert all(float(r[-1]) < 1e-4 for r in rows)
 
 
 def test_bf16_learner_reports_a_small_policy_shift():

@@ -98,6 +98,11 @@ def _kill(pids: list[int]) -> None:
     psutil.wait_procs(procs, timeout=5)
 
 
+#: Resolves after two hops of the page's task queue, so timers an action scheduled with delay 0 (and the zero-delay
+#: timers those schedule) have run; longer delays (a task's own animation or debounce) are left to the task.
+_SETTLE_JS = "const done = arguments[arguments.length - 1]; setTimeout(() => setTimeout(done, 0), 0);"
+
+
 def _make_instance_class() -> type:
     """The ``SeleniumInstance`` subclass (built lazily so importing echorl_envs never needs selenium)."""
     from miniwob.selenium_instance import SeleniumInstance
@@ -135,6 +140,13 @@ def _make_instance_class() -> type:
             self.inner_width, self.inner_height = self.driver.execute_script(
                 "return [window.innerWidth, window.innerHeight];"
             )
+
+        def perform(self, action: Any, action_space_config: Any) -> None:
+            super().perform(action, action_space_config)
+            # Let the page's zero-delay timers run before the DOM is read: a widget that reacts to a key through
+            # setTimeout(..., 0) (jQuery UI's autocomplete with delay 0) would otherwise show up in the next
+            # observation or not depending on how fast the next action came -- and a replayed clone would differ.
+            self.driver.execute_async_script(_SETTLE_JS)
 
         @property
         def pids(self) -> list[int]:
