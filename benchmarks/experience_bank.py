@@ -18,7 +18,7 @@ evaluation (so each row measures one volume).
   :class:`ExperienceGuidedAgent`: the retrieved step (observation, action, what happened next, outcome) is appended
   to each observation in the prompt. Volume 0 = no guidance.
 
-With ``--seeds N`` the sb3 part becomes a seed study (benchmarks/preregistered.md): for each seed s of
+With ``--seeds N`` the sb3 part becomes a seed study (docs/studies/experience-bank-gotolocal.md): for each seed s of
 ``first_seed .. first_seed + N - 1`` the PPO training seed, the head seed, the bank's env seeds
 (:func:`bank_seed0`) and the evaluation env seeds (:func:`eval_seed0`) all derive from s; one JSON line per
 (seed, volume, retrieval) with per-episode wins goes to ``--out`` (a rerun skips rows already there); then pooled

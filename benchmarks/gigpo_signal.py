@@ -1,8 +1,9 @@
-"""Does GiGPO's advantage point the right way, and does the policy move toward the expert? (Runs preregistered.md §10.)
+"""Does GiGPO's advantage point the right way, and does the policy move toward the expert?
 
-Held-out success on a handful of episodes is too noisy to tell a GiGPO recipe that learns slowly from one that does
-not learn (preregistered.md §7: 6 episodes per seed and mode). BabyAI's envs name the expert's (the BabyAI bot's)
-action at every state (``info["expert_action"]``), which gives two lower-variance instruments:
+The script behind docs/studies/gotolocal-gigpo-probe.md and the GoToLocal studies after it. Held-out success on a
+handful of episodes is too noisy to tell a GiGPO recipe that learns slowly from one that does not learn
+(docs/studies/gotolocal-bc-gigpo-1k.md: 6 episodes per seed and mode). BabyAI's envs name the expert's (the BabyAI
+bot's) action at every state (``info["expert_action"]``), which gives two lower-variance instruments:
 
 * **signal alignment** of an iteration's advantages: ``sum_i A_i * s_i / sum_i |A_i|`` over the learner's samples,
   with ``s_i = +1`` if the action taken was the expert's and ``-1`` otherwise. +1: every unit of advantage pushes
@@ -18,7 +19,7 @@ update), the same held-out episodes again; ``--summary`` pairs after with before
 a label is skipped. A run checkpoints after every iteration into ``<out>.<label>-seed<seed>.ckpt/`` (the trainer's
 exact state, :func:`echorl_agent.llm_rl.checkpoint.save_gigpo`, with the probe states), so an interrupted seed
 continues from its last iteration and computes what the uninterrupted run computes; the folder is removed when the
-seed is done. Example (the setting of preregistered.md §7)::
+seed is done. Example (the setting of docs/studies/gotolocal-bc-gigpo-1k.md)::
 
     python benchmarks/gigpo_signal.py --seeds 8 --iterations 12 --lr 1e-3 --epochs 4 --minibatch-size 32 \
         --eval-episodes 20 --out benchmarks/results/gigpo_signal.jsonl

@@ -1,7 +1,7 @@
 """Would int8 *activations* make scoring prefill faster on this CPU, and what would they do to the policy?
 
 Prefill is compute-bound on a CPU (float32 GEMMs near the core's FMA peak), and the engine's int8/int4 weights only
-save memory traffic, so the LLM-RL loop stays prefill-bound (RESULTS, "the LLM-RL loop's speed"). An int8 x int8
+save memory traffic, so the LLM-RL loop stays prefill-bound (docs/results/loop-speed.md). An int8 x int8
 GEMM (``torch._int_mm``) has ~4x float32's arithmetic rate here. This probe measures, on real BabyAI-GoToLocal
 states (history 2, random actions, SmolLM2-135M-Instruct), the distribution over the admissible actions
 (length-normalised scores, softmax over candidates, as :class:`~echorl_agent.llm_rl.policy.LLMPolicy`) from the

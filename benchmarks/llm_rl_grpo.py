@@ -9,7 +9,7 @@ model almost never answers right when sampling, so GRPO groups would have zero r
 
 ``--summary`` reads a results folder and prints, per mode, pooled success with Wilson CIs and the paired
 difference grpo - sft per seed with a 95% percentile bootstrap over seeds (the registered statistic, see
-``benchmarks/preregistered.md`` §6) and over tasks.
+``docs/studies/arithmetic-grpo-from-pretrained.md``) and over tasks.
 
 Run: ``python benchmarks/llm_rl_grpo.py --seeds 0`` (one seed, defaults below); the study:
 ``python benchmarks/llm_rl_grpo.py --seeds 940 941 ... --out benchmarks/results/llm_rl_grpo_s940`` then

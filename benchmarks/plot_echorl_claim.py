@@ -1,8 +1,9 @@
 """Figure for the README: EchoRL's parts on the LM (issue 26) -- the rolling training success of BC + GiGPO, + plan,
-+ replay and BC + EchoRL (both) vs env steps, mean and 95% CI over seeds, on BabyAI-GoToLocal (preregistered §8) and on
-ALFWorld-PickAndPlace (§15), one panel each, with the target success that the steps-to-target ratios are counted at,
-and the held-out evaluation of each method (both modes; on GoToLocal also of BC) as points with CIs over seeds. The
-number of seeds each method has is in the legend.
++ replay and BC + EchoRL (both) vs env steps, mean and 95% CI over seeds, on BabyAI-GoToLocal
+(docs/studies/echorl-claim-lm-gotolocal.md) and on ALFWorld-PickAndPlace (docs/studies/echorl-claim-lm-alfworld.md),
+one panel each, with the target success that the steps-to-target ratios are counted at, and the held-out evaluation
+of each method (both modes; on GoToLocal also of BC) as points with CIs over seeds. The number of seeds each method
+has is in the legend.
 
 Run: ``python benchmarks/plot_echorl_claim.py`` (reads the committed results, writes
 ``docs/figures/echorl_claim_lm.png``); the ratios themselves come from ``python benchmarks/llm_rl_learning.py
@@ -32,10 +33,12 @@ def target_line(ax, target: float) -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default=str(ROOT / "benchmarks/results/llm_rl_gotolocal_s950"))
-    ap.add_argument("--target", type=float, default=0.5, help="§8's preregistered target training success")
+    ap.add_argument("--target", type=float, default=0.5,
+                    help="the GoToLocal claim study's registered target training success")
     ap.add_argument("--alfworld-results", default=str(ROOT / "benchmarks/results/llm_rl_alfworld_s1040"),
-                    help="§15's folder; its panel is left out when the folder does not exist")
-    ap.add_argument("--alfworld-target", type=float, default=0.3, help="§15's preregistered target training success")
+                    help="the ALFWorld claim study's folder; its panel is left out when the folder does not exist")
+    ap.add_argument("--alfworld-target", type=float, default=0.3,
+                    help="the ALFWorld claim study's registered target training success")
     ap.add_argument("--out", default=str(ROOT / "docs/figures/echorl_claim_lm.png"))
     args = ap.parse_args(argv)
     import matplotlib

@@ -15,7 +15,7 @@ Three parts, all measured in this one run:
 3. **Nearest-neighbour backends**: microseconds per top-1 query of numpy / faiss / hnswlib at several cache sizes
    (384-d unit vectors, the MiniLM size), which sets ``AUTO_SWITCH_SIZE``.
 
-With ``--seeds N`` part 1 becomes a seed study (benchmarks/preregistered.md): for each seed s of
+With ``--seeds N`` part 1 becomes a seed study (docs/studies/llm-prior-cache-minigrid.md): for each seed s of
 ``first_seed .. first_seed + N - 1`` a fresh prior and a fresh cache (RNG seed s) play ``--episodes`` instances
 (env seeds ``episode_seed(s, ep)``), uncached and cached on the same instances; one JSON line per (seed, variant)
 goes to ``--out`` (a rerun skips the pairs already there), then the pooled query ratio and the paired success

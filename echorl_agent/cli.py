@@ -31,7 +31,7 @@ __all__ = ["main", "demo_config"]
 
 #: One representative task per family for the demo preset (families not installed are left out). MiniGrid is
 #: Empty-Random-5x5 (random start cell and heading), so its 40 instances differ and the LM rows can be read against
-#: benchmarks/RESULTS.md ("The LLM learns, on 15 pre-registered seeds"; "Reward teaches the LM").
+#: docs/studies/minigrid-frozen-vs-bc.md and docs/studies/minigrid-gigpo-from-pretrained.md.
 DEMO_TASKS = {
     "minigrid": "EchoRL/MiniGrid-Empty-Random-5x5-v0",
     "math": "EchoRL/Game24-v0",
@@ -54,12 +54,13 @@ DEMO_AGENTS: dict[str, tuple[str, ...] | None] = {
     "react": ("math",),
 }
 #: The three SmolLM2 policy rows share one budget: 1 training seed, its first 8 episodes in both evaluation modes,
-#: 16 steps per episode (the budget of the RESULTS studies), length-normalised action scores without the action list
+#: 16 steps per episode (the budget of the MiniGrid studies), length-normalised action scores without the action list
 #: in the prompt; their actions are kept in episodes.jsonl.
 _DEMO_LM = {"seeds": 1, "episodes": 8, "max_steps": 16, "record_actions": True,
             "policy_kwargs": {"length_norm": True, "show_admissible": False}}
-#: BC of the RESULTS study (12 expert episodes, 20 epochs, lr 2e-3, batch 8): llm-gigpo starts from exactly llm-bc's
-#: weights (same seed, same BC), then runs GiGPO for 128 env steps (2 groups x K = 4 episodes per iteration).
+#: BC of the MiniGrid frozen-vs-BC study (12 expert episodes, 20 epochs, lr 2e-3, batch 8): llm-gigpo starts from
+#: exactly llm-bc's weights (same seed, same BC), then runs GiGPO for 128 env steps (2 groups x K = 4 episodes per
+#: iteration).
 _DEMO_BC = {"bc_episodes": 12, "bc_epochs": 20, "bc_learning_rate": 2e-3, "bc_batch_size": 8, "max_episode_steps": 16}
 #: Deliberate unequal budgets, shown in the demo table (columns "max steps" and "n") and its notes: the SmolLM2
 #: agents take ~0.2-2 s per step on 2 CPU cores, so the LM policies play 8 episodes of at most 16 steps (above) and

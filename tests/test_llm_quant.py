@@ -168,7 +168,7 @@ def test_engine_quantized_next_token_agreement_with_float32(llm, dtype, min_agre
     """Teacher-forced top-1 agreement along float32's greedy continuations.
 
     The embedded model is a Q4_1 GGUF, which both modes reproduce exactly, so only float summation order
-    separates them from float32 (measured: 100/100 greedy 32-token texts identical, benchmarks/RESULTS.md).
+    separates them from float32 (measured: 100/100 greedy 32-token texts identical, docs/results/engine-speed.md).
     """
     from echorl_agent.llm import SamplingParams
     from echorl_agent.llm.engine.runner import SeqChunk

@@ -36,7 +36,7 @@ ORDINAL_SESSION = re.compile(r"\b[a-z-]*(first|second|third|[a-z]th)\s+sessions?
 def sections(text: str) -> dict[str, str]:
     """The page's ``## `` sections by title (the text up to the next ``## `` heading)."""
     parts = re.split(r"^## +(.+)$", text, flags=re.MULTILINE)
-    return {title.strip(): body for title, body in zip(parts[1::2], parts[2::2])}
+    return {title.strip(): body for title, body in zip(parts[1::2], parts[2::2], strict=True)}
 
 
 def test_there_is_one_page_per_registered_study():

@@ -96,7 +96,7 @@ def episode_sample_weights(episodes: Sequence[Episode], mode: str = "sample") ->
     over its episodes, not over its steps: failed episodes run to the step limit and short successes have few steps,
     so the steps' mean advantage is negative and most of the update pushes sampled actions down (on BabyAI-GoToLocal
     after a BC warm start it was negative in every update of 3 seeds, and the policy's entropy rose from ~0.75 to
-    ~1.15 nats: benchmarks/RESULTS.md, twelfth session). ``"episode"``: ``N / (E * len(episode))`` (N steps, E
+    ~1.15 nats: docs/studies/gotolocal-centred-gigpo-from-bc.md). ``"episode"``: ``N / (E * len(episode))`` (N steps, E
     episodes), so every episode carries the same total weight and the episode-level part of the advantage has
     weighted mean 0 in every group.
 

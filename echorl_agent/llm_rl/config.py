@@ -68,9 +68,9 @@ class LLMPolicyConfig:
     smoothing, ``EngineConfig.prefill_dtype``; a small policy shift, KL ~0.004 per GoToLocal decision) or "bfloat16"
     (KL ~0.0001; fast only on CPUs with AMX / AVX-512 BF16). The learner then starts from the activations those
     layers captured, so rollout and learner log-probs still agree. Both depend on the CPU: on an AVX-512 VNNI /
-    BF16 host int8 prefills 2.3x and bfloat16 2.0x float32's rate (benchmarks/RESULTS.md, "Twenty-second
-    session"); on an AVX2-only AMD EPYC the package's own W8A8 kernel prefills int8 at 1.3x float32's rate
-    ("Twenty-sixth session"; an earlier kernel was 0.97x) and bfloat16 is slower: there int8 buys ~1.3x for its
+    BF16 host int8 prefills 2.3x and bfloat16 2.0x float32's rate; on an AVX2-only AMD EPYC the package's own
+    W8A8 kernel prefills int8 at 1.3x float32's rate (an earlier kernel was 0.97x) and bfloat16 is slower
+    (docs/results/engine-speed.md): there int8 buys ~1.3x for its
     small shift, and bfloat16 only pays where the CPU has AMX or AVX-512 BF16."""
     learner_matmul_dtype: str = "float32"
     """Products of the learner with frozen weights -- the trained layers' base projections and the LM head: "float32"

@@ -4,7 +4,7 @@ With LoRA on the top k layers, almost all of the learner's time is dense product
 projections of the trained layers (forward, and the input gradient in the backward) and the LM head. On a CPU that
 multiplies bfloat16 natively (AVX-512 BF16 or AMX) those products run several times faster in bfloat16 than in
 float32 (``[200, 576] x [576, 1536]`` on a 2-core AMD EPYC with AVX-512 BF16: 0.88 ms vs 3.49 ms, 1 thread;
-benchmarks/RESULTS.md "Twenty-fourth session"); on an AVX2-only CPU they are emulated and slower (:func:`~echorl_agent.llm.quant.bf16.cpu_has_native_bf16` says which).
+docs/results/loop-speed.md); on an AVX2-only CPU they are emulated and slower (:func:`~echorl_agent.llm.quant.bf16.cpu_has_native_bf16` says which).
 
 :func:`bf16_frozen_linears` makes each frozen ``nn.Linear`` of the given modules multiply a bfloat16 copy of its
 weight by its input rounded to bfloat16 (float32 accumulation; the result is widened back, as

@@ -11,7 +11,8 @@ Three backends share one small interface (:class:`VectorIndex`: ``add(key, vec)`
 
 :func:`make_index` builds one by name; ``"auto"`` is :class:`AutoIndex`, which starts on numpy and migrates to
 hnswlib once the cache holds ``switch_size`` vectors. The default switch size comes from
-``benchmarks/prior_cache.py`` (query latency of the three backends side by side; see ``benchmarks/RESULTS.md``).
+``benchmarks/prior_cache.py`` (query latency of the three backends side by side; see
+``docs/results/priors-experience.md``).
 """
 
 from __future__ import annotations

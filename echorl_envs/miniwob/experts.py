@@ -6,7 +6,7 @@ action or None. They plan from pages an expert would reach: a text field holding
 or the wanted text (an agent's typo) makes the form experts return None rather than guess how to clear it.
 Tasks without an honest expert are not listed in :data:`EXPERTS`. ``_focus`` (focus-text, focus-text-2) and
 ``_enter_text_2`` are kept but unregistered: measured 0/10 (MiniWoB's element click focuses the field without the
-event those tasks reward; the enter-text-2 field lower-cases typed capitals), see benchmarks/RESULTS.md.
+event those tasks reward; the enter-text-2 field lower-cases typed capitals), see docs/results/envs.md.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ the server's ``max_sessions`` slots until :meth:`close`.
 The client is OpenEnv's ``GenericEnvClient`` driven on an event loop owned by the env and run in the calling
 thread. (``GenericEnvClient(...).sync()`` hands every call to a background loop thread and back; skipping those
 two thread switches cut the client's CPU per MiniGrid step from 0.60 to 0.40 ms here, see
-benchmarks/RESULTS.md.) Hence the env, like any gymnasium env, is called from synchronous code, not from inside
+docs/results/reliability.md.) Hence the env, like any gymnasium env, is called from synchronous code, not from inside
 a running event loop. The loop runs only inside ``reset``/``step``, so the session sends no keepalive pings
 (``echorl serve-env`` sends none either): an env idle for longer than the server's ``--session-timeout``
 (default 300 s) loses its session.

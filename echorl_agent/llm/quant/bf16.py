@@ -2,10 +2,10 @@
 
 Prefill is compute-bound on a CPU. Where the CPU multiplies bfloat16 natively -- AMX tiles (``amx_bf16``) or
 AVX-512 BF16 (``avx512_bf16``) -- a bfloat16 GEMM with float32 accumulation runs several times faster than a float32
-one (measured on a 2-core AMX Xeon: ``[512, 576] x [576, 1536]`` 3.6 ms vs 14.0 ms, benchmarks/RESULTS.md "Tenth
-session"). Rounding activations and weights to bfloat16 (8 mantissa bits) moves SmolLM2's policy far less than int8
-does (KL 0.0001 over GoToLocal's admissible actions vs 0.003 for smoothed W8A8) and needs no calibration. On a CPU
-without those instructions (AVX2 only) bfloat16 products are emulated and slower than float32: keep float32 there
+one (measured on a 2-core AMX Xeon: ``[512, 576] x [576, 1536]`` 3.6 ms vs 14.0 ms, docs/results/engine-speed.md).
+Rounding activations and weights to bfloat16 (8 mantissa bits) moves SmolLM2's policy far less than int8 does (KL
+0.0001 over GoToLocal's admissible actions vs 0.003 for smoothed W8A8) and needs no calibration. On a CPU without
+those instructions (AVX2 only) bfloat16 products are emulated and slower than float32: keep float32 there
 (:func:`cpu_has_native_bf16` says which).
 
 :class:`BF16Linear` holds one or more projections that read the same input (q/k/v, or gate/up) as one bfloat16

@@ -13,7 +13,7 @@ those grids (or loaded from float weights) pays a real quantization error, which
 importance weights correct (:mod:`echorl_agent.llm_rl.policy`).
 
 Kernels, chosen by measurement on the reference machine (AMD EPYC, AVX2 + FMA + F16C, no AVX-512/VNNI, torch
-2.13 CPU, 1 thread; ``benchmarks/RESULTS.md``, "Quantized decode"):
+2.13 CPU, 1 thread; ``docs/results/engine-speed.md``):
 
 * ``aten._weight_int8pack_mm`` / ``_weight_int4pack_mm_for_cpu``: 4-7x *slower* than float32 ``F.linear`` for
   one row (no AVX2 fast path in torch 2.13); torchao 0.18 ships no CPU kernels (its CPU layouts call these).
@@ -26,7 +26,7 @@ Kernels, chosen by measurement on the reference machine (AMD EPYC, AVX2 + FMA + 
   teacher-forced next tokens here) and multiplies with integer dot products, 1.4-1.6x faster than unpacking
   nibbles to float for one row. Decode steps run the whole layer stack in C
   (:mod:`echorl_agent.llm.quant.fused_decode`), which removed the per-op Python overhead that had held int8 decode
-  at 0.53x llama.cpp's speed (RESULTS "second design"; now 0.92x int8, 1.17x int4: "third design").
+  at 0.53x llama.cpp's speed (now 0.92x int8, 1.17x int4: docs/results/engine-speed.md).
 
 Up to ``KERNEL_ROWS`` rows (decode steps, short prefill chunks) run the kernel; long prefill chunks are
 compute-bound and dequantize ``_CHUNK`` outputs at a time for ``F.linear`` (int4 with the kernel's int16

@@ -1,10 +1,10 @@
 """The C kernel behind quantized decode (``qlinear.c``): compiled on first use, loaded with ctypes.
 
-torch 2.13's CPU int8/int4 weight-only kernels have no AVX2 fast path (``benchmarks/RESULTS.md``, "Quantized
-decode") and torchao ships no CPU kernels, so the engine carries one small C file: a quantized linear for a few
-rows (int8: each 32-weight group dequantized in registers and multiplied into float32 activations; int4: integer
-dot products with the activations rounded to int16 per group, see :mod:`echorl_agent.llm.quant.linear`) and the fused
-decode step of :mod:`echorl_agent.llm.quant.fused_decode`. It is built
+torch 2.13's CPU int8/int4 weight-only kernels have no AVX2 fast path (``docs/results/engine-speed.md``) and torchao
+ships no CPU kernels, so the engine carries one small C file: a quantized linear for a few rows (int8: each 32-weight
+group dequantized in registers and multiplied into float32 activations; int4: integer dot products with the
+activations rounded to int16 per group, see :mod:`echorl_agent.llm.quant.linear`) and the fused decode step of
+:mod:`echorl_agent.llm.quant.fused_decode`. It is built
 once per machine with the system C compiler (``cc``/``gcc``, AVX2 + FMA when the CPU has them, portable C
 otherwise) into ``$ECHORL_CACHE`` (default ``~/.cache/echorl``)/kernels and reused from there. ctypes releases
 the GIL during the call; large matrices are split over ``torch.get_num_threads()`` threads.

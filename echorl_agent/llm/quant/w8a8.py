@@ -2,8 +2,8 @@
 
 Prefill is compute-bound on a CPU, so int8 *weights* alone (:mod:`~echorl_agent.llm.quant.linear`) do not speed it
 up; int8 *activations* do, since an int8 x int8 product has a higher arithmetic rate than float32. Rounding
-SmolLM2's activations to int8 per token moves the policy (KL 0.031 over GoToLocal's admissible actions, RESULTS
-"int8 activations for prefill") because a few input channels carry outliers; SmoothQuant (Xiao et al. 2023, Eq. 4)
+SmolLM2's activations to int8 per token moves the policy (KL 0.031 over GoToLocal's admissible actions,
+docs/results/engine-speed.md) because a few input channels carry outliers; SmoothQuant (Xiao et al. 2023, Eq. 4)
 moves them into the weights first: input channel ``j`` is divided by
 
     s_j = max|X_j|^alpha / max|W_:j|^(1 - alpha)
@@ -18,8 +18,8 @@ result does not depend on the other rows or the thread count. Two backends give 
 (AVX2 ``vpmaddwd`` on a weight packed once by :func:`pack_weight`; it also fuses the quantization and the scales
 around the product, with the same float32 operations in the same order as the torch path) and ``torch._int_mm``
 (oneDNN). Which is faster depends on the CPU: on an AVX2 host without VNNI ``_int_mm`` was ~50x slower than float32
-and the kernel ~1.6-2x faster (RESULTS, twenty-sixth session); on an AVX-512 VNNI host ``_int_mm`` ran a
-[512, 576] x [576, 1536] product 7.7x faster than float32 (RESULTS, twenty-second session). So the first product
+and the kernel ~1.6-2x faster (docs/results/engine-speed.md); on an AVX-512 VNNI host ``_int_mm`` ran a
+[512, 576] x [576, 1536] product 7.7x faster than float32 (docs/results/engine-speed.md). So the first product
 times both once on a fixed shape and keeps the faster (:func:`int8_backend`); the choice never changes a result.
 """
 
