@@ -108,3 +108,16 @@ def test_the_pages_behind_the_recipes_name_them(recipe, study):
     assert f"Recipe: `echorl train-llm --recipe {recipe}`" in text
     if RECIPES.is_dir():  # the recipe files land with `--recipe`; once there, each named one must exist
         assert (RECIPES / f"{recipe}.yaml").is_file(), f"{study}.md names a recipe {recipe!r} with no YAML"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.stem)
+def test_a_study_page_names_its_per_seed_data_and_it_is_in_the_repository(page):
+    text = page.read_text(encoding="utf-8")
+    line = re.search(r"^Per-seed data: (.+?)\.$", text, re.MULTILINE | re.DOTALL)
+    assert line, f"{page.name}: no 'Per-seed data:' line"
+    paths = re.findall(r"`([^`]+\.(?:jsonl|csv)|[^`]+/)`", line.group(1))
+    assert paths, f"{page.name}: the per-seed data names no file"
+    for name in paths:
+        path = ROOT / name if "/" in name.rstrip("/") else ROOT / "benchmarks" / "results" / name
+        # The compact summary (<out>.jsonl) or, where a study's raw folder is still tracked, that folder.
+        assert path.exists() or path.with_suffix("").is_dir(), f"{page.name}: {name} is not in the repository"
