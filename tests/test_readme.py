@@ -1,5 +1,11 @@
-"""README.md quotes the code's output truthfully: the columns of `echorl list`, every registered id in the family
-table, and the counts it states."""
+"""README.md and the results pages quote the code truthfully, and the README keeps its shape.
+
+What is quoted is checked against the code: the columns and an excerpt of `echorl list`, every registered id in
+the family table (docs/results/envs.md), the ARC counts, the recipes the README names. The demo table is checked
+against the committed demo run by tests/test_eval.py. The README's shape (≤ 150 lines, its sections in order, a
+quick tour of ≤ 25 lines of code, one headline figure, one headline table of ≤ 12 rows linking to the results
+pages) is what issue 87 asks of it.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +14,46 @@ import re
 from pathlib import Path
 
 import gymnasium as gym
+import pytest
 
 import echorl_envs
 from echorl_agent import cli
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+ENVS_PAGE = (ROOT / "docs" / "results" / "envs.md").read_text(encoding="utf-8")
+RECIPES_DIR = ROOT / "echorl_agent" / "llm_rl" / "recipes"
+#: The recipes README and docs/results/learning.md name, one per result that holds (issue 88 item 2).
+RECIPES = ("gotolocal-rl", "gotolocal-sft-rl", "gotolocal-ppo", "alfworld4-sft-rl", "arithmetic-grpo", "minigrid-bc")
+
+
+def sections(text: str) -> list[str]:
+    """The ``## `` headings of a Markdown text, in order (headings inside code blocks excluded)."""
+    out, fenced = [], False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("## "):
+            out.append(line[3:].strip())
+    return out
+
+
+def section(text: str, heading: str) -> str:
+    """The body of the ``## heading`` section of ``text``, up to the next ``## `` heading."""
+    start = text.index(f"\n## {heading}\n") + len(heading) + 5
+    end = text.find("\n## ", start)
+    return text[start:] if end < 0 else text[start:end]
+
+
+def code_blocks(text: str) -> list[tuple[str, list[str]]]:
+    """Every fenced code block of ``text`` as (language, lines)."""
+    return [(m.group(1), m.group(2).splitlines()) for m in re.finditer(r"^```(\w*)\n(.*?)^```$", text, re.M | re.S)]
 
 
 def family_table() -> dict[str, str]:
-    """The README's ``| family | ids | source |`` table: family -> the rest of its row."""
-    start = README.index("| family | ids | source |")
-    rows = itertools.takewhile(lambda line: line.startswith("|"), README[start:].splitlines()[2:])
+    """The envs page's ``| family | ids | source |`` table: family -> the rest of its row."""
+    start = ENVS_PAGE.index("| family | ids | source |")
+    rows = itertools.takewhile(lambda line: line.startswith("|"), ENVS_PAGE[start:].splitlines()[2:])
     return {row.split("|")[1].strip(): "|".join(row.split("|")[2:]) for row in rows}
 
 
@@ -30,6 +65,8 @@ def expand(pattern: str) -> list[str]:
     return [x for alt in m.group(1).split(",") for x in expand(pattern[:m.start()] + alt + pattern[m.end():])]
 
 
+# --- quoted output -------------------------------------------------------------------------------------------------
+
 def test_readme_quotes_the_columns_of_echorl_list(capsys):
     assert cli.main(["list", "--family", "arc"]) == 0
     header = capsys.readouterr().out.splitlines()[0]
@@ -39,7 +76,14 @@ def test_readme_quotes_the_columns_of_echorl_list(capsys):
     assert re.findall(r"`([^`]+)`", quoted.group(1)) == columns
 
 
-def test_readme_family_table_names_every_registered_id_once():
+def test_readme_list_excerpt_is_what_echorl_list_prints(capsys):
+    m = re.search(r"`echorl list --family (\w+)`:\n\n```text\n(.*?)\n```", README, re.S)
+    assert m, "README no longer quotes `echorl list --family ...`"
+    assert cli.main(["list", "--family", m.group(1)]) == 0
+    assert m.group(2).splitlines() == capsys.readouterr().out.rstrip("\n").splitlines()
+
+
+def test_family_table_names_every_registered_id_once():
     named: list[str] = []
     for row in family_table().values():
         ids_cell = row.split("|")[0]
@@ -50,9 +94,10 @@ def test_readme_family_table_names_every_registered_id_once():
             assert int(m.group(1)) == len(miniwob)
             named += miniwob
     assert sorted(named) == sorted(echorl_envs.env_ids())
+    assert len(family_table()) == len({e.family for e in echorl_envs.ENVS})
 
 
-def test_readme_arc_counts_are_the_envs_num_tasks():
+def test_family_table_arc_counts_are_the_envs_num_tasks():
     arc = family_table()["ARC"]
     counts = re.search(r"`num_tasks` is (\d+) and (\d+)", arc)
     assert counts, arc
@@ -61,3 +106,62 @@ def test_readme_arc_counts_are_the_envs_num_tasks():
         assert env.unwrapped.num_tasks == int(stated), env_id
         env.close()
     assert "400 training and 400 evaluation tasks" in arc
+
+
+def test_readme_family_count_is_the_registry_s():
+    families = {e.family for e in echorl_envs.ENVS}
+    m = re.search(r"\| (\w+) families, one text protocol", README)
+    assert m and m.group(1) == str(len(families)), (m and m.group(0), sorted(families))
+
+
+def test_quoted_recipes_are_shipped_files():
+    for page in (README, (ROOT / "docs" / "results" / "learning.md").read_text(encoding="utf-8")):
+        assert all(f"`{name}`" in page for name in RECIPES)
+    if not RECIPES_DIR.is_dir():
+        pytest.skip(f"{RECIPES_DIR.relative_to(ROOT)} does not exist yet (recipes land with `echorl recipes`)")
+    missing = [n for n in RECIPES if not any((RECIPES_DIR / f"{n}{ext}").is_file() for ext in (".yaml", ".yml", ".toml"))]
+    assert not missing, f"README names recipes with no file in {RECIPES_DIR.relative_to(ROOT)}: {missing}"
+
+
+def test_readme_verdict_line_has_the_training_command_s_form():
+    line = next(x for x in README.splitlines() if x.startswith("held-out success ("))
+    p, d = r"\d\.\d\d", r"[+−-]\d\.\d\d"
+    mode = rf"{p} → {p} \({d} \[{d}, {d}\]\)"
+    assert re.fullmatch(rf"held-out success \(\d+ episodes\): sampled {mode}, greedy {mode}", line), line
+
+
+# --- shape ----------------------------------------------------------------------------------------------------------
+
+def test_readme_sections_come_in_the_issue_s_order():
+    assert sections(README)[:5] == ["Install and the two commands", "Quick tour", "Headline figure", "Headline table",
+                                    "`make demo`"]
+    intro = README.split("\n## ", 1)[0].splitlines()[1:]
+    assert 1 <= len([x for x in intro if x.strip()]) <= 5, "what echorl is: at most 5 lines"
+    install = section(README, "Install and the two commands")
+    assert "make demo" in install and "make test" in install
+
+
+def test_readme_quick_tour_is_at_most_25_lines_of_code():
+    blocks = code_blocks(section(README, "Quick tour"))
+    code = [ln for lang, lines in blocks if lang in ("python", "bash") for ln in lines if ln.strip()]
+    assert 0 < len(code) <= 25, len(code)
+    tour = "\n".join(code)
+    for needle in ("gym.make(", "PPO(", "echorl recipes", "echorl train-llm --recipe gotolocal-rl"):
+        assert needle in tour, needle
+
+
+def test_readme_has_one_figure_and_one_headline_table_linking_each_row_to_its_results_page():
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", README)
+    assert images == ["docs/figures/headline.png"]
+    caption = section(README, "Headline figure").strip().splitlines()[2:]
+    assert len([x for x in caption if x.strip()]) <= 3
+    table = [ln for ln in section(README, "Headline table").splitlines() if ln.startswith("|")]
+    rows = table[2:]
+    assert 1 <= len(rows) <= 12, len(rows)
+    for row in rows:
+        links = re.findall(r"\]\((docs/results/[\w-]+\.md)(?:#[\w-]+)?\)", row)
+        assert links, f"headline row links to no docs/results page: {row}"
+        assert all((ROOT / link).is_file() for link in links), row
+    prose = re.sub(r"^```.*?^```$", "", README, flags=re.M | re.S)
+    tables = [g for is_row, g in itertools.groupby(prose.splitlines(), key=lambda ln: ln.startswith("|")) if is_row]
+    assert len(tables) == 2, "README holds one headline table and the demo table, nothing else"
