@@ -114,20 +114,59 @@ def test_readme_family_count_is_the_registry_s():
     assert m and m.group(1) == str(len(families)), (m and m.group(0), sorted(families))
 
 
+def _recipe_file(name: str) -> Path | None:
+    return next((f for ext in (".yaml", ".yml", ".toml") if (f := RECIPES_DIR / f"{name}{ext}").is_file()), None)
+
+
 def test_quoted_recipes_are_shipped_files():
-    for page in (README, (ROOT / "docs" / "results" / "learning.md").read_text(encoding="utf-8")):
+    learning = (ROOT / "docs" / "results" / "learning.md").read_text(encoding="utf-8")
+    for page in (README, learning):
         assert all(f"`{name}`" in page for name in RECIPES)
+    # and every recipe the learning page's tables name in their first column
+    named = set(RECIPES) | set(re.findall(r"^\| `([a-z0-9-]+)` \|", learning, re.M))
     if not RECIPES_DIR.is_dir():
         pytest.skip(f"{RECIPES_DIR.relative_to(ROOT)} does not exist yet (recipes land with `echorl recipes`)")
-    missing = [n for n in RECIPES if not any((RECIPES_DIR / f"{n}{ext}").is_file() for ext in (".yaml", ".yml", ".toml"))]
-    assert not missing, f"README names recipes with no file in {RECIPES_DIR.relative_to(ROOT)}: {missing}"
+    missing = sorted(n for n in named if _recipe_file(n) is None)
+    assert not missing, f"docs name recipes with no file in {RECIPES_DIR.relative_to(ROOT)}: {missing}"
+
+
+VERDICT = next(x for x in README.splitlines() if x.startswith("held-out success ("))
+_MODE = r"(\d\.\d\d) → (\d\.\d\d) \(([+−-]\d\.\d\d) \[([+−-]\d\.\d\d), ([+−-]\d\.\d\d)\]\)"
+_VERDICT_RE = rf"held-out success \((\d+) episodes\): sampled {_MODE}, greedy {_MODE}"
 
 
 def test_readme_verdict_line_has_the_training_command_s_form():
-    line = next(x for x in README.splitlines() if x.startswith("held-out success ("))
-    p, d = r"\d\.\d\d", r"[+−-]\d\.\d\d"
-    mode = rf"{p} → {p} \({d} \[{d}, {d}\]\)"
-    assert re.fullmatch(rf"held-out success \(\d+ episodes\): sampled {mode}, greedy {mode}", line), line
+    assert re.fullmatch(_VERDICT_RE, VERDICT), VERDICT
+
+
+def test_readme_verdict_line_is_what_the_code_prints_for_those_figures():
+    verdict = pytest.importorskip("echorl_agent.eval.verdict", reason="the held-out verdict lands with train-llm's")
+    n, *v = re.fullmatch(_VERDICT_RE, VERDICT).groups()
+    f = [float(x.replace("−", "-")) for x in v]
+    result = {"episodes": int(n), "before": {}, "after": {}, "paired": {}}
+    for mode, (before, after, diff, lo, hi) in zip(("sampled", "greedy"), (f[:5], f[5:]), strict=True):
+        result["before"][mode], result["after"][mode] = {"success": before}, {"success": after}
+        result["paired"][mode] = {"diff": diff, "ci": [lo, hi]}
+    assert verdict.verdict_line(result) == VERDICT
+
+
+def test_readme_verdict_figures_are_the_registered_study_s():
+    study = ROOT / "docs" / "studies" / "gotolocal-grpo-from-pretrained.md"
+    if not study.is_file():
+        pytest.skip(f"{study.relative_to(ROOT)} does not exist yet")
+    text = study.read_text(encoding="utf-8")
+    n, *v = re.fullmatch(_VERDICT_RE, VERDICT).groups()
+    for mode, figures in (("stochastic", v[:5]), ("deterministic", v[5:])):
+        row = re.search(rf"^\| held-out success, {mode} \| ([\d.]+) \| ([\d.]+) \| \*\*([^*]+)\*\* \|", text, re.M)
+        assert row, f"{study.name} has no {mode} held-out success row"
+        before, after, ci = row.groups()
+        assert [before, after] == figures[:2], (mode, row.group(0))
+        assert ci == f"{figures[2]} [{figures[3]}, {figures[4]}]", (mode, row.group(0))
+    recipe = _recipe_file("gotolocal-rl") if RECIPES_DIR.is_dir() else None
+    if recipe is not None and recipe.suffix in (".yaml", ".yml"):
+        import yaml
+
+        assert yaml.safe_load(recipe.read_text())["config"]["eval_episodes"] == int(n), "README's episode count"
 
 
 # --- shape ----------------------------------------------------------------------------------------------------------
