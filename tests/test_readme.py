@@ -204,3 +204,24 @@ def test_readme_has_one_figure_and_one_headline_table_linking_each_row_to_its_re
     prose = re.sub(r"^```.*?^```$", "", README, flags=re.M | re.S)
     tables = [g for is_row, g in itertools.groupby(prose.splitlines(), key=lambda ln: ln.startswith("|")) if is_row]
     assert len(tables) == 2, "README holds one headline table and the demo table, nothing else"
+
+
+@pytest.mark.slow
+def test_readme_quick_tour_python_prints_what_it_says(tmp_path):
+    """The quick tour's Python block runs as printed and prints the return its last comment quotes."""
+    import os
+    import subprocess
+    import sys
+
+    [(_, lines)] = [b for b in code_blocks(section(README, "Quick tour")) if b[0] == "python"]
+    quoted = re.search(r"# \(([\d.]+), ([\d.]+)\): mean and std", lines[-1])
+    assert quoted, lines[-1]
+    script = tmp_path / "quick_tour.py"
+    script.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=900, env=env,
+                         cwd=tmp_path, check=True).stdout.splitlines()
+    mean, std = (float(x) for x in re.findall(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?", out[-1].replace("np.float64(", "(")))
+    assert (round(mean, 3), round(std, 3)) == (float(quoted.group(1)), float(quoted.group(2))), out[-1]
+    # the ALFWorld line: the task, three admissible actions, the expert's next action
+    assert re.fullmatch(r".+ \[('[^']+', ){2}'[^']+'\] .+", out[0]), out[0]
