@@ -1,4 +1,4 @@
-"""The ``echorl`` command line: list, play, bench, train-llm, record, serve, serve-env.
+"""The ``echorl`` command line: list, play, bench, train-llm, eval-llm, recipes, record, serve, serve-env.
 
     echorl list                                      # registered ids: family, actions, data, max steps
     echorl play EchoRL/MiniGrid-DoorKey-5x5-v0       # type an action or its number; 'history', 'quit'
@@ -6,6 +6,9 @@
     echorl bench --preset demo
     echorl train-llm --task EchoRL/MiniGrid-Empty-5x5-v0 --method bc+ppo --train-steps 256 --out runs/llm
     echorl train-llm --task EchoRL/MiniGrid-Empty-5x5-v0 --method bc+ppo --train-steps 512 --out runs/llm --resume
+    echorl train-llm --recipe gotolocal-rl --seed 1200 --out runs/gotolocal-rl   # a published result, again
+    echorl eval-llm runs/llm --episodes 40           # a finished run's held-out success, again
+    echorl recipes                                   # the shipped recipes: task, method, budget, expected, time
     echorl record --task EchoRL/MiniGrid-Empty-5x5-v0 --agent expert --episodes 10 --format minari --out runs/data
     echorl serve --port 8000 --model smollm2-135m     # the LLM engine, OpenAI-compatible routes
     echorl serve-env --task EchoRL/ALFWorld-v0 --task EchoRL/MiniGrid-DoorKey-5x5-v0 --port 8001 --max-sessions 8
@@ -244,32 +247,186 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return int(server.serve(args) or 0)
 
 
+#: ``train-llm`` flags -> LLMTrainConfig fields (JSON flags are parsed, store_true flags give True).
+TRAIN_FLAGS = {"task": "env_id", "method": "method", "train_steps": "train_steps", "bc_episodes": "bc_episodes",
+               "bc_epochs": "bc_epochs", "bc_learning_rate": "bc_learning_rate", "bc_batch_size": "bc_batch_size",
+               "seed": "seed", "history": "history", "max_steps": "max_episode_steps", "n_steps": "n_steps",
+               "n_envs": "n_envs", "group_size": "group_size", "step_advantage_weight": "step_advantage_weight",
+               "echorl_learner": "echorl_learner", "bc_warm_start": "bc_warm_start", "gamma": "gamma",
+               "env_kwargs": "env_kwargs", "batch_size": "batch_size", "n_epochs": "n_epochs",
+               "learning_rate": "learning_rate", "policy_kwargs": "policy_kwargs", "grpo_kwargs": "grpo_kwargs",
+               "gigpo_kwargs": "gigpo_kwargs", "ppo_kwargs": "ppo_kwargs", "checkpoint_every": "checkpoint_every",
+               "eval_episodes": "eval_episodes", "eval_every": "eval_every"}
+JSON_FLAGS = ("env_kwargs", "policy_kwargs", "grpo_kwargs", "gigpo_kwargs", "ppo_kwargs")
+
+
+def _json_flag(dest: str, text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"echorl train-llm: --{dest.replace('_', '-')} is not JSON ({e}): {text!r}; write e.g. "
+                         '\'{"epochs": 4}\' (keys in double quotes)') from e
+    if not isinstance(value, dict):
+        raise SystemExit(f"echorl train-llm: --{dest.replace('_', '-')} must be a JSON object, got {text!r}")
+    return value
+
+
+def train_overrides(args: argparse.Namespace) -> dict:
+    """The LLMTrainConfig fields the command line set explicitly (every train-llm flag defaults to None, so a flag
+    that was not given never overrides a recipe)."""
+    out = {}
+    for dest, name in TRAIN_FLAGS.items():
+        v = getattr(args, dest, None)
+        if v is not None:
+            out[name] = _json_flag(dest, v) if dest in JSON_FLAGS else v
+    return out
+
+
 def cmd_train_llm(args: argparse.Namespace) -> int:
     import echorl_envs
-    from echorl_agent.llm_rl.train import LLMTrainConfig, train_llm
+    from echorl_agent.llm_rl.recipes import resolve_config
+    from echorl_agent.llm_rl.train import train_llm
 
-    _check_choices([args.task], echorl_envs.env_ids(), "task")
+    overrides = train_overrides(args)
+    if "env_id" in overrides:
+        _check_choices([overrides["env_id"]], echorl_envs.env_ids(), "task")
     try:
-        cfg = LLMTrainConfig(
-            env_id=args.task, method=args.method, train_steps=args.train_steps, bc_episodes=args.bc_episodes,
-            bc_epochs=args.bc_epochs, seed=args.seed, history=args.history, max_episode_steps=args.max_steps,
-            n_steps=args.n_steps, batch_size=args.batch_size, n_epochs=args.n_epochs,
-            learning_rate=args.learning_rate, policy_kwargs=json.loads(args.policy_kwargs or "{}"),
-            grpo_kwargs=json.loads(args.grpo_kwargs or "{}"), gigpo_kwargs=json.loads(args.gigpo_kwargs or "{}"),
-            ppo_kwargs=json.loads(args.ppo_kwargs or "{}"),
-            env_kwargs=json.loads(args.env_kwargs or "{}"),
-            n_envs=args.n_envs, gamma=args.gamma, group_size=args.group_size,
-            step_advantage_weight=args.step_advantage_weight, echorl_learner=args.echorl_learner,
-            bc_warm_start=args.bc_warm_start, checkpoint_every=args.checkpoint_every, out=args.out,
-            progress=not args.quiet)
+        cfg, how = resolve_config({**overrides, "out": args.out, "progress": not args.quiet}, recipe=args.recipe,
+                                  config_file=args.config)
+        if not args.quiet:
+            print(f"[train-llm] {cfg.method} on {cfg.env_id}, seed {cfg.seed}: {how}", file=sys.stderr, flush=True)
         started = time.time()
         train_llm(cfg, resume=args.resume)
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"echorl train-llm: {e}") from e
     written = written_since(Path(args.out), started)
+    if cfg.eval_episodes and (Path(args.out) / "eval.json").exists() and "eval.json" in written:
+        from echorl_agent.eval.verdict import finish
+
+        _, line = finish(args.out)
+    else:
+        line = None
     print(f"wrote {args.out}/: {', '.join(written)}" if written else
           f"{args.out}/: nothing to do, the run there is finished (raise --train-steps to train on)")
+    if line:
+        print(line)
     return 0
+
+
+def cmd_eval_llm(args: argparse.Namespace) -> int:
+    from echorl_agent.eval.verdict import finish
+    from echorl_agent.llm_rl.heldout import HeldOutEval, read_episodes
+    from echorl_agent.llm_rl.train import LLMTrainConfig, load_trained
+
+    run = Path(args.run_dir)
+    try:
+        saved = json.loads((run / "config.json").read_text())
+        model = load_trained(run)
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"echorl eval-llm: {e}") from e
+    episodes = args.episodes if args.episodes is not None else saved.get("eval_episodes") or 20
+    cfg = LLMTrainConfig(**{**saved, "eval_episodes": episodes, "eval_every": 0, "progress": not args.quiet})
+    ev = HeldOutEval(cfg, run, progress=not args.quiet)
+    if (run / "eval_episodes.csv").exists():  # the run's own "before" episodes pair with these
+        ev.episodes = [e for e in read_episodes(run / "eval_episodes.csv") if e.phase in ("before", "after_bc")
+                       and e.seed in set(ev.seeds)]
+    ev.run(model, "after", keep_rng=True)
+    ev.write(prefix="eval_again")
+    _, line = finish(run, prefix="eval_again")
+    print(f"wrote {run}/: eval_again.json, eval_again_episodes.csv")
+    print(line)
+    return 0
+
+
+def cmd_recipes(args: argparse.Namespace) -> int:
+    from tabulate import tabulate
+
+    from echorl_agent.llm_rl.recipes import load_recipe, recipe_names
+
+    if args.name:
+        try:
+            r = load_recipe(args.name)
+        except ValueError as e:
+            raise SystemExit(f"echorl recipes: {e}") from e
+        print(f"{r.name}: {' '.join(r.description.split())}\nstudy: {r.study}\nexpected: {r.expected}\n"
+              f"time on 2 cores: {r.time}\nregistered command: {' '.join(r.command.split())}\nsettings:")
+        for k, v in r.config.items():
+            print(f"  {k}: {json.dumps(v)}")
+        print(f"\nrun it: echorl train-llm --recipe {r.name} --seed {r.seeds[0] if r.seeds else 0} --out runs/{r.name}")
+        return 0
+    rows = []
+    for name in recipe_names():
+        r = load_recipe(name)
+        rows.append([name, r.config["env_id"].replace("EchoRL/", ""), r.config.get("method"), r.budget, r.expected,
+                     r.time])
+    print(tabulate(rows, headers=["recipe", "task", "method", "budget", "expected held-out success", "time on 2 cores"],
+                   tablefmt="github"))
+    print("\nrun one: echorl train-llm --recipe NAME [--seed S] [any flag to override]; details: echorl recipes "
+          "--name NAME")
+    return 0
+
+
+def add_train_llm_arguments(s: argparse.ArgumentParser) -> None:
+    """The train-llm flags: every one defaults to None (its help names the default) so that only flags given on the
+    command line override a recipe."""
+    from echorl_agent.llm_rl.train import ECHORL_LEARNERS, METHODS
+
+    s.add_argument("--recipe", help="a shipped recipe (see `echorl recipes`); flags given override its fields")
+    s.add_argument("--config", metavar="FILE", help="your own recipe: a YAML or TOML file of LLMTrainConfig fields "
+                   "(or a recipe file with a config: section); flags given override it")
+    s.add_argument("--task", help="environment id (default: the recipe's)")
+    s.add_argument("--method", choices=list(METHODS),
+                   help="gigpo / bc+gigpo: critic-free group RL (K episodes per seed); grpo: free-text envs "
+                        "(default: the recipe's, else bc+ppo)")
+    s.add_argument("--train-steps", type=int,
+                   help="RL budget in env steps (GRPO: completions), rounded UP to whole iterations: a GiGPO run "
+                        "stops at the end of the first iteration at or past it, PPO collects whole rollouts of "
+                        "n-steps x n-envs; the run reports the env steps it used (default: the recipe's, else 512)")
+    s.add_argument("--bc-episodes", type=int, help="expert episodes (oracle answers for grpo) (default: 8)")
+    s.add_argument("--bc-epochs", type=int, help="behaviour-cloning epochs over those episodes (default: 3)")
+    s.add_argument("--bc-learning-rate", type=float, help="learning rate of behaviour cloning (default: --learning-rate)")
+    s.add_argument("--bc-batch-size", type=int, help="minibatch of behaviour cloning (default: --batch-size)")
+    s.add_argument("--seed", type=int, help="random seed; also picks the held-out instances (default: 0)")
+    s.add_argument("--history", type=int, help="history window k in the prompt (default: 0)")
+    s.add_argument("--max-steps", type=int, help="per-episode step cap, training and evaluation (default: the env's)")
+    s.add_argument("--n-steps", type=int, help="PPO rollout length per env and update (default: 64)")
+    s.add_argument("--n-envs", type=int,
+                   help="envs stepping together, scored in one engine call per step (GiGPO: groups x group size) "
+                        "(default: 1)")
+    s.add_argument("--group-size", type=int, help="GiGPO: episodes per group (one seed) (default: 4)")
+    s.add_argument("--step-advantage-weight", type=float,
+                   help="GiGPO: omega, weight of the anchor-state step advantage; 0 = episode-level GRPO (default: 1)")
+    s.add_argument("--echorl-learner", choices=list(ECHORL_LEARNERS),
+                   help="echorl: the learner under the plan and the replay (gigpo: critic-free groups; ppo: echoppo "
+                        "with the value head) (default: gigpo)")
+    s.add_argument("--bc-warm-start", action="store_true", default=None,
+                   help="echorl with the gigpo learner: behaviour-clone --bc-episodes expert episodes first")
+    s.add_argument("--gamma", type=float, help="discount (default 0.99 PPO, 0.95 GiGPO)")
+    s.add_argument("--env-kwargs", help='JSON of extra gym.make arguments, e.g. \'{"goal_line": true}\'')
+    s.add_argument("--batch-size", type=int, help="PPO minibatch size (default: 16)")
+    s.add_argument("--n-epochs", type=int, help="PPO epochs per update (default: 2)")
+    s.add_argument("--learning-rate", type=float, help="optimizer learning rate (default: 1e-4)")
+    s.add_argument("--policy-kwargs", help='JSON LLMPolicy options, e.g. \'{"lora_rank": 8, "train_layers": 2}\'')
+    s.add_argument("--grpo-kwargs", help='JSON GRPOConfig options, e.g. \'{"group_size": 8}\'')
+    s.add_argument("--gigpo-kwargs", help='JSON GiGPO learner options (gigpo, bc+gigpo, echorl), e.g. '
+                   '\'{"epochs": 4, "minibatch_size": 32}\'')
+    s.add_argument("--ppo-kwargs", help='JSON PPO options (ppo, bc+ppo, echoppo, echorl --echorl-learner ppo): clip_range, '
+                   'target_kl, gae_lambda, vf_coef, max_grad_norm, e.g. \'{"target_kl": 0.02}\'')
+    s.add_argument("--eval-episodes", type=int,
+                   help="held-out instances per mode (sampled and greedy) played before and after training, seeds "
+                        "100000 + 1000 x seed + ep (free text: 500000 + ep); 0: no evaluation (default: the "
+                        "recipe's, else 20)")
+    s.add_argument("--eval-every", type=int, metavar="K",
+                   help="also evaluate the held-out instances every K iterations (curve.csv heldout_* columns, "
+                        "TensorBoard eval/*) (default: 0, before and after only)")
+    s.add_argument("--out", default="runs/train-llm", help="output folder")
+    s.add_argument("--checkpoint-every", type=int, metavar="N",
+                   help="write OUT/checkpoint/ every N iterations (GiGPO iterations, PPO updates) and at the end; "
+                        "0: at the end only (not for grpo) (default: 10)")
+    s.add_argument("--resume", action="store_true",
+                   help="continue the run in OUT from OUT/checkpoint/ (same options; --train-steps counts from the "
+                        "run's start and may grow); a missing or corrupt checkpoint is an error")
+    s.add_argument("--quiet", action="store_true", help="no progress bars and no progress lines")
 
 
 def written_since(folder: Path, since: float) -> list[str]:
@@ -345,7 +502,7 @@ def _families() -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     from echorl_agent.eval.agents import EVAL_MODES, agent_names
-    from echorl_agent.llm_rl.train import ECHORL_LEARNERS, METHODS
+    from echorl_agent.llm_rl.train import METHODS
 
     p = argparse.ArgumentParser(prog="echorl", description="echorl: text environments and EchoRL agents.",
                                 epilog=__doc__.split("\n\n")[1], formatter_class=HelpFormatter)
@@ -410,47 +567,27 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_arguments(s)
     s.set_defaults(func=cmd_serve)
 
-    s = add("train-llm", "train the LLM itself by RL (LoRA): " + ", ".join(METHODS))
-    s.add_argument("--task", required=True, help="environment id")
-    s.add_argument("--method", default="bc+ppo", choices=list(METHODS),
-                   help="gigpo / bc+gigpo: critic-free group RL (K episodes per seed); grpo: free-text envs")
-    s.add_argument("--train-steps", type=int, default=512, help="PPO env steps / GRPO completions")
-    s.add_argument("--bc-episodes", type=int, default=8, help="expert episodes (oracle answers for grpo)")
-    s.add_argument("--bc-epochs", type=int, default=3, help="behaviour-cloning epochs over those episodes")
-    s.add_argument("--seed", type=int, default=0, help="random seed")
-    s.add_argument("--history", type=int, default=0, help="history window k in the prompt")
-    s.add_argument("--max-steps", type=int, default=None, help="per-episode step cap while training")
-    s.add_argument("--n-steps", type=int, default=64, help="PPO rollout length per update")
-    s.add_argument("--n-envs", type=int, default=1,
-                   help="envs stepping together, scored in one engine call per step (GiGPO: groups x group size)")
-    s.add_argument("--group-size", type=int, default=4, help="GiGPO: episodes per group (one seed)")
-    s.add_argument("--step-advantage-weight", type=float, default=1.0,
-                   help="GiGPO: omega, weight of the anchor-state step advantage")
-    s.add_argument("--echorl-learner", default="gigpo", choices=list(ECHORL_LEARNERS),
-                   help="echorl: the learner under the plan and the replay (gigpo: critic-free groups; ppo: echoppo "
-                        "with the value head)")
-    s.add_argument("--bc-warm-start", action="store_true",
-                   help="echorl with the gigpo learner: behaviour-clone --bc-episodes expert episodes first")
-    s.add_argument("--gamma", type=float, default=None, help="discount (default 0.99 PPO, 0.95 GiGPO)")
-    s.add_argument("--env-kwargs", help='JSON of extra gym.make arguments, e.g. \'{"env_kwargs": {"max_steps": 32}}\'')
-    s.add_argument("--batch-size", type=int, default=16, help="minibatch size")
-    s.add_argument("--n-epochs", type=int, default=2, help="PPO epochs per update")
-    s.add_argument("--learning-rate", type=float, default=1e-4, help="optimizer learning rate")
-    s.add_argument("--policy-kwargs", help='JSON LLMPolicy options, e.g. \'{"lora_rank": 8, "train_layers": 2}\'')
-    s.add_argument("--grpo-kwargs", help='JSON GRPOConfig options, e.g. \'{"group_size": 8}\'')
-    s.add_argument("--gigpo-kwargs", help='JSON GiGPO learner options (gigpo, bc+gigpo, echorl), e.g. '
-                   '\'{"epochs": 4, "minibatch_size": 32}\'')
-    s.add_argument("--ppo-kwargs", help='JSON PPO options (ppo, bc+ppo, echoppo, echorl --echorl-learner ppo): clip_range, '
-                   'target_kl, gae_lambda, vf_coef, max_grad_norm, e.g. \'{"target_kl": 0.02}\'')
-    s.add_argument("--out", default="runs/train-llm", help="output folder")
-    s.add_argument("--checkpoint-every", type=int, default=10, metavar="N",
-                   help="write OUT/checkpoint/ every N iterations (GiGPO iterations, PPO updates) and at the end; "
-                        "0: at the end only (not for grpo)")
-    s.add_argument("--resume", action="store_true",
-                   help="continue the run in OUT from OUT/checkpoint/ (same options; --train-steps counts from the "
-                        "run's start and may grow); a missing or corrupt checkpoint is an error")
-    s.add_argument("--quiet", action="store_true", help="no progress bars")
+    s = add("train-llm", "train the LLM itself by RL (LoRA): " + ", ".join(METHODS),
+            description="Train the LLM itself (LoRA) and end with its held-out verdict (sampled and greedy success "
+            "before -> after, paired 95% CI).\nSettings, later wins: LLMTrainConfig's defaults; the method's defaults "
+            "(its best recipe's learner settings); --recipe NAME, --config FILE, or the shipped recipe on --task; the "
+            "flags given (JSON flags merge key by key). `echorl recipes` lists the recipes.")
+    add_train_llm_arguments(s)
     s.set_defaults(func=cmd_train_llm)
+
+    s = add("eval-llm", "evaluate a finished train-llm run again on its held-out instances",
+            description="Play a finished train-llm run's held-out instances again (sampled and greedy), paired with "
+            "the run's own 'before' episodes when it has them; writes RUN_DIR/eval_again.json and "
+            "eval_again_episodes.csv.")
+    s.add_argument("run_dir", metavar="RUN_DIR", help="the --out folder of a finished train-llm run")
+    s.add_argument("--episodes", type=int, default=None,
+                   help="held-out instances per mode (default: the run's --eval-episodes, else 20)")
+    s.add_argument("--quiet", action="store_true", help="no progress bars")
+    s.set_defaults(func=cmd_eval_llm)
+
+    s = add("recipes", "list the shipped train-llm recipes (task, method, budget, expected held-out figure, time)")
+    s.add_argument("--name", help="show one recipe's settings and registered command")
+    s.set_defaults(func=cmd_recipes)
 
     s = add("serve-env", "serve environments over OpenEnv (HTTP + WebSocket + /web page)")
     s.add_argument("--task", action="append", required=True, metavar="ID",

@@ -75,7 +75,7 @@ def test_train_llm_methods_and_list_families_come_from_the_registries(capsys):
 
 def test_docstring_names_every_subcommand_and_play_its_commands(capsys):
     names = list(subparsers())
-    assert names == ["list", "play", "bench", "record", "serve", "train-llm", "serve-env"]
+    assert names == ["list", "play", "bench", "record", "serve", "train-llm", "eval-llm", "recipes", "serve-env"]
     first_line = cli.__doc__.splitlines()[0]
     for name in names:
         assert re.search(rf"^    echorl {re.escape(name)} ", cli.__doc__, re.M), name

@@ -51,7 +51,7 @@ __all__ = ["CHECKPOINT", "RESUMABLE_FIELDS", "check_config", "kind_of", "load_gi
 
 CHECKPOINT = "checkpoint"
 """The checkpoint folder's name inside the output folder."""
-RESUMABLE_FIELDS = ("train_steps", "checkpoint_every", "out", "progress")
+RESUMABLE_FIELDS = ("train_steps", "checkpoint_every", "out", "progress", "eval_episodes", "eval_every")
 """Config fields a resumed run may change (a longer budget, another checkpoint period)."""
 _FORMAT = "echorl-llm-checkpoint/1"
 _MANIFEST = "checkpoint.json"

@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from echorl_agent.llm_rl.curve import rolling_rows, write_curve
+
 __all__ = ["ECHORL_LEARNERS", "LLMTrainConfig", "METHODS", "load_trained", "train_llm", "make_llm_env"]
 
 log = logging.getLogger(__name__)
@@ -121,6 +123,13 @@ class LLMTrainConfig:
     checkpoint_every: int = 10
     """Write ``<out>/checkpoint/`` every this many iterations (GiGPO iterations, PPO rollout+update rounds) and at
     the end; 0: at the end only (``grpo``: every this many GRPO steps)."""
+    eval_episodes: int = 0
+    """Held-out instances per mode (sampled and greedy) played before and after training
+    (:mod:`echorl_agent.llm_rl.heldout`: seeds ``100000 + 1000 * seed + ep``, free text ``500000 + ep``); writes
+    ``eval.json`` and ``eval_episodes.csv``. 0: no held-out evaluation (``echorl train-llm`` defaults to 20)."""
+    eval_every: int = 0
+    """Also evaluate the held-out instances every this many iterations (GiGPO iterations, PPO rollouts): rows in
+    ``curve.csv`` (``heldout_*`` columns) and TensorBoard ``eval/*``. 0: before and after only."""
     out: str | None = None
     progress: bool = False
 
@@ -165,9 +174,13 @@ class LLMTrainConfig:
                              f"name their warm start: bc+gigpo, bc+ppo, echoppo), got bc_warm_start=True with "
                              f"method={self.method!r}" + (f", echorl_learner={self.echorl_learner!r}"
                                                            if self.method == "echorl" else ""))
-        if isinstance(self.checkpoint_every, bool) or not isinstance(self.checkpoint_every, int) \
-                or self.checkpoint_every < 0:
-            raise ValueError(f"checkpoint_every must be an int >= 0, got checkpoint_every={self.checkpoint_every!r}")
+        for name in ("checkpoint_every", "eval_episodes", "eval_every"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {name}={v!r}")
+        if self.eval_every and not self.eval_episodes:
+            raise ValueError(f"eval_every needs eval_episodes > 0 (the held-out instances to play), got "
+                             f"eval_every={self.eval_every}, eval_episodes=0")
         if self.gamma is not None and not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"gamma must be in [0, 1], got gamma={self.gamma!r}")
         import echorl_envs
@@ -183,6 +196,9 @@ class LLMTrainConfig:
             from echorl_agent.llm_rl.config import check_no_plan_on_free_text
 
             check_no_plan_on_free_text(self.policy_kwargs.get("plan_tokens", 0), self.env_id)
+            if self.eval_every:
+                raise ValueError(f"eval_every applies to the choice-env methods (GRPO evaluates before and after), "
+                                 f"got eval_every={self.eval_every} with method='grpo'")
 
     def _check_learner_kwargs(self, name: str, fields: tuple[str, ...], applies: bool, methods: str) -> None:
         """``gigpo_kwargs`` / ``ppo_kwargs``: a dict of known ``fields``, set only where its learner runs."""
@@ -229,6 +245,7 @@ class _Curve:
 
         outer = self
         self.path, self.rows, self.recent = path, [], deque(maxlen=20)
+        self.heldout: list[dict] = []
 
         class CB(BaseCallback):
             def _on_step(self) -> bool:
@@ -243,13 +260,8 @@ class _Curve:
         self.callback = CB()
 
     def write(self) -> None:
-        if self.path is None:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["timesteps", "success_rate", "return"])
-            w.writerows(self.rows)
+        if self.path is not None:
+            write_curve(self.path, self.rows, self.heldout)
 
 
 def train_llm(cfg: LLMTrainConfig, lm: Any = None, resume: bool = False):
@@ -287,10 +299,15 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None, resume: bool = False):
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
     torch.manual_seed(cfg.seed)
+    ev = None
+    if cfg.eval_episodes and not finished:
+        from echorl_agent.llm_rl.heldout import HeldOutEval
+
+        ev = HeldOutEval(cfg, out, cfg.progress, resume=resume)
     if cfg.learner == "grpo":
-        return _train_grpo(cfg, out, lm, opened)
+        return _train_grpo(cfg, out, lm, opened, ev)
     if cfg.learner == "gigpo":
-        return _train_gigpo(cfg, out, lm, opened)
+        return _train_gigpo(cfg, out, lm, opened, ev)
     from stable_baselines3.common.monitor import Monitor
     from stable_baselines3.common.vec_env import DummyVecEnv
 
@@ -317,8 +334,13 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None, resume: bool = False):
     if opened is not None:
         ckpt.load_ppo(model, curve, opened)
         vec.seed(cfg.seed + model.num_timesteps)  # new episodes, not a replay of the run's first ones
-    elif cfg.method in ("bc", "bc+ppo", "echoppo", "echorl"):
-        _bc_warm_start(cfg, model.policy, out)  # PPO's own schedule sets the learning rate again at every update
+    else:
+        if ev is not None:
+            ev.run(model, "before")
+        if cfg.method in ("bc", "bc+ppo", "echoppo", "echorl"):
+            _bc_warm_start(cfg, model.policy, out)  # PPO's own schedule sets the learning rate again at every update
+            if ev is not None and cfg.method != "bc":
+                ev.run(model, "after_bc")
     todo = 0 if cfg.method == "bc" else cfg.train_steps - model.num_timesteps
     if opened is not None and todo <= 0:
         _finished(cfg, model.num_timesteps)
@@ -331,6 +353,8 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None, resume: bool = False):
                           f"collects whole rollouts, so {-(-cfg.train_steps // rollout) * rollout} env steps run",
                           stacklevel=2)
         callbacks = [curve.callback]
+        if ev is not None and cfg.eval_every:
+            callbacks.append(_heldout_callback(ev, curve, cfg.eval_every))
         if out is not None and cfg.checkpoint_every:
             callbacks.append(ckpt.ppo_checkpoint_callback(cfg, curve, out, rollout))
         model.learn(todo, callback=callbacks, progress_bar=cfg.progress, tb_log_name="llm",
@@ -345,7 +369,31 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None, resume: bool = False):
             model.policy.lm.save_adapter(out / "adapter")
         ckpt.save_ppo(model, curve, cfg, out)
     vec.close()
+    if ev is not None:
+        ev.run(model, "after", keep_rng=True)
+        ev.write(model.num_timesteps)
     return model
+
+
+def _heldout_callback(ev: Any, curve: _Curve, every: int) -> Any:
+    """SB3 callback: a held-out point (:meth:`HeldOutEval.point`) after every ``every``-th rollout, in curve.csv and
+    TensorBoard ``eval/*``."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class HeldOutCallback(BaseCallback):
+        def _on_step(self) -> bool:
+            return True
+
+        def _on_rollout_end(self) -> None:
+            self.rollouts = getattr(self, "rollouts", 0) + 1
+            if self.rollouts % every == 0:
+                row = ev.point(self.model, self.model.num_timesteps)
+                curve.heldout.append(row)
+                for k, v in row.items():
+                    if k != "timesteps":
+                        self.logger.record(f"eval/{k.removeprefix('heldout_')}", v)
+
+    return HeldOutCallback()
 
 
 def load_trained(out: str | Path, lm: Any = None):
@@ -363,7 +411,8 @@ def load_trained(out: str | Path, lm: Any = None):
     from echorl_agent.llm_rl import checkpoint as ckpt
 
     _, manifest = ckpt.read_checkpoint(out)
-    cfg = LLMTrainConfig(**{**manifest["config"], "out": str(out), "progress": False})
+    cfg = LLMTrainConfig(**{**manifest["config"], "out": str(out), "progress": False, "eval_episodes": 0,
+                            "eval_every": 0})
     if manifest["timesteps"] < cfg.train_steps:
         raise ValueError(f"the run in {out} is not finished: its checkpoint is at {manifest['timesteps']} of "
                          f"train_steps={cfg.train_steps} env steps (train_llm(cfg, resume=True) continues it)")
@@ -379,16 +428,26 @@ def _finished(cfg: LLMTrainConfig, timesteps: int, stacklevel: int = 3) -> None:
                   f"{cfg.train_steps} (raise train_steps to train on)", stacklevel=stacklevel)
 
 
-def _train_grpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = None):
-    from echorl_agent.llm_rl import checkpoint as ckpt
+def grpo_config(cfg: LLMTrainConfig):
+    """The :class:`~echorl_agent.llm_rl.grpo.GRPOConfig` method ``grpo`` of ``cfg`` trains with: ``grpo_kwargs``
+    with the env, its options and the seed of ``cfg``, and ``policy_kwargs`` as the LM."""
     from echorl_agent.llm_rl.config import LLMPolicyConfig
-    from echorl_agent.llm_rl.grpo import GRPOConfig, GRPOTrainer
+    from echorl_agent.llm_rl.grpo import GRPOConfig
 
     gk = dict(cfg.grpo_kwargs)
     gk.setdefault("env_id", cfg.env_id)
     gk.setdefault("seed", cfg.seed)
+    if cfg.env_kwargs:
+        gk.setdefault("env_kwargs", cfg.env_kwargs)
     gk["lm"] = LLMPolicyConfig.from_kwargs(**cfg.policy_kwargs)
-    trainer = GRPOTrainer(GRPOConfig(**gk), lm=lm)
+    return GRPOConfig(**gk)
+
+
+def _train_grpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = None, ev: Any = None):
+    from echorl_agent.llm_rl import checkpoint as ckpt
+    from echorl_agent.llm_rl.grpo import GRPOTrainer
+
+    trainer = GRPOTrainer(grpo_config(cfg), lm=lm)
     per_step = trainer.cfg.group_size * trainer.cfg.prompts_per_step
     steps = max(1, cfg.train_steps // per_step) if cfg.train_steps else 0
     if opened is not None:
@@ -397,8 +456,12 @@ def _train_grpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = No
             _finished(cfg, trainer.num_steps * per_step, stacklevel=4)
             return trainer
     else:
+        if ev is not None:
+            ev.run(trainer, "before")
         warm = trainer.warm_start(list(range(20_000 + 1000 * cfg.seed, 20_000 + 1000 * cfg.seed + cfg.bc_episodes)),
                                   epochs=cfg.bc_epochs) if cfg.bc_episodes else []
+        if ev is not None and warm and steps:
+            ev.run(trainer, "after_bc")
     while trainer.num_steps < steps:
         chunk = steps - trainer.num_steps
         if out is not None and cfg.checkpoint_every:
@@ -415,6 +478,9 @@ def _train_grpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = No
         (out / "warm_start.json").write_text(json.dumps({"losses": warm}))
         if trainer.lm.cfg.lora_rank > 0:
             trainer.lm.save_adapter(out / "adapter")
+    if ev is not None:
+        ev.run(trainer, "after", keep_rng=True)
+        ev.write(trainer.num_steps * per_step)
     return trainer
 
 
@@ -455,7 +521,7 @@ def gigpo_config(cfg: LLMTrainConfig):
     return gcfg, pk
 
 
-def _train_gigpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = None):
+def _train_gigpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = None, ev: Any = None):
     from echorl_agent.llm_rl import checkpoint as ckpt
     from echorl_agent.llm_rl.gigpo import GiGPOTrainer
 
@@ -475,7 +541,13 @@ def _train_gigpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = N
             _finished(cfg, trainer.num_timesteps, stacklevel=4)
             return trainer
     elif cfg.method == "bc+gigpo" or cfg.bc_warm_start:
+        if ev is not None:
+            ev.run(trainer, "before")
         _bc_warm_start(cfg, trainer.policy, out)
+        if ev is not None:  # the start of RL, evaluated as benchmarks/gigpo_signal.py does (its generator draws)
+            ev.run(trainer, "after_bc", keep_rng=True)
+    elif ev is not None:
+        ev.run(trainer, "before", keep_rng=True)
     writer = None
     if out is not None:
         try:
@@ -499,13 +571,21 @@ def _train_gigpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = N
                          ("learner_s", "time/learner_s")):
             writer.add_scalar(tag, s[key], step)
 
+    heldout: list[dict] = []
+
     def after_iteration(s: dict[str, float]) -> None:
         log_iteration(s)
+        if ev is not None and cfg.eval_every and trainer.num_iterations % cfg.eval_every == 0:
+            row = ev.point(trainer, trainer.num_timesteps)
+            heldout.append(row)
+            for k, v in row.items():
+                if k != "timesteps" and writer is not None:
+                    writer.add_scalar(f"eval/{k.removeprefix('heldout_')}", v, trainer.num_timesteps)
         every = cfg.checkpoint_every
         if out is not None and every and trainer.num_iterations % every == 0 and trainer.num_timesteps < cfg.train_steps:
             if writer is not None:
                 writer.flush()
-            _write_gigpo_rows(trainer, out)
+            _write_gigpo_rows(trainer, out, heldout)
             ckpt.save_gigpo(trainer, cfg, out)
 
     if cfg.train_steps > trainer.num_timesteps:
@@ -513,22 +593,19 @@ def _train_gigpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = N
     if writer is not None:
         writer.close()
     if out is not None:
-        _write_gigpo_rows(trainer, out)
+        _write_gigpo_rows(trainer, out, heldout)
         if trainer.policy.cfg.lora_rank > 0:
             trainer.policy.lm.save_adapter(out / "adapter")
         ckpt.save_gigpo(trainer, cfg, out)
+    if ev is not None:
+        ev.run(trainer, "after", keep_rng=True)
+        ev.write(trainer.num_timesteps)
     return trainer
 
 
-def _write_gigpo_rows(trainer: Any, out: Path) -> None:
+def _write_gigpo_rows(trainer: Any, out: Path, heldout: Any = ()) -> None:
     """curve.csv and gigpo.csv with every row since the run's start (a resumed run's trainer holds the earlier ones)."""
-    recent: deque[float] = deque(maxlen=20)
-    with open(out / "curve.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["timesteps", "success_rate", "return"])
-        for steps, won, ret in trainer.episodes_done:
-            recent.append(float(won))
-            w.writerow([steps, float(np.mean(recent)), ret])
+    write_curve(out / "curve.csv", rolling_rows(trainer.episodes_done), heldout)
     if trainer.history:
         with open(out / "gigpo.csv", "w", newline="") as f:
             # every key of every row, first-seen order (a run resumed from an older checkpoint gains new columns)
