@@ -53,6 +53,7 @@ from echorl_agent.eval.runner import cpu_name  # noqa: E402
 from echorl_agent.eval.stats import read_jsonl  # noqa: E402
 from echorl_agent.llm_rl import checkpoint as ckpt  # noqa: E402
 from echorl_agent.llm_rl.advantage import gigpo_advantages  # noqa: E402
+from echorl_agent.llm_rl.heldout import held_out_seeds, play  # noqa: E402
 from echorl_agent.llm_rl.train import LLMTrainConfig, _bc_warm_start, gigpo_config  # noqa: E402
 from echorl_envs.wrappers.llm import decode_llm_obs  # noqa: E402
 
@@ -158,20 +159,17 @@ VARIANTS = {"gigpo": (0.95, 1.0, "std"), "episode-only (GRPO)": (0.95, 0.0, "std
 same rollouts: only the training run's own variant shapes the policy)."""
 
 
-def action_text(step) -> str:
-    """The text of the action a rollout step took (its anchor key holds the admissible list)."""
-    return step.anchor.split("\x00", 1)[1].split("\x1f")[step.action]
-
-
 def evaluate(trainer, seed: int, episodes: int, phase: str) -> list[dict]:
     """Held-out success, sampled and greedy, on the episode seeds of ``benchmarks/llm_rl_learning.py``
-    (``100000 + 1000 * seed + ep``): the same episodes before and after GiGPO, so they pair up."""
-    seeds = [100_000 + 1000 * seed + ep for ep in range(episodes)]
+    (``100000 + 1000 * seed + ep``): the same episodes before and after GiGPO, so they pair up. The player is
+    ``echorl train-llm``'s (:func:`echorl_agent.llm_rl.heldout.play`: the trainer's envs in one batch, sampled
+    actions from its generator)."""
+    seeds = held_out_seeds(seed, episodes)
     rows = []
-    for mode in ("stochastic", "deterministic"):
-        for s, ep in zip(seeds, trainer.evaluate(seeds, deterministic=mode == "deterministic"), strict=True):
-            rows.append({"kind": "episode", "phase": phase, "mode": mode, "episode_seed": s, "won": bool(ep.won),
-                         "return": ep.ret, "steps": len(ep.steps), "actions": [action_text(st) for st in ep.steps]})
+    for mode, name in (("stochastic", "sampled"), ("deterministic", "greedy")):
+        for ep in play(trainer, seeds, name):
+            rows.append({"kind": "episode", "phase": phase, "mode": mode, "episode_seed": ep.seed, "won": ep.won,
+                         "return": ep.ret, "steps": ep.steps, "actions": ep.actions})
     return rows
 
 
@@ -216,9 +214,13 @@ def resumable(args, seed: int) -> int | None:
         return None
 
 
-def run_seed(args, seed: int, resume: bool = False) -> None:
+def train_config(args, seed: int) -> LLMTrainConfig:
+    """The ``echorl train-llm`` config of one seed of this script's recipe (GiGPO's settings, the BC warm start,
+    ``--train-steps``): what it trains with, and what the shipped recipes are checked against
+    (tests/test_recipes.py). The script's own loop also stops after ``--iterations``."""
     warm = {"method": "bc+gigpo", "bc_episodes": args.bc_episodes} if args.bc_episodes else {"method": "gigpo"}
-    cfg = LLMTrainConfig(env_id=args.env, env_kwargs=json.loads(args.env_kwargs or "{}"), train_steps=1, **warm, bc_epochs=20, bc_learning_rate=2e-3,
+    return LLMTrainConfig(env_id=args.env, env_kwargs=json.loads(args.env_kwargs or "{}"),
+                         train_steps=args.train_steps, **warm, bc_epochs=20, bc_learning_rate=2e-3,
                          bc_batch_size=8, seed=seed, history=args.history,
                          max_episode_steps=args.max_steps, learning_rate=args.lr,
                          n_envs=args.groups * args.group_size, group_size=args.group_size,
@@ -234,6 +236,10 @@ def run_seed(args, seed: int, resume: bool = False) -> None:
                                        "sample_weighting": args.sample_weighting,
                                        "center_advantages": args.center_advantages,
                                        **({"positive_advantages": True} if args.positive_advantages else {})})
+
+
+def run_seed(args, seed: int, resume: bool = False) -> None:
+    cfg = train_config(args, seed)
     gcfg, _ = gigpo_config(cfg)
     folder = ckpt_dir(args, seed)
     opened = ckpt.open_checkpoint(folder, cfg) if resume else None  # verified before the model loads

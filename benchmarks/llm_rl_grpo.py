@@ -51,15 +51,21 @@ def strict_answer(text: str, answer: str) -> bool:
     return re.fullmatch(r"-?\d+(\.\d+)?(/\d+)?", tail) is not None and float(Fraction(tail)) == float(Fraction(answer))
 
 
-def run_seed(seed: int, args: argparse.Namespace) -> dict:
+def grpo_config(args: argparse.Namespace, seed: int):
+    """The :class:`GRPOConfig` of one seed (what the shipped recipe ``arithmetic-grpo`` is checked against)."""
     from echorl_agent.llm_rl.config import LLMPolicyConfig
-    from echorl_agent.llm_rl.grpo import GRPOConfig, GRPOTrainer
+    from echorl_agent.llm_rl.grpo import GRPOConfig
+
+    return GRPOConfig(env_kwargs=EASY, group_size=args.group, prompts_per_step=args.prompts, max_tokens=8,
+                      lr=args.lr, seed=seed, sampler=args.sampler,
+                      lm=LLMPolicyConfig(lora_rank=8, train_layers=2, engine_weight_dtype=args.engine_dtype))
+
+
+def run_seed(seed: int, args: argparse.Namespace) -> dict:
+    from echorl_agent.llm_rl.grpo import GRPOTrainer
 
     torch.manual_seed(seed)
-    cfg = GRPOConfig(env_kwargs=EASY, group_size=args.group, prompts_per_step=args.prompts, max_tokens=8,
-                     lr=args.lr, seed=seed, sampler=args.sampler,
-                     lm=LLMPolicyConfig(lora_rank=8, train_layers=2, engine_weight_dtype=args.engine_dtype))
-    tr = GRPOTrainer(cfg)
+    tr = GRPOTrainer(grpo_config(args, seed))
     held_out = list(range(HELD_OUT, HELD_OUT + args.eval))
     result: dict = {"seed": seed, "config": {k: v for k, v in vars(args).items() if k != "seeds"}, "wins": {}}
 
@@ -121,7 +127,7 @@ def summary(out: Path, base: str, target: str) -> None:
     print(f"GRPO training: {np.mean(secs):.0f} s per seed on average ({runs[0]['config']['steps']} steps)")
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--warm", type=int, default=64, help="oracle answers for the SFT warm start (0: GRPO from the pretrained LM)")
     ap.add_argument("--warm-epochs", type=int, default=4)
@@ -139,7 +145,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default="benchmarks/results/llm_rl_grpo")
     ap.add_argument("--summary", action="store_true", help="summarise the seeds in --out instead of running")
     ap.add_argument("--base", default="sft", help="--summary: the start the difference is taken against")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     out = Path(args.out)
     if args.summary:
         summary(out, args.base, "grpo")

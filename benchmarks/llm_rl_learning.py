@@ -56,6 +56,7 @@ import echorl_envs  # noqa: E402,F401
 from echorl_agent.eval.claims import claim as claim_file  # noqa: E402
 from echorl_agent.eval.report import wilson_interval as wilson  # noqa: E402
 from echorl_agent.eval.stats import mcnemar_exact, paired_bootstrap, ratio_bootstrap, read_jsonl  # noqa: E402
+from echorl_agent.llm_rl.heldout import held_out_seed, held_out_seeds, play  # noqa: E402
 from echorl_agent.llm_rl.train import LLMTrainConfig, make_llm_env, train_llm  # noqa: E402
 
 METHODS = ("frozen", "bc", "ppo", "bc+ppo", "echoppo", "gigpo", "bc+gigpo", "bc+gigpo+plan", "bc+gigpo+replay",
@@ -82,11 +83,6 @@ def _eval_env_kwargs(args) -> dict:
     return {**_env_kwargs(args), **json.loads(args.eval_env_kwargs or "{}")}
 
 
-def held_out_seed(seed: int, ep: int) -> int:
-    """The episode seed of held-out episode ``ep`` of run seed ``seed`` (training uses other seeds)."""
-    return 100_000 + 1000 * seed + ep
-
-
 def eval_tag(env_kwargs: dict, eval_kwargs: dict) -> str | None:
     """The ``eval_env_kwargs`` tag of held-out rows: None when they use the training options (so older rows keep
     pairing with new ones), else the options as sorted JSON."""
@@ -94,25 +90,18 @@ def eval_tag(env_kwargs: dict, eval_kwargs: dict) -> str | None:
 
 
 def evaluate(model, args, seed: int) -> list[dict]:
+    """Held-out episodes ``100000 + 1000 * seed + ep``, sampled and greedy, played by ``echorl train-llm``'s player
+    (:func:`echorl_agent.llm_rl.heldout.play`: one env at a time, torch seeded by the episode seed)."""
     rows = []
     eval_kwargs = _eval_env_kwargs(args)
-    env = make_llm_env(args.env, args.history, args.max_steps, env_kwargs=eval_kwargs)
     tag = eval_tag(_env_kwargs(args), eval_kwargs)
     tag = {} if tag is None else {"eval_env_kwargs": tag}
-    for mode in ("stochastic", "deterministic"):
-        for ep in range(args.eval_episodes):
-            episode_seed = held_out_seed(seed, ep)
-            torch.manual_seed(episode_seed)
-            obs, _ = env.reset(seed=episode_seed)
-            done, steps, ret, info, actions = False, 0, 0.0, {}, []
-            while not done:
-                a, _ = model.predict(obs, deterministic=mode == "deterministic")
-                index = int(np.asarray(a).reshape(-1)[0])
-                actions.append(env.action_text(index))
-                obs, r, term, trunc, info = env.step(index)
-                steps, ret, done = steps + 1, ret + float(r), term or trunc
-            rows.append({"mode": mode, "episode_seed": episode_seed, "won": bool(info.get("won")),
-                         "return": ret, "steps": steps, "actions": actions, **tag})
+    seeds = held_out_seeds(seed, args.eval_episodes)
+    for mode, name in (("stochastic", "sampled"), ("deterministic", "greedy")):
+        for ep in play(model, seeds, name, lambda: make_llm_env(args.env, args.history, args.max_steps,
+                                                                env_kwargs=eval_kwargs)):
+            rows.append({"mode": mode, "episode_seed": ep.seed, "won": ep.won, "return": ep.ret, "steps": ep.steps,
+                         "actions": ep.actions, **tag})
     return rows
 
 
@@ -205,12 +194,12 @@ def trace(args) -> None:
               f"{match}: " + ", ".join(steps), flush=True)
 
 
-def run(method: str, seed: int, args) -> None:
-    out = Path(args.out) / f"{method}-seed{seed}"
-    t0 = time.perf_counter()
+def train_config(method: str, seed: int, args, out: Path | None = None) -> LLMTrainConfig:
+    """The ``echorl train-llm`` config of ``method`` on ``seed`` with this script's arguments (what :func:`run`
+    trains, and what the shipped recipes are checked against, tests/test_recipes.py)."""
     arm = ECHORL_ARMS.get(method)
     group = method in GROUP_METHODS
-    cfg = LLMTrainConfig(
+    return LLMTrainConfig(
         env_id=args.env, env_kwargs=_env_kwargs(args), method="ppo" if method == "frozen" else "echorl" if arm is not None else method,
         train_steps=0 if method in ("frozen", "bc") else args.train_steps, bc_episodes=args.bc_episodes,
         bc_epochs=args.bc_epochs, bc_learning_rate=args.bc_lr, bc_batch_size=args.bc_batch_size, seed=seed,
@@ -221,8 +210,14 @@ def run(method: str, seed: int, args) -> None:
         policy_kwargs={**POLICY, **json.loads(args.policy_kwargs or "{}"), **(arm or {}).get("policy_kwargs", {})},
         gigpo_kwargs=json.loads(args.gigpo_kwargs or "{}") if group else {},
         ppo_kwargs=json.loads(args.ppo_kwargs or "{}") if method in PPO_METHODS else {},
-        bc_warm_start=arm is not None, replay=(arm or {}).get("replay"), out=str(out),
+        bc_warm_start=arm is not None, replay=(arm or {}).get("replay"), out=None if out is None else str(out),
         **({} if args.checkpoint_every is None else {"checkpoint_every": args.checkpoint_every}))
+
+
+def run(method: str, seed: int, args) -> None:
+    out = Path(args.out) / f"{method}-seed{seed}"
+    t0 = time.perf_counter()
+    cfg = train_config(method, seed, args, out)
     resume = cfg.train_steps > 0 and any((out / name).is_dir() for name in ("checkpoint", "checkpoint.old"))
     if resume:
         from echorl_agent.llm_rl.checkpoint import read_checkpoint

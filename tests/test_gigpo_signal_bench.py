@@ -142,10 +142,11 @@ def test_exact_anchors_split_aliased_observations():
 
 
 def test_action_text_reads_the_admissible_list_of_the_anchor_key():
+    from echorl_agent.llm_rl.heldout import action_text  # moved from this script into the library (train-llm's player)
     from echorl_agent.llm_rl.rollout import Step, anchor_key
 
     key = anchor_key({"obs": "You see a red ball", "admissible": ADM})
-    assert bench.action_text(Step(None, 2, 0.0, key)) == "go forward"
+    assert action_text(Step(None, 2, 0.0, key)) == "go forward"
 
 
 def test_main_skips_claimed_seeds_reruns_interrupted_ones_and_keeps_finished(tmp_path, monkeypatch):

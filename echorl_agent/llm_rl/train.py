@@ -66,7 +66,7 @@ class LLMTrainConfig:
     """PPO env steps (choice envs) or GRPO sampled completions (free text)."""
     bc_episodes: int = 8
     """Expert episodes for the BC warm start (``bc``, ``bc+ppo``, ``echoppo``, ``bc+gigpo``, ``echorl`` with
-    ``bc_warm_start``); oracle answers for ``grpo``."""
+    ``bc_warm_start``); oracle answers for ``grpo`` (0: GRPO from the pretrained LM)."""
     bc_epochs: int = 3
     bc_learning_rate: float | None = None
     """Learning rate of the BC warm start (None: ``learning_rate``)."""
@@ -144,7 +144,8 @@ class LLMTrainConfig:
             raise ValueError(f"echorl_learner must be one of {ECHORL_LEARNERS}, got echorl_learner={self.echorl_learner!r}")
         for name in ("train_steps", "bc_episodes", "n_envs", "n_steps", "batch_size", "n_epochs", "group_size"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "train_steps" else 1):
+            zero_ok = name == "train_steps" or name == "bc_episodes" and self.method == "grpo"  # grpo: no warm start
+            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if zero_ok else 1):
                 raise ValueError(f"{name} must be a positive int, got {name}={v!r}")
         if self.learner == "gigpo":
             if self.group_size < 2:
