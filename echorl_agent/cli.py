@@ -284,6 +284,7 @@ def train_overrides(args: argparse.Namespace) -> dict:
 
 def cmd_train_llm(args: argparse.Namespace) -> int:
     import echorl_envs
+    from echorl_agent.llm_rl.progress import describe, used
     from echorl_agent.llm_rl.recipes import resolve_config
     from echorl_agent.llm_rl.train import train_llm
 
@@ -294,11 +295,14 @@ def cmd_train_llm(args: argparse.Namespace) -> int:
         cfg, how = resolve_config({**overrides, "out": args.out, "progress": not args.quiet}, recipe=args.recipe,
                                   config_file=args.config)
         if not args.quiet:
-            print(f"[train-llm] {cfg.method} on {cfg.env_id}, seed {cfg.seed}: {how}", file=sys.stderr, flush=True)
+            print(f"[train-llm] {cfg.method} on {cfg.env_id}, seed {cfg.seed} ({how}): {describe(cfg)}",
+                  file=sys.stderr, flush=True)
         started = time.time()
-        train_llm(cfg, resume=args.resume)
+        model = train_llm(cfg, resume=args.resume)
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"echorl train-llm: {e}") from e
+    if not args.quiet:
+        print(f"[train-llm] trained {used(model)} ({time.time() - started:.0f} s)", file=sys.stderr, flush=True)
     written = written_since(Path(args.out), started)
     if cfg.eval_episodes and (Path(args.out) / "eval.json").exists() and "eval.json" in written:
         from echorl_agent.eval.verdict import finish

@@ -176,11 +176,11 @@ class HeldOutEval:
     Args:
         cfg: the run's :class:`~echorl_agent.llm_rl.train.LLMTrainConfig` (``eval_episodes``, ``seed``, env).
         out: the run's output folder (None: keep the results in memory only).
-        progress: show a progress bar per evaluation.
+        progress: the run's :class:`~echorl_agent.llm_rl.progress.RunProgress` (a bar per evaluation), or None.
         resume: the run continues from its checkpoint: read its earlier ``before`` / ``after_bc`` rows.
     """
 
-    def __init__(self, cfg: Any, out: Path | None, progress: bool = False, resume: bool = False) -> None:
+    def __init__(self, cfg: Any, out: Path | None, progress: Any = None, resume: bool = False) -> None:
         self.cfg, self.out, self.progress = cfg, out, progress
         self.free_text = cfg.learner == "grpo"
         self.seeds = held_out_seeds(cfg.seed, cfg.eval_episodes, self.free_text)
@@ -206,9 +206,15 @@ class HeldOutEval:
 
         t0 = time.perf_counter()
         got: list[Episode] = []
+        prog = self.progress
+        if prog is not None:
+            prog.stage(f"held-out {phase} ({len(self.seeds)} episodes x {len(MODES)} modes)", unit="env step",
+                       counting="env_steps", scoring="playing")
         with _kept_rng(model, keep_rng):
             for mode in MODES:
                 got += play(model, self.seeds, mode, self.env_fn, phase)
+                if prog is not None:
+                    prog.update(0, **{mode: float(np.mean([e.won for e in got if e.mode == mode]))})
         self.episodes = [e for e in self.episodes if e.phase != phase] + got
         s = summarize(got)
         log.info("held-out %s: %s (%.0f s)", phase, ", ".join(f"{m} {v['success']:.2f}" for m, v in s.items()),

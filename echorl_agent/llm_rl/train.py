@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from echorl_agent.llm_rl.curve import rolling_rows, write_curve
+from echorl_agent.llm_rl.progress import RunProgress
 
 __all__ = ["ECHORL_LEARNERS", "LLMTrainConfig", "METHODS", "load_trained", "train_llm", "make_llm_env"]
 
@@ -300,18 +301,27 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None, resume: bool = False):
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
     torch.manual_seed(cfg.seed)
+    prog = RunProgress(cfg.progress and not finished)
     ev = None
     if cfg.eval_episodes and not finished:
         from echorl_agent.llm_rl.heldout import HeldOutEval
 
-        ev = HeldOutEval(cfg, out, cfg.progress, resume=resume)
-    if cfg.learner == "grpo":
-        return _train_grpo(cfg, out, lm, opened, ev)
-    if cfg.learner == "gigpo":
-        return _train_gigpo(cfg, out, lm, opened, ev)
+        ev = HeldOutEval(cfg, out, prog, resume=resume)
+    try:
+        if cfg.learner == "grpo":
+            return _train_grpo(cfg, out, lm, opened, ev)
+        if cfg.learner == "gigpo":
+            return _train_gigpo(cfg, out, lm, opened, ev, prog)
+        return _train_ppo(cfg, out, lm, opened, ev, prog)
+    finally:
+        prog.close()
+
+
+def _train_ppo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any, ev: Any, prog: RunProgress):
     from stable_baselines3.common.monitor import Monitor
     from stable_baselines3.common.vec_env import DummyVecEnv
 
+    from echorl_agent.llm_rl import checkpoint as ckpt
     from echorl_agent.llm_rl.ppo import LLMPPO
 
     pk = dict(cfg.policy_kwargs)
@@ -331,6 +341,7 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None, resume: bool = False):
                     learning_rate=cfg.learning_rate, ent_coef=cfg.ent_coef, seed=cfg.seed, verbose=0,
                     gamma=0.99 if cfg.gamma is None else cfg.gamma, tensorboard_log=tb, policy_kwargs=pk,
                     replay=cfg.replay_kwargs(), replay_ratio=cfg.replay_ratio, **cfg.ppo_kwargs)
+    prog.attach(model.policy)
     curve = _Curve(out / "curve.csv" if out is not None else None)
     if opened is not None:
         ckpt.load_ppo(model, curve, opened)
@@ -339,7 +350,7 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None, resume: bool = False):
         if ev is not None:
             ev.run(model, "before")
         if cfg.method in ("bc", "bc+ppo", "echoppo", "echorl"):
-            _bc_warm_start(cfg, model.policy, out)  # PPO's own schedule sets the learning rate again at every update
+            _bc_warm_start(cfg, model.policy, out, prog)  # PPO's own schedule sets the learning rate again at every update
             if ev is not None and cfg.method != "bc":
                 ev.run(model, "after_bc")
     todo = 0 if cfg.method == "bc" else cfg.train_steps - model.num_timesteps
@@ -353,12 +364,12 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None, resume: bool = False):
             warnings.warn(f"train_steps={cfg.train_steps} is not a multiple of n_steps * n_envs = {rollout}: PPO "
                           f"collects whole rollouts, so {-(-cfg.train_steps // rollout) * rollout} env steps run",
                           stacklevel=2)
-        callbacks = [curve.callback]
+        callbacks = [curve.callback, _progress_callback(prog, curve, cfg, model.num_timesteps)]
         if ev is not None and cfg.eval_every:
             callbacks.append(_heldout_callback(ev, curve, cfg.eval_every))
         if out is not None and cfg.checkpoint_every:
             callbacks.append(ckpt.ppo_checkpoint_callback(cfg, curve, out, rollout))
-        model.learn(todo, callback=callbacks, progress_bar=cfg.progress, tb_log_name="llm",
+        model.learn(todo, callback=callbacks, progress_bar=False, tb_log_name="llm",
                     reset_num_timesteps=opened is None)
         if not curve.rows:
             warnings.warn("no training episode finished: curve.csv has only its header (raise train_steps or "
@@ -374,6 +385,38 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None, resume: bool = False):
         ev.run(model, "after", keep_rng=True)
         ev.write(model.num_timesteps)
     return model
+
+
+def _progress_callback(prog: RunProgress, curve: _Curve, cfg: LLMTrainConfig, start: int) -> Any:
+    """SB3 callback moving the run's RL bar: env steps as they happen, rollout / update phases, success (last 20
+    episodes) and the last update's loss."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class ProgressCallback(BaseCallback):
+        def _on_training_start(self) -> None:
+            prog.stage(f"{cfg.method} RL", total=_ppo_budget(cfg), initial=start, unit="env step")
+
+        def _on_rollout_start(self) -> None:
+            loss = self.model.logger.name_to_value.get("train/loss")
+            stats = {"success_rate": float(np.mean(curve.recent))} if curve.recent else {}
+            if loss is not None and self.model.num_timesteps > start:
+                prog.iteration_done(self.model.num_timesteps, _ppo_budget(cfg), {**stats, "loss": float(loss)})
+            prog.set_phase("rollout")
+
+        def _on_step(self) -> bool:
+            prog.update(self.training_env.num_envs)
+            return True
+
+        def _on_rollout_end(self) -> None:
+            prog.set_phase("update")
+
+    return ProgressCallback()
+
+
+def _ppo_budget(cfg: LLMTrainConfig) -> int:
+    """The env steps a PPO run takes: ``train_steps`` rounded up to whole rollouts of ``n_steps * n_envs``."""
+    rollout = cfg.n_steps * cfg.n_envs
+    return -(-cfg.train_steps // rollout) * rollout
 
 
 def _heldout_callback(ev: Any, curve: _Curve, every: int) -> Any:
@@ -485,7 +528,7 @@ def _train_grpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = No
     return trainer
 
 
-def _bc_warm_start(cfg: LLMTrainConfig, policy: Any, out: Path | None) -> None:
+def _bc_warm_start(cfg: LLMTrainConfig, policy: Any, out: Path | None, prog: RunProgress | None = None) -> None:
     from echorl_agent.llm_rl.bc import behaviour_clone, collect_expert_states
 
     data = collect_expert_states(lambda: make_llm_env(cfg.env_id, cfg.history, cfg.max_episode_steps,
@@ -493,8 +536,14 @@ def _bc_warm_start(cfg: LLMTrainConfig, policy: Any, out: Path | None) -> None:
                                  cfg.bc_episodes, seed=10_000 + cfg.seed)
     for g in policy.optimizer.param_groups:
         g["lr"] = cfg.bc_learning_rate or cfg.learning_rate
+    live = prog is not None and prog.enabled
+    if live:
+        prog.stage(f"BC ({data.episodes} expert episodes, {len(data.actions)} states x {cfg.bc_epochs} epochs)",
+                   total=len(data.actions) * cfg.bc_epochs, unit="state", counting="learner_rows")
+        prog.attach(policy)
     losses = behaviour_clone(policy, data, epochs=cfg.bc_epochs, batch_size=cfg.bc_batch_size or cfg.batch_size,
-                             seed=cfg.seed, progress=cfg.progress)
+                             seed=cfg.seed, progress=cfg.progress and not live,
+                             on_epoch=(lambda e, loss: prog.update(0, epoch=e + 1, loss=loss)) if live else None)
     for g in policy.optimizer.param_groups:
         g["lr"] = cfg.learning_rate
     if out is not None:
@@ -522,7 +571,8 @@ def gigpo_config(cfg: LLMTrainConfig):
     return gcfg, pk
 
 
-def _train_gigpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = None, ev: Any = None):
+def _train_gigpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = None, ev: Any = None,
+                 prog: RunProgress | None = None):
     from echorl_agent.llm_rl import checkpoint as ckpt
     from echorl_agent.llm_rl.gigpo import GiGPOTrainer
 
@@ -536,6 +586,8 @@ def _train_gigpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = N
         env = make_llm_env(cfg.env_id, cfg.history, cfg.max_episode_steps, env_kwargs=cfg.env_kwargs)
         policy = LLMPolicy(env.observation_space, env.action_space, ConstantSchedule(cfg.learning_rate), lm=lm, **pk)
     trainer = GiGPOTrainer(gcfg, policy)
+    prog = prog or RunProgress(False)
+    prog.attach(trainer.policy)
     if opened is not None:
         ckpt.load_gigpo(trainer, opened)  # the weights after the BC warm start are in it
         if trainer.num_timesteps >= cfg.train_steps:
@@ -544,7 +596,7 @@ def _train_gigpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = N
     elif cfg.method == "bc+gigpo" or cfg.bc_warm_start:
         if ev is not None:
             ev.run(trainer, "before")
-        _bc_warm_start(cfg, trainer.policy, out)
+        _bc_warm_start(cfg, trainer.policy, out, prog)
         if ev is not None:  # the start of RL, evaluated as benchmarks/gigpo_signal.py does (its generator draws)
             ev.run(trainer, "after_bc", keep_rng=True)
     elif ev is not None:
@@ -574,14 +626,21 @@ def _train_gigpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = N
 
     heldout: list[dict] = []
 
+    def rl_stage() -> None:
+        prog.stage(f"{cfg.method} RL", total=cfg.train_steps, initial=trainer.num_timesteps, unit="env step",
+                   counting="env_steps")
+
     def after_iteration(s: dict[str, float]) -> None:
         log_iteration(s)
+        prog.iteration_done(trainer.num_timesteps, cfg.train_steps, s)
         if ev is not None and cfg.eval_every and trainer.num_iterations % cfg.eval_every == 0:
             row = ev.point(trainer, trainer.num_timesteps)
             heldout.append(row)
             for k, v in row.items():
                 if k != "timesteps" and writer is not None:
                     writer.add_scalar(f"eval/{k.removeprefix('heldout_')}", v, trainer.num_timesteps)
+            if trainer.num_timesteps < cfg.train_steps:
+                rl_stage()
         every = cfg.checkpoint_every
         if out is not None and every and trainer.num_iterations % every == 0 and trainer.num_timesteps < cfg.train_steps:
             if writer is not None:
@@ -590,7 +649,8 @@ def _train_gigpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = N
             ckpt.save_gigpo(trainer, cfg, out)
 
     if cfg.train_steps > trainer.num_timesteps:
-        trainer.train(cfg.train_steps, progress=cfg.progress, callback=after_iteration)
+        rl_stage()
+        trainer.train(cfg.train_steps, progress=cfg.progress and not prog.enabled, callback=after_iteration)
     if writer is not None:
         writer.close()
     if out is not None:
