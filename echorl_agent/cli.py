@@ -320,6 +320,7 @@ def cmd_train_llm(args: argparse.Namespace) -> int:
 def cmd_eval_llm(args: argparse.Namespace) -> int:
     from echorl_agent.eval.verdict import finish
     from echorl_agent.llm_rl.heldout import HeldOutEval, read_episodes
+    from echorl_agent.llm_rl.progress import RunProgress
     from echorl_agent.llm_rl.train import LLMTrainConfig, load_trained
 
     run = Path(args.run_dir)
@@ -330,11 +331,15 @@ def cmd_eval_llm(args: argparse.Namespace) -> int:
         raise SystemExit(f"echorl eval-llm: {e}") from e
     episodes = args.episodes if args.episodes is not None else saved.get("eval_episodes") or 20
     cfg = LLMTrainConfig(**{**saved, "eval_episodes": episodes, "eval_every": 0, "progress": not args.quiet})
-    ev = HeldOutEval(cfg, run, progress=not args.quiet)
+    prog = RunProgress(not args.quiet)
+    if hasattr(model, "policy"):
+        prog.attach(model.policy)
+    ev = HeldOutEval(cfg, run, progress=prog)
     if (run / "eval_episodes.csv").exists():  # the run's own "before" episodes pair with these
         ev.episodes = [e for e in read_episodes(run / "eval_episodes.csv") if e.phase in ("before", "after_bc")
                        and e.seed in set(ev.seeds)]
     ev.run(model, "after", keep_rng=True)
+    prog.close()
     ev.write(prefix="eval_again")
     _, line = finish(run, prefix="eval_again")
     print(f"wrote {run}/: eval_again.json, eval_again_episodes.csv")
