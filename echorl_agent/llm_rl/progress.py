@@ -35,6 +35,7 @@ class RunProgress:
         self.counting: str | None = None
         self._learned = 0
         self.scoring = "rollout"
+        self.desc = ""
         self.post: dict[str, str] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -58,6 +59,7 @@ class RunProgress:
                 self.bar.close()
             self.bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True, mininterval=0.5)
             self.phase, self.post, self.counting, self._learned, self.scoring = "", {}, counting, 0, scoring
+            self.desc = desc
         if self._thread is None:
             self._thread = threading.Thread(target=self._beat, name="train-llm-progress", daemon=True)
             self._thread.start()
@@ -116,35 +118,44 @@ class RunProgress:
 
     # ------------------------------------------------------------------ hooks on the policy
     def attach(self, policy: Any) -> None:
-        """Count ``policy``'s scoring and learner calls on the current bar (wraps the two bound methods on the
-        instance; the class is untouched)."""
-        if not self.enabled or getattr(policy, "_progress_attached", False):
+        """Count ``policy``'s scoring and learner calls on this run's current bar (wraps the two bound methods on the
+        instance once; a later run's :meth:`attach` takes the counts over; the class is untouched)."""
+        if not self.enabled:
+            return
+        policy._run_progress = self
+        if getattr(policy, "_progress_wrapped", False):
             return
         record_many, learner_scores_many = policy.record_many, policy.learner_scores_many
 
         def counted_record_many(rows, *args, **kwargs):
             out = record_many(rows, *args, **kwargs)
-            if self.counting == "env_steps":
-                self.set_phase(self.scoring)
-                self.update(len(out))
-            elif self.counting == "learner_rows":
-                self.set_phase("scoring states")
+            policy._run_progress._scored(len(out))
             return out
 
         def counted_learner_scores_many(recs, *args, **kwargs):
             out = learner_scores_many(recs, *args, **kwargs)
-            self._learned += len(recs)
-            if self.counting == "learner_rows":
-                self.set_phase("learning")
-                self.update(len(recs))
-            else:
-                if self.counting == "env_steps":
-                    self.set_phase("update")
-                self.update(0, learner_rows=self._learned)
+            policy._run_progress._learner(len(recs))
             return out
 
         policy.record_many, policy.learner_scores_many = counted_record_many, counted_learner_scores_many
-        policy._progress_attached = True
+        policy._progress_wrapped = True
+
+    def _scored(self, n: int) -> None:
+        if self.counting == "env_steps":
+            self.set_phase(self.scoring)
+            self.update(n)
+        elif self.counting == "learner_rows":
+            self.set_phase("scoring states")
+
+    def _learner(self, n: int) -> None:
+        self._learned += n
+        if self.counting == "learner_rows":
+            self.set_phase("learning")
+            self.update(n)
+        else:
+            if self.counting == "env_steps":
+                self.set_phase("update")
+            self.update(0, learner_rows=self._learned)
 
     def _beat(self) -> None:
         while not self._stop.wait(self._heartbeat_s):

@@ -11,7 +11,15 @@ term + hot/cold prioritized replay of LLM transitions; ablate with ``plan_tokens
 Every choice env trains with its own step limit unless ``max_episode_steps`` caps it: the final observation of a
 truncated episode lists no admissible action and gets a value-only record (SB3 bootstraps its value).
 
-Output folder: ``curve.csv`` (env steps, rolling training success, episode return), ``model.zip`` (SB3 format;
+Budgets: ``train_steps`` is rounded UP to whole iterations (a GiGPO run stops at the end of the first iteration at or
+past it; PPO collects whole rollouts of ``n_steps * n_envs``); GRPO's completions are rounded down to whole steps.
+With ``eval_episodes`` > 0 the run plays held-out instances before and after training (and after a BC warm start)
+in both modes (:mod:`echorl_agent.llm_rl.heldout`); ``progress`` shows a live bar per stage
+(:mod:`echorl_agent.llm_rl.progress`).
+
+Output folder: ``curve.csv`` (:mod:`echorl_agent.llm_rl.curve`: env steps, success rate and mean return over the last
+20 training episodes, the episode's own return, held-out points), ``eval.json`` and ``eval_episodes.csv`` (held-out
+evaluation; ``echorl_agent.eval.verdict.finish`` adds the paired differences), ``model.zip`` (SB3 format;
 adapters inside; PPO methods), ``adapter/`` (peft format), ``tb/`` (TensorBoard: SB3's ``train/*`` and ``rollout/*``
 keys; GiGPO's ``train/*``, ``rollout/*`` and ``time/*``), ``gigpo.csv`` (GiGPO: one row per iteration),
 ``bc.json`` (BC warm start), ``config.json``, ``checkpoint/`` (every ``checkpoint_every`` iterations and at the end;
@@ -309,7 +317,7 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None, resume: bool = False):
         ev = HeldOutEval(cfg, out, prog, resume=resume)
     try:
         if cfg.learner == "grpo":
-            return _train_grpo(cfg, out, lm, opened, ev)
+            return _train_grpo(cfg, out, lm, opened, ev, prog)
         if cfg.learner == "gigpo":
             return _train_gigpo(cfg, out, lm, opened, ev, prog)
         return _train_ppo(cfg, out, lm, opened, ev, prog)
@@ -392,9 +400,11 @@ def _progress_callback(prog: RunProgress, curve: _Curve, cfg: LLMTrainConfig, st
     episodes) and the last update's loss."""
     from stable_baselines3.common.callbacks import BaseCallback
 
+    desc = f"{cfg.method} RL"
+
     class ProgressCallback(BaseCallback):
         def _on_training_start(self) -> None:
-            prog.stage(f"{cfg.method} RL", total=_ppo_budget(cfg), initial=start, unit="env step")
+            prog.stage(desc, total=_ppo_budget(cfg), initial=start, unit="env step")
 
         def _on_rollout_start(self) -> None:
             loss = self.model.logger.name_to_value.get("train/loss")
@@ -404,6 +414,8 @@ def _progress_callback(prog: RunProgress, curve: _Curve, cfg: LLMTrainConfig, st
             prog.set_phase("rollout")
 
         def _on_step(self) -> bool:
+            if prog.enabled and prog.desc != desc:  # back from a held-out point
+                prog.stage(desc, total=_ppo_budget(cfg), initial=self.model.num_timesteps, unit="env step")
             prog.update(self.training_env.num_envs)
             return True
 
@@ -420,18 +432,24 @@ def _ppo_budget(cfg: LLMTrainConfig) -> int:
 
 
 def _heldout_callback(ev: Any, curve: _Curve, every: int) -> Any:
-    """SB3 callback: a held-out point (:meth:`HeldOutEval.point`) after every ``every``-th rollout, in curve.csv and
-    TensorBoard ``eval/*``."""
+    """SB3 callback: a held-out point (:meth:`HeldOutEval.point`) after every ``every``-th update (the last update's
+    is the final evaluation), in curve.csv and TensorBoard ``eval/*``."""
     from stable_baselines3.common.callbacks import BaseCallback
 
     class HeldOutCallback(BaseCallback):
         def _on_step(self) -> bool:
             return True
 
-        def _on_rollout_end(self) -> None:
-            self.rollouts = getattr(self, "rollouts", 0) + 1
-            if self.rollouts % every == 0:
-                row = ev.point(self.model, self.model.num_timesteps)
+        def _on_rollout_start(self) -> None:  # after the previous rollout's update
+            done = getattr(self, "rollouts", 0)
+            self.rollouts = done + 1
+            if done and done % every == 0:
+                policy = self.model.policy
+                policy.recording = False  # held-out states stay out of the rollout's record store
+                try:
+                    row = ev.point(self.model, self.model.num_timesteps)
+                finally:
+                    policy.recording = True
                 curve.heldout.append(row)
                 for k, v in row.items():
                     if k != "timesteps":
@@ -487,7 +505,8 @@ def grpo_config(cfg: LLMTrainConfig):
     return GRPOConfig(**gk)
 
 
-def _train_grpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = None, ev: Any = None):
+def _train_grpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = None, ev: Any = None,
+                prog: RunProgress | None = None):
     from echorl_agent.llm_rl import checkpoint as ckpt
     from echorl_agent.llm_rl.grpo import GRPOTrainer
 
@@ -506,11 +525,17 @@ def _train_grpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = No
                                   epochs=cfg.bc_epochs) if cfg.bc_episodes else []
         if ev is not None and warm and steps:
             ev.run(trainer, "after_bc")
+    prog = prog or RunProgress(False)
+    if trainer.num_steps < steps:
+        prog.stage("grpo RL", total=steps * per_step, initial=trainer.num_steps * per_step, unit="completion")
     while trainer.num_steps < steps:
         chunk = steps - trainer.num_steps
         if out is not None and cfg.checkpoint_every:
             chunk = min(chunk, cfg.checkpoint_every - trainer.num_steps % cfg.checkpoint_every)
-        trainer.train(chunk, progress=cfg.progress)
+        for _ in range(chunk):  # one GRPO step at a time: the bar moves with every group of completions
+            h = trainer.train(1, progress=cfg.progress and not prog.enabled)[-1]
+            prog.iteration_done(trainer.num_steps * per_step, steps * per_step,
+                                {"success_rate": h["reward_mean"], "loss": h["loss"]})
         if out is not None:
             ckpt.save_grpo(trainer, cfg, out, warm)
     if out is not None:
