@@ -11,58 +11,65 @@ An action's kind is its whole text when the episodes use at most ``--max-kinds``
 ``turn left``, ``go forward``, …), else its first word (ALFWorld: ``go``, ``take``, ``move``, ``open``, …).
 
 Run: ``python benchmarks/episode_actions.py --out benchmarks/results/llm_rl_alfworld_s1110`` (``--seeds`` to keep
-only some seeds, e.g. the finished pairs; ``--methods`` to keep some methods).
+only some seeds, e.g. the finished pairs; ``--methods`` to keep some methods). Without ``episodes.jsonl`` in the
+folder it reads the study's committed summary (``benchmarks/summarize_study.py``: each run, mode and held-out option's
+actions summed and put-backs per episode), which gives the same table.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
+import sys
 from collections import Counter
 from collections.abc import Callable
-from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
 from tabulate import tabulate
 
-from echorl_agent.eval.stats import read_jsonl
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-_TAKE = re.compile(r"^take (.+) from (.+)$")
-_MOVE = re.compile(r"^move (.+) to (.+)$")
+from benchmarks.summarize_study import load_groups, put_backs  # noqa: E402
 
-
-def put_backs(actions: list[str]) -> int:
-    """How often ``take O from R`` is immediately followed by ``move O to R`` (same object, same receptacle)."""
-    n = 0
-    for a, b in pairwise(actions):
-        take, move = _TAKE.match(a), _MOVE.match(b)
-        n += bool(take and move and take.groups() == move.groups())
-    return n
+__all__ = ["kinds", "put_backs", "table"]
 
 
-def kinds(rows: list[dict], max_kinds: int) -> Callable[[str], str]:
+def _group(row: dict) -> dict:
+    """A raw episode row (with its ``actions``) as an episode group of one (the summary's form)."""
+    if "action_counts" in row:
+        return row
+    return {**row, "won": [row["won"]], "steps": [row["steps"]], "put_backs": [put_backs(row["actions"])],
+            "action_counts": Counter(row["actions"])}
+
+
+def kinds(groups: list[dict], max_kinds: int) -> Callable[[str], str]:
     """The function naming an action's kind: its text when the episodes have few distinct texts, else its first word."""
-    texts = {a for r in rows for a in r["actions"]}
+    texts = {a for g in groups for a in g["action_counts"]}
     return (lambda a: a) if len(texts) <= max_kinds else (lambda a: a.split(" ", 1)[0])
 
 
 def table(rows: list[dict], max_kinds: int = 12, top: int = 8) -> list[list]:
-    """One line per (method, mode): episodes, wins, steps of wins / losses, action shares, put-backs."""
-    kind = kinds(rows, max_kinds)
+    """One line per (method, mode): episodes, wins, steps of wins / losses, action shares, put-backs. ``rows``: raw
+    episode rows with their ``actions``, or a summary's episode groups (:func:`benchmarks.summarize_study.load_groups`)."""
+    groups = [_group(r) for r in rows]
+    kind = kinds(groups, max_kinds)
     lines = []
-    for method in dict.fromkeys(r["method"] for r in rows):
+    for method in dict.fromkeys(g["method"] for g in groups):
         for mode in ("stochastic", "deterministic"):
-            rs = [r for r in rows if r["method"] == method and r["mode"] == mode]
-            if not rs:
+            gs = [g for g in groups if g["method"] == method and g["mode"] == mode]
+            if not gs:
                 continue
-            counts = Counter(kind(a) for r in rs for a in r["actions"])
+            counts = Counter()
+            for g in gs:
+                for a, c in g["action_counts"].items():
+                    counts[kind(a)] += c
             total = sum(counts.values())
             shares = ", ".join(f"{k} {100 * c / total:.0f}%" for k, c in counts.most_common(top))
-            won = [r["steps"] for r in rs if r["won"]]
-            lost = [r["steps"] for r in rs if not r["won"]]
-            pb = [put_backs(r["actions"]) for r in rs]
-            lines.append([method, mode, len(rs), sum(r["won"] for r in rs),
+            wins = [(w, s) for g in gs for w, s in zip(g["won"], g["steps"], strict=True)]
+            won = [s for w, s in wins if w]
+            lost = [s for w, s in wins if not w]
+            pb = [p for g in gs for p in g["put_backs"]]
+            lines.append([method, mode, len(wins), sum(w for w, _ in wins),
                           f"{np.mean(won):.1f}" if won else "–", f"{np.mean(lost):.1f}" if lost else "–", shares,
                           f"{np.mean(pb):.2f}", f"{sum(p >= 3 for p in pb)}/{len(pb)}"])
     return lines
@@ -78,10 +85,11 @@ def main(argv: list[str] | None = None) -> None:
                     help="at most this many distinct action texts: shares per text, else per first word")
     args = ap.parse_args(argv)
     path = Path(args.out)
-    path = path / "episodes.jsonl" if path.is_dir() else path
-    if not path.is_file():
-        raise ValueError(f"--out: no episodes.jsonl at {path}")
-    rows = [r for r in read_jsonl(path) if r.get("mode") in ("stochastic", "deterministic") and "actions" in r
+    path = path / "episodes.jsonl" if path.is_dir() or not path.suffix else path
+    groups = load_groups(path)  # the raw episodes summed per run and mode, or the study's committed summary
+    if not groups:
+        raise ValueError(f"--out: no episodes.jsonl at {path} and no summary of it (benchmarks/summarize_study.py)")
+    rows = [r for r in groups if r.get("mode") in ("stochastic", "deterministic") and r["action_counts"]
             and (args.methods is None or r["method"] in args.methods)
             and (args.seeds is None or r["seed"] in args.seeds)]
     if not rows:
@@ -90,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     for tag in sorted({r.get("eval_env_kwargs") or "" for r in rows}):  # held-out options never pool
         rs = [r for r in rows if (r.get("eval_env_kwargs") or "") == tag]
         seeds = sorted({r["seed"] for r in rs})
-        print(f"\n{path}: {len(rs)} held-out episodes on {tag or 'the training options'}, "
+        print(f"\n{path}: {sum(len(r['steps']) for r in rs)} held-out episodes on {tag or 'the training options'}, "
               f"seeds {', '.join(map(str, seeds))}")
         print(tabulate(table(rs, args.max_kinds), headers=["method", "eval", "episodes", "wins", "steps (won)",
                                                            "steps (lost)", "action shares", "put-backs / episode",

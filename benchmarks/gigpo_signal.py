@@ -16,14 +16,17 @@ bot's) action at every state (``info["expert_action"]``), which gives two lower-
 One run = one seed and one recipe (``--label``): BC warm start as ``benchmarks/llm_rl_learning.py``, held-out
 episodes (``--eval-episodes`` per mode), the probe, GiGPO iterations (one JSON line each, with the probe after the
 update), the same held-out episodes again; ``--summary`` pairs after with before over seeds. A seed already done for
-a label is skipped. A run checkpoints after every iteration into ``<out>.<label>-seed<seed>.ckpt/`` (the trainer's
+a label is skipped. Raw rows go to ``--out`` (under ``runs/``, ignored: every episode's actions); a study keeps their
+compact summary in git (``benchmarks/summarize_study.py``), which ``--summary`` reads the same way. A run checkpoints after every iteration into ``<out>.<label>-seed<seed>.ckpt/`` (the trainer's
 exact state, :func:`echorl_agent.llm_rl.checkpoint.save_gigpo`, with the probe states), so an interrupted seed
 continues from its last iteration and computes what the uninterrupted run computes; the folder is removed when the
 seed is done. Example (the setting of docs/studies/gotolocal-bc-gigpo-1k.md)::
 
     python benchmarks/gigpo_signal.py --seeds 8 --iterations 12 --lr 1e-3 --epochs 4 --minibatch-size 32 \
-        --eval-episodes 20 --out benchmarks/results/gigpo_signal.jsonl
-    python benchmarks/gigpo_signal.py --summary --out benchmarks/results/gigpo_signal.jsonl
+        --eval-episodes 20 --out runs/gigpo_signal.jsonl
+    python benchmarks/gigpo_signal.py --summary --out runs/gigpo_signal.jsonl
+    python benchmarks/summarize_study.py runs/gigpo_signal.jsonl --out benchmarks/results/gigpo_signal.jsonl
+    python benchmarks/gigpo_signal.py --summary --out benchmarks/results/gigpo_signal_s1070.jsonl  # a committed study
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from benchmarks.summarize_study import load_groups, load_rows  # noqa: E402
 import echorl_agent.llm_rl.gigpo as gigpo_mod  # noqa: E402
 from echorl_agent.eval.claims import append_jsonl, claim, drop_rows  # noqa: E402
 from echorl_agent.eval.runner import cpu_name  # noqa: E402
@@ -343,7 +347,8 @@ def summary(args) -> None:
 
     from echorl_agent.eval.stats import bootstrap_text, paired_bootstrap
 
-    data = pooled_rows([r for path in (args.out, *args.also) for r in read_jsonl(path)], args.pool)
+    data = pooled_rows([r for path in (args.out, *args.also) for r in load_rows(path)], args.pool)
+    groups = pooled_rows([g for path in (args.out, *args.also) for g in load_groups(path)], args.pool)
     done = {(d["label"], d["seed"]) for d in data if d.get("kind") == "done"}
     need: dict[str, int] = {}  # each run's registered seed count (its rows' min_seeds); --min-seeds without one
     for d in data:
@@ -382,7 +387,7 @@ def summary(args) -> None:
                                             "wins, stochastic", "wins, deterministic", "host"], tablefmt="github"))
     print("\nwhat the policy does on the held-out episodes (finished seeds): share of each action among all steps, "
           "and the mean episode length")
-    print(tabulate(action_shares(data), headers=["recipe", "mode", "phase", "seeds", "episodes", "mean steps",
+    print(tabulate(action_shares(data, groups), headers=["recipe", "mode", "phase", "seeds", "episodes", "mean steps",
                                                  "actions (share of steps)"], tablefmt="github"))
 
 
@@ -459,24 +464,27 @@ def seed_table(data: list[dict]) -> list[list]:
     return out
 
 
-def action_shares(data: list[dict]) -> list[list]:
+def action_shares(data: list[dict], groups: list[dict]) -> list[list]:
     """Per (recipe, mode, phase) over the finished seeds' held-out episodes: seeds, episodes, mean episode length and
     every action's share of all steps taken (most frequent first) -- what reward did to the policy's behaviour, e.g.
-    a collapse onto one action, shows here before any success rate does."""
+    a collapse onto one action, shows here before any success rate does. ``groups``: the episodes' summary rows
+    (:func:`benchmarks.summarize_study.load_groups`), whose ``action_counts`` sum each group's actions."""
     done = {(d["label"], d["seed"]) for d in data if d.get("kind") == "done"}
-    eps = [d for d in data if d.get("kind") == "episode" and (d["label"], d["seed"]) in done and d.get("actions")]
+    eps = [g for g in groups if g.get("kind") == "episode" and (g["label"], g["seed"]) in done and g["action_counts"]]
     out = []
-    for label in sorted({d["label"] for d in eps}):
+    for label in sorted({g["label"] for g in eps}):
         for mode in ("stochastic", "deterministic"):
             for phase in ("before", "after"):
-                sel = [d for d in eps if d["label"] == label and d["mode"] == mode and d["phase"] == phase]
+                sel = [g for g in eps if g["label"] == label and g["mode"] == mode and g["phase"] == phase]
                 if not sel:
                     continue
-                counts = Counter(a for d in sel for a in d["actions"])
+                counts = Counter()
+                for g in sel:
+                    counts.update(g["action_counts"])
                 total = sum(counts.values()) or 1
                 shares = ", ".join(f"{a} {c / total:.0%}" for a, c in counts.most_common())
-                out.append([label, mode, phase, len({d["seed"] for d in sel}), len(sel),
-                            f"{np.mean([d['steps'] for d in sel]):.1f}", shares])
+                out.append([label, mode, phase, len({g["seed"] for g in sel}), sum(len(g["steps"]) for g in sel),
+                            f"{np.mean([s for g in sel for s in g['steps']]):.1f}", shares])
     return out
 
 

@@ -7,12 +7,14 @@ model almost never answers right when sampling, so GRPO groups would have zero r
 ``--steps`` GRPO steps of ``--prompts`` prompts x ``--group`` samples). One JSON per seed goes to ``--out``
 (per-task wins of every stage and mode, the per-step history, sampled completions to read).
 
-``--summary`` reads a results folder and prints, per mode, pooled success with Wilson CIs and the paired
+``--summary`` reads a results folder (its ``seed_*.json``, else the study's committed summary ``<out>.jsonl``
+without the texts: ``benchmarks/summarize_study.py``) and prints, per mode, pooled success with Wilson CIs and the paired
 difference grpo - sft per seed with a 95% percentile bootstrap over seeds (the registered statistic, see
 ``docs/studies/arithmetic-grpo-from-pretrained.md``) and over tasks.
 
-Run: ``python benchmarks/llm_rl_grpo.py --seeds 0`` (one seed, defaults below); the study:
-``python benchmarks/llm_rl_grpo.py --seeds 940 941 ... --out benchmarks/results/llm_rl_grpo_s940`` then
+Run: ``python benchmarks/llm_rl_grpo.py --seeds 0`` (one seed, defaults below, into ``runs/llm_rl_grpo``); the
+study: ``python benchmarks/llm_rl_grpo.py --seeds 940 941 ... --out runs/llm_rl_grpo_s940``, then
+``python benchmarks/summarize_study.py runs/llm_rl_grpo_s940 --out benchmarks/results/llm_rl_grpo_s940.jsonl`` and
 ``python benchmarks/llm_rl_grpo.py --summary --out benchmarks/results/llm_rl_grpo_s940``.
 """
 
@@ -35,6 +37,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
+from benchmarks.summarize_study import load_seed_jsons  # noqa: E402
 from echorl_agent.eval.stats import paired_bootstrap, success_text  # noqa: E402
 from echorl_agent.llm.engine.config import SAMPLERS, WEIGHT_DTYPES  # noqa: E402
 
@@ -104,9 +107,9 @@ def run_seed(seed: int, args: argparse.Namespace) -> dict:
 
 
 def summary(out: Path, base: str, target: str) -> None:
-    runs = [json.loads(p.read_text()) for p in sorted(out.glob("seed_*.json"))]
+    runs = load_seed_jsons(out)
     if not runs:
-        raise SystemExit(f"no seed_*.json in {out}")
+        raise SystemExit(f"no seed_*.json in {out} and no summary of it (benchmarks/summarize_study.py)")
     rows = []
     for metric in ("wins", "strict"):
         for name, _ in MODES:
@@ -142,7 +145,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "stay float32); it samples the GRPO groups and answers the evaluation")
     ap.add_argument("--sampler", choices=SAMPLERS, default="multinomial", help="token sampler (GRPOConfig.sampler)")
     ap.add_argument("--skip-pretrained", action="store_true", help="do not evaluate the pretrained stage")
-    ap.add_argument("--out", default="benchmarks/results/llm_rl_grpo")
+    ap.add_argument("--out", default="runs/llm_rl_grpo")
     ap.add_argument("--summary", action="store_true", help="summarise the seeds in --out instead of running")
     ap.add_argument("--base", default="sft", help="--summary: the start the difference is taken against")
     return ap.parse_args(argv)

@@ -16,8 +16,10 @@ step budget, stochastic (sampled actions) and deterministic (argmax):
   of LLM transitions (capacity 4096, 1024 MB, one replayed per fresh sample), or both: the ablations of
   ``bc+gigpo`` for EchoRL's claim (issue 26; ``--target`` prints env steps to a training success).
 
-Results go to ``--out`` (one JSON line per evaluated episode in ``episodes.jsonl``, a run folder per
-method/seed with curve.csv, model.zip, adapter/, tb/), and ``--summary`` prints the table with Wilson 95% CIs
+Results go to ``--out`` (default under ``runs/``, ignored: one JSON line per evaluated episode in ``episodes.jsonl``,
+a run folder per method/seed with curve.csv, model.zip, adapter/, tb/); a study keeps in git its run folders' small
+curve.csv/config.json/bc.json and the compact summary of ``episodes.jsonl`` (``benchmarks/summarize_study.py``,
+``<out>.jsonl``), which ``--summary`` reads when ``episodes.jsonl`` is not there. ``--summary`` prints the table with Wilson 95% CIs
 pooled over seeds, and the env steps each PPO variant needed to reach ``ppo``'s final training success. With
 ``--reference frozen`` it adds every method's paired difference to the reference (the same held-out episodes): mean
 difference with a 95% bootstrap CI over seeds (per-seed mean differences) and over episodes, McNemar's exact p, and
@@ -53,6 +55,7 @@ import torch  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
 import echorl_envs  # noqa: E402,F401
+from benchmarks.summarize_study import load_rows  # noqa: E402
 from echorl_agent.eval.claims import claim as claim_file  # noqa: E402
 from echorl_agent.eval.report import wilson_interval as wilson  # noqa: E402
 from echorl_agent.eval.stats import mcnemar_exact, paired_bootstrap, ratio_bootstrap, read_jsonl  # noqa: E402
@@ -277,7 +280,7 @@ def target_table(args) -> None:
     its final env steps (censored: the ratio is then a bound, reported with the number of censored runs)."""
     ref = args.target_reference
     # finished runs only: a run still training (or cut off) has a curve.csv but no evaluation rows yet
-    done = {(d["method"], d["seed"]) for d in read_jsonl(Path(args.out) / "episodes.jsonl")}
+    done = {(d["method"], d["seed"]) for d in load_rows(args.out)}
     runs = {}
     for method in GROUP_METHODS:
         for d in sorted(Path(args.out).glob(f"{method}-seed*")):
@@ -343,7 +346,7 @@ def signal_rows(path: str | Path, label: str, seeds: set[int]) -> list[dict]:
     Raises:
         ValueError: the file has no finished run of ``label`` on any of ``seeds``.
     """
-    data = read_jsonl(Path(path))
+    data = load_rows(path)
     done = {d["seed"] for d in data if d.get("kind") == "done" and d.get("label") == label and d["seed"] in seeds}
     if not done:
         raise ValueError(f"--signal: {path} has no finished run of label {label!r} on the seeds of --out "
@@ -355,7 +358,7 @@ def signal_rows(path: str | Path, label: str, seeds: set[int]) -> list[dict]:
 
 def summary(args) -> None:
     path = Path(args.out) / "episodes.jsonl"
-    data = read_jsonl(path)
+    data = load_rows(args.out)  # episodes.jsonl, else the study's committed summary
     if args.signal:
         data = data + signal_rows(args.signal[0], args.signal[1], {d["seed"] for d in data})
     if not any(d["mode"] in ("stochastic", "deterministic") for d in data):
@@ -472,7 +475,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--checkpoint-every", type=int, default=None,
                     help="checkpoint every N iterations / PPO updates (default: train-llm's); an interrupted run "
                     "continues from its last checkpoint")
-    ap.add_argument("--out", default="benchmarks/results/llm_rl_learning")
+    ap.add_argument("--out", default="runs/llm_rl_learning",
+                    help="results folder (a committed study's: benchmarks/results/<study>, read from its summary)")
     ap.add_argument("--summary", action="store_true", help="only print the table of what is in --out")
     ap.add_argument("--reference", default=None,
                     help=f"also print every method's paired success difference to this method ({', '.join(METHODS)}, "

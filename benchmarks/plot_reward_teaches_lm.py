@@ -22,14 +22,14 @@ Seventeenth: ALFWorld-PickAndPlace, BC on 16 demonstrations + PPO at lr 1e-4 for
 ALFWorld panels' held-out points are on the training games (unseen-game rows, §19, §22, §23 (b), are left out). The
 number of seeds each method has is in the legend (a probe panel counts only finished seeds).
 
-Run: ``python benchmarks/plot_reward_teaches_lm.py`` (reads the committed results, writes ``docs/figures/reward_teaches_lm.png``).
+Run: ``python benchmarks/plot_reward_teaches_lm.py`` (reads the committed results -- the studies' summaries and run
+folders' curves, ``benchmarks/summarize_study.py`` -- and writes ``docs/figures/reward_teaches_lm.png``).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import json
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -38,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from echorl_agent.eval.stats import paired_bootstrap, read_jsonl  # noqa: E402
+from benchmarks.summarize_study import load_rows, load_seed_jsons  # noqa: E402
+from echorl_agent.eval.stats import paired_bootstrap  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,7 +63,7 @@ def group_rl_panel(ax, folder: Path, title: str, trained: tuple[str, ...] = ("gi
     training options: rows tagged ``eval_env_kwargs`` are left out) as points with CIs over seeds; ``colors`` maps
     each method to its colour (default: C0, C1, ... in that order)."""
     colors = colors or {m: f"C{i}" for i, m in enumerate(starts + trained)}
-    episodes = read_jsonl(folder / "episodes.jsonl") if (folder / "episodes.jsonl").exists() else []
+    episodes = load_rows(folder)  # episodes.jsonl, else the study's committed summary
     finished = {f"{e['method']}-seed{e['seed']}" for e in episodes}  # a run's rows are written when it has finished
     x_end = 0.0
     for method in trained:
@@ -101,7 +102,7 @@ def group_rl_panel(ax, folder: Path, title: str, trained: tuple[str, ...] = ("gi
 
 
 def grpo_panel(ax, folder: Path) -> None:
-    runs = [json.loads(p.read_text()) for p in sorted(folder.glob("seed_*.json"))]
+    runs = load_seed_jsons(folder)
     if not runs:
         ax.set_title(f"no GRPO runs in {folder}")
         return
@@ -127,7 +128,7 @@ def grpo_panel(ax, folder: Path) -> None:
 
 def _signal_runs(path: Path, label: str) -> dict[int, list[dict]]:
     """The finished seeds of one ``gigpo_signal.py`` recipe: seed -> its rows (iterations and episodes)."""
-    rows = read_jsonl(path)
+    rows = load_rows(path)
     done = {r["seed"] for r in rows if r.get("kind") == "done" and r["label"] == label}
     return {s: [r for r in rows if r["seed"] == s and r["label"] == label] for s in sorted(done)}
 

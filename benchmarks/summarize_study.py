@@ -115,7 +115,7 @@ def summarize_rows(rows: list[dict], source: str = "") -> list[dict]:
         else:
             out.append({**src, **own})
     for g in groups.values():
-        g["action_counts"] = dict(g["action_counts"].most_common())
+        g["action_counts"] = dict(g["action_counts"])  # in order of first use, as the raw episodes list them
         if not any(g["put_backs"]):
             del g["put_backs"]
         if all(isinstance(w, bool) for w in g["won"]):
@@ -208,7 +208,7 @@ def load_rows(path: str | Path) -> list[dict]:
     if path.is_dir() or (not path.exists() and not path.suffix):
         path = path / "episodes.jsonl"
     if path.is_file():
-        return expand(_read_jsonl(path), "" if path.parent.resolve() == RESULTS else None)
+        return expand(_read_jsonl(path))
     found = summary_of(path)
     return [] if found is None else expand(_read_jsonl(found[0]), found[1])
 
