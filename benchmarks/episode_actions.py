@@ -49,8 +49,11 @@ def kinds(groups: list[dict], max_kinds: int) -> Callable[[str], str]:
 
 
 def table(rows: list[dict], max_kinds: int = 12, top: int = 8) -> list[list]:
-    """One line per (method, mode): episodes, wins, steps of wins / losses, action shares, put-backs. ``rows``: raw
-    episode rows with their ``actions``, or a summary's episode groups (:func:`benchmarks.summarize_study.load_groups`)."""
+    """One line per (method, mode): episodes, wins, steps of wins / losses, action shares, put-backs.
+
+    ``rows``: raw episode rows with their ``actions``, or a summary's episode groups
+    (:func:`benchmarks.summarize_study.load_groups`).
+    """
     groups = [_group(r) for r in rows]
     kind = kinds(groups, max_kinds)
     lines = []

@@ -8,8 +8,8 @@ model almost never answers right when sampling, so GRPO groups would have zero r
 (per-task wins of every stage and mode, the per-step history, sampled completions to read).
 
 ``--summary`` reads a results folder (its ``seed_*.json``, else the study's committed summary ``<out>.jsonl``
-without the texts: ``benchmarks/summarize_study.py``) and prints, per mode, pooled success with Wilson CIs and the paired
-difference grpo - sft per seed with a 95% percentile bootstrap over seeds (the registered statistic, see
+without the texts: ``benchmarks/summarize_study.py``) and prints, per mode, pooled success with Wilson CIs and the
+paired difference grpo - sft per seed with a 95% percentile bootstrap over seeds (the registered statistic, see
 ``docs/studies/arithmetic-grpo-from-pretrained.md``) and over tasks.
 
 Run: ``python benchmarks/llm_rl_grpo.py --seeds 0`` (one seed, defaults below, into ``runs/llm_rl_grpo``); the

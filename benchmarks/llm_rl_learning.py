@@ -55,8 +55,8 @@ import torch  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
 import echorl_envs  # noqa: E402,F401
+from benchmarks.claims import claim as claim_file  # noqa: E402
 from benchmarks.summarize_study import load_rows  # noqa: E402
-from echorl_agent.eval.claims import claim as claim_file  # noqa: E402
 from echorl_agent.eval.report import wilson_interval as wilson  # noqa: E402
 from echorl_agent.eval.stats import mcnemar_exact, paired_bootstrap, ratio_bootstrap, read_jsonl  # noqa: E402
 from echorl_agent.llm_rl.heldout import held_out_seed, held_out_seeds, play  # noqa: E402
@@ -435,7 +435,7 @@ def ppo_steps_table(args) -> None:
 def claim(out: Path, method: str, seed: int) -> Path | None:
     """Claim the run ``(method, seed)`` in ``out`` for this process: the claim file to remove after the run, or None
     if another live process holds it (processes sharing ``--out`` each create ``<method>-seed<seed>.claim``; a
-    stale claim is taken over, so an interrupted study resumes: :func:`echorl_agent.eval.claims.claim`)."""
+    stale claim is taken over, so an interrupted study resumes: :func:`benchmarks.claims.claim`)."""
     return claim_file(out / f"{method}-seed{seed}.claim")
 
 

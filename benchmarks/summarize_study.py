@@ -229,7 +229,8 @@ def load_groups(path: str | Path) -> list[dict]:
         rows, source = _read_jsonl(found[0]), found[1]
     common = {_run(r): r for r in rows if r.get("summary") == "run"}
     return [episode_lists({**{k: v for k, v in common.get(_run(r), {}).items() if k not in ("summary", "source")},
-                           **r}) for r in rows if r.get("summary") == "episodes" and (source is None or r.get("source", "") == source)]
+                           **r}) for r in rows
+            if r.get("summary") == "episodes" and (source is None or r.get("source", "") == source)]
 
 
 def load_seed_jsons(folder: str | Path) -> list[dict]:

@@ -152,7 +152,7 @@ def test_action_text_reads_the_admissible_list_of_the_anchor_key():
 def test_main_skips_claimed_seeds_reruns_interrupted_ones_and_keeps_finished(tmp_path, monkeypatch):
     import os
 
-    from echorl_agent.eval.claims import append_jsonl
+    from benchmarks.claims import append_jsonl
 
     out = tmp_path / "s.jsonl"
     for row in ({"label": "x", "seed": 1, "kind": "done"},  # finished: skipped
@@ -178,7 +178,7 @@ def test_main_skips_claimed_seeds_reruns_interrupted_ones_and_keeps_finished(tmp
 
 
 def test_resume_drops_only_rows_after_the_checkpoint(tmp_path, monkeypatch):
-    from echorl_agent.eval.claims import append_jsonl
+    from benchmarks.claims import append_jsonl
 
     out = tmp_path / "s.jsonl"
     folder = tmp_path / "s.jsonl.x-seed2.ckpt"

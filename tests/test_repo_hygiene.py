@@ -24,8 +24,8 @@ MAX_SUMMARY = 200_000
 MAX_BENCHMARKS = 20_000_000
 """What ``benchmarks/`` tracks in all (bytes)."""
 ARTEFACT = re.compile(r"(\.(pt|pth|safetensors|ckpt|zip|pkl|npz)$|(^|/)replay\.bin$|\.ckpt/|events\.out\.tfevents"
-                      r"|^benchmarks/.*/(checkpoint|checkpoint\.old|adapter|tb)/|^benchmarks/results/.*/episodes\.jsonl$"
-                      r"|^benchmarks/results/.*/seed_\d+\.json$)")
+                      r"|^benchmarks/.*/(checkpoint|checkpoint\.old|adapter|tb)/"
+                      r"|^benchmarks/results/.*/episodes\.jsonl$|^benchmarks/results/.*/seed_\d+\.json$)")
 """Paths of experiment artefacts: weights, optimizer states, model zips, replay files, pickles, checkpoint /
 adapter / tensorboard folders, raw per-episode logs of the studies."""
 
