@@ -464,11 +464,15 @@ def seed_table(data: list[dict]) -> list[list]:
     return out
 
 
-def action_shares(data: list[dict], groups: list[dict]) -> list[list]:
+def action_shares(data: list[dict], groups: list[dict] | None = None) -> list[list]:
     """Per (recipe, mode, phase) over the finished seeds' held-out episodes: seeds, episodes, mean episode length and
     every action's share of all steps taken (most frequent first) -- what reward did to the policy's behaviour, e.g.
     a collapse onto one action, shows here before any success rate does. ``groups``: the episodes' summary rows
-    (:func:`benchmarks.summarize_study.load_groups`), whose ``action_counts`` sum each group's actions."""
+    (:func:`benchmarks.summarize_study.load_groups`), whose ``action_counts`` sum each group's actions; None: each
+    episode row of ``data`` with its ``actions`` is a group of one."""
+    if groups is None:
+        groups = [{**d, "steps": [d["steps"]], "action_counts": Counter(d["actions"])} for d in data
+                  if d.get("kind") == "episode" and d.get("actions")]
     done = {(d["label"], d["seed"]) for d in data if d.get("kind") == "done"}
     eps = [g for g in groups if g.get("kind") == "episode" and (g["label"], g["seed"]) in done and g["action_counts"]]
     out = []
