@@ -115,25 +115,36 @@ def summarize_rows(rows: list[dict], source: str = "") -> list[dict]:
         else:
             out.append({**src, **own})
     for g in groups.values():
-        g["action_counts"] = dict(g["action_counts"])  # in order of first use, as the raw episodes list them
-        if not any(g["put_backs"]):
-            del g["put_backs"]
-        if all(isinstance(w, bool) for w in g["won"]):
-            g["won"] = "".join("1" if w else "0" for w in g["won"])
-        seeds = g["episode_seed"]
-        if seeds and all(isinstance(s, int) for s in seeds) and seeds == list(range(seeds[0], seeds[0] + len(seeds))):
-            g["episode_seed0"] = seeds[0]
-            g["steps"] = g.pop("steps")  # the lists in a fixed order after the seed
-            del g["episode_seed"]
+        _compact_episodes(g)
     for row in out:
         if row.get("summary") == "iterations":
-            its = row["columns"]
-            fields = list(dict.fromkeys(k for it in its for k in it if k != "kind"))
-            row["columns"] = {k: [it.get(k) for it in its] for k in fields}
-            absent = {k: [i for i, it in enumerate(its) if k not in it] for k in fields}
-            if any(absent.values()):
-                row["absent"] = {k: v for k, v in absent.items() if v}
+            _columns(row)
     return out
+
+
+def _compact_episodes(g: dict) -> None:
+    """An episode group's compact form (in place): wins as a 0/1 string, consecutive episode seeds as the first one,
+    no put-backs when all are 0, the action counts in order of first use (as the raw episodes list them)."""
+    g["action_counts"] = dict(g["action_counts"])
+    if not any(g["put_backs"]):
+        del g["put_backs"]
+    if all(isinstance(w, bool) for w in g["won"]):
+        g["won"] = "".join("1" if w else "0" for w in g["won"])
+    seeds = g["episode_seed"]
+    if seeds and all(isinstance(s, int) for s in seeds) and seeds == list(range(seeds[0], seeds[0] + len(seeds))):
+        g["episode_seed0"] = seeds[0]
+        g["steps"] = g.pop("steps")  # after the seed, as the other lists
+        del g["episode_seed"]
+
+
+def _columns(row: dict) -> None:
+    """A run's iteration rows as one list per field (in place), with the rows that lacked a field named."""
+    its = row["columns"]
+    fields = list(dict.fromkeys(k for it in its for k in it if k != "kind"))
+    row["columns"] = {k: [it.get(k) for it in its] for k in fields}
+    absent = {k: [i for i, it in enumerate(its) if k not in it] for k in fields}
+    if any(absent.values()):
+        row["absent"] = {k: v for k, v in absent.items() if v}
 
 
 def expand(rows: list[dict], source: str | None = None) -> list[dict]:
