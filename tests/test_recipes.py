@@ -9,6 +9,7 @@ import importlib.util
 import json
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -173,7 +174,7 @@ def test_recipes_ship_as_package_data():
     assert "llm_rl/recipes/*.yaml" in text and "pyyaml" in text
 
 
-STUDY_S900 = ROOT / "benchmarks" / "results" / "llm_rl_learning_s900" / "episodes.jsonl"
+STUDY_S900 = ROOT / "benchmarks" / "results" / "llm_rl_learning_s900"  # its per-episode rows: the study's summary
 
 
 @pytest.mark.slow
@@ -189,7 +190,10 @@ def test_minigrid_bc_recipe_reproduces_its_registered_seed(tmp_path):
     cfg = train_config(load_recipe("minigrid-bc"), {"seed": seed, "out": str(tmp_path)})
     train_llm(cfg)
     res, line = finish(tmp_path)
-    rows = [r for r in map(json.loads, STUDY_S900.read_text().splitlines())] if STUDY_S900.exists() else []
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.summarize_study import load_rows
+
+    rows = load_rows(STUDY_S900)  # episodes.jsonl when a run wrote it here, else benchmarks/results/<study>.jsonl
     for phase, method in (("before", "frozen"), ("after", "bc")):
         for mode, study_mode in (("sampled", "stochastic"), ("greedy", "deterministic")):
             mine = [(e["episode_seed"], e["won"]) for e in
