@@ -193,7 +193,7 @@ def seed_summary(rows: list[dict]) -> str:
 
 def llm_part(args, rollouts) -> list[list]:
     from echorl_agent.agents.chat import ScoringAgent
-    from echorl_agent.llm.engine import LLMEngine
+    from echorl_agent.llm import LLMEngine
 
     engine = LLMEngine("smollm2-135m")
     env = gym.make(args.llm_env, max_episode_steps=args.llm_max_steps)

@@ -229,7 +229,7 @@ def main() -> None:
         raise ValueError(f"--seeds must be >= 0, got --seeds {args.seeds}")
     torch.set_num_threads(1)
 
-    from echorl_agent.llm.engine import LLMEngine
+    from echorl_agent.llm import LLMEngine
     from echorl_envs.wrappers import MiniLMEncoder
 
     t0 = time.perf_counter()

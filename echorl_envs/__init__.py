@@ -1,16 +1,11 @@
 """echorl_envs: text environments with one protocol, registered for ``gym.make`` on import.
 
 Gymnasium 1.x has no entry-point plugins, so importing this package registers every id in :data:`ENVS`.
-Modules that moved into a wing stay importable under their old names (:data:`MOVED_MODULES`).
 """
 
 from __future__ import annotations
 
 import difflib
-import importlib
-import importlib.abc
-import importlib.util
-import sys
 from typing import Any, NamedTuple
 
 import gymnasium as gym
@@ -148,33 +143,6 @@ def make(env_id: str, **kwargs: Any) -> gym.Env:
         ) from e
 
 
-#: Old module names -> where the module lives now. ``import echorl_envs.serve`` gives the very module object of
-#: ``echorl_envs.service.server`` (so attributes, monkeypatches and pickles agree), without a shim file per name.
-MOVED_MODULES = {
-    "echorl_envs.serve": "echorl_envs.service.server",
-    "echorl_envs.remote": "echorl_envs.service.remote",
-    "echorl_envs.cruxeval_repair": "echorl_envs.cruxeval.repair",
-    "echorl_envs.cruxeval_generator": "echorl_envs.cruxeval.generator",
-    "echorl_envs.cruxeval_mutations": "echorl_envs.cruxeval.mutations",
-}
-
-
-class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Resolves a name of :data:`MOVED_MODULES` to the module at its new place (registered on import)."""
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        return importlib.util.spec_from_loader(fullname, self) if fullname in MOVED_MODULES else None
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
-        return importlib.import_module(MOVED_MODULES[spec.name])
-
-    def exec_module(self, module: Any) -> None:
-        """The module was executed under its new name."""
-
-
-if not any(isinstance(f, _MovedModules) for f in sys.meta_path):
-    sys.meta_path.insert(0, _MovedModules())  # first: it answers only for the old names
-
 _register_all()
 
-__all__ = ["ENVS", "MOVED_MODULES", "REMOTE_ID", "EnvEntry", "__version__", "entry", "env_ids", "make"]
+__all__ = ["ENVS", "REMOTE_ID", "EnvEntry", "__version__", "entry", "env_ids", "make"]

@@ -86,18 +86,6 @@ def test_registry_not_empty():
         assert e.action_type in ("choice", "free-text")
 
 
-@pytest.mark.parametrize("old", sorted(echorl_envs.MOVED_MODULES))
-def test_moved_modules_keep_their_old_names(old):
-    import importlib
-    import sys
-
-    new = echorl_envs.MOVED_MODULES[old]
-    if new == "echorl_envs.service.server":
-        pytest.importorskip("openenv", reason="the openenv extra is not installed")
-    assert importlib.import_module(old) is importlib.import_module(new) is sys.modules[old]
-    assert getattr(echorl_envs, old.rsplit(".", 1)[1]) is sys.modules[new]  # `from echorl_envs import serve` too
-
-
 @pytest.mark.parametrize("module, env_class, names", [
     ("echorl_envs.arc", "ARCEnv", ["ARCEnv", "ARCItem", "SPLITS", "format_grid", "load_arc_folder", "parse_grid"]),
     ("echorl_envs.textworld", "TextWorldEnv", ["CHALLENGE_SETTINGS", "TextWorldEnv", "generate_textworld_game"]),

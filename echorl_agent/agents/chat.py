@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from echorl_agent.agent import Agent
-from echorl_agent.llm.engine import LLMEngine, SamplingParams
+from echorl_agent.llm import LLMEngine, SamplingParams
 from echorl_agent.llm.engine.usage import TokenMeter
 from echorl_envs.core import match_action
 

@@ -27,7 +27,7 @@ from echorl_agent.agents.chat import FREE_TEXT_SYSTEM, MeteredAgent, ReActAgent,
 from echorl_agent.experience.agents import guidance_text
 from echorl_agent.experience.bank import ExperienceBank
 from echorl_agent.kernels.plan import plan_surprise
-from echorl_agent.llm.engine import LLMEngine, SamplingParams
+from echorl_agent.llm import LLMEngine, SamplingParams
 from echorl_agent.replay import EMAPlanTracker
 
 __all__ = ["EchoRLConfig", "EchoRLLLMAgent", "PLAN_SYSTEM"]

@@ -25,7 +25,7 @@ from echorl_agent.agent import Agent
 from echorl_agent.agents.chat import MeteredAgent, ReActAgent, ScoringAgent
 from echorl_agent.agents.echorl import EchoRLConfig, EchoRLLLMAgent
 from echorl_agent.agents.tot import SearchResult, ToTConfig, game24_bfs, parse_game24, propose_and_vote
-from echorl_agent.llm.engine import EngineConfig, LLMEngine
+from echorl_agent.llm import EngineConfig, LLMEngine
 from echorl_agent.llm.engine.prefix_cache import PrefixCacheConfig
 from echorl_agent.llm.models import DEFAULT_MODEL
 

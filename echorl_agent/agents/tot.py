@@ -36,7 +36,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from echorl_agent.llm.engine import LLMEngine, SamplingParams
+from echorl_agent.llm import LLMEngine, SamplingParams
 from echorl_agent.llm.engine.usage import TokenMeter
 from echorl_envs.math.answers import extract_answer, format_number
 

@@ -16,7 +16,7 @@ import numpy as np
 
 import echorl_envs
 from echorl_agent.agent import Agent
-from echorl_agent.eval.sb3_agents import _Mirror
+from echorl_agent.agents.sb3 import _Mirror
 
 __all__ = ["LLMChoiceAgent", "LLMGRPOAgent", "make_llm_frozen", "make_llm_bc", "make_llm_ppo", "make_llm_echoppo", "make_llm_gigpo",
            "make_llm_echorl", "make_llm_grpo"]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from echorl_agent.llm.engine import LLMEngine
+from echorl_agent.llm import LLMEngine
 from echorl_agent.llm.engine.config import EngineConfig
 from echorl_agent.llm.engine.prefix_cache import PrefixCacheConfig
 from echorl_agent.llm.models import LoadedModel, load_model
