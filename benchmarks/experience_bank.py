@@ -42,11 +42,11 @@ import torch
 from tabulate import tabulate
 
 import echorl_envs  # noqa: F401
+from echorl_agent.agents import ExperienceGuidedAgent
 from echorl_agent.eval.stats import bootstrap_text, read_jsonl, success_text
 from echorl_agent.experience import (
     ExperienceBank,
     ExperienceConfig,
-    ExperienceGuidedAgent,
     ResidualExperiencePolicy,
 )
 

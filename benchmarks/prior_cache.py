@@ -39,6 +39,7 @@ import torch
 from tabulate import tabulate
 
 import echorl_envs  # noqa: F401 - registers the ids
+from echorl_agent.agents import PriorCacheAgent
 from echorl_agent.eval.runner import episode_seed
 from echorl_agent.eval.stats import bootstrap_text, mcnemar_exact, ratio_bootstrap, read_jsonl, success_text
 from echorl_agent.priors import (
@@ -50,7 +51,6 @@ from echorl_agent.priors import (
     LLMPriorSource,
     NumpyIndex,
     PosteriorDQN,
-    PriorCacheAgent,
     PriorCacheConfig,
     make_prior_env,
 )

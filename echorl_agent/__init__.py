@@ -10,6 +10,9 @@ plan; ``LLMPPO("LLMPolicy", env)`` trains it, see :mod:`echorl_agent.llm_rl`). S
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 from echorl_agent.algorithms.echo_dqn import EchoDQN
 from echorl_agent.algorithms.echo_ppo import EchoPPO
 from echorl_agent.config import PlanningConfig, ReplayConfig
@@ -18,9 +21,10 @@ from echorl_agent.policies import EchoPolicy
 from echorl_agent.priors import LLMPriorCache, PosteriorSampler
 from echorl_agent.replay import EMAPlanTracker, HotColdReplayBuffer
 
+#: Names that load on first use (the LLM policy pulls in the engine): ``from echorl_agent import LLMPolicy``.
+_EXPORTS = {"LLMPolicy": "llm_rl", "LLMPPO": "llm_rl"}
+
 __all__ = [
-    "LLMPPO",
-    "LLMPolicy",
     "EMAPlanTracker",
     "EchoDQN",
     "EchoPPO",
@@ -31,13 +35,11 @@ __all__ = [
     "PlanningConfig",
     "PosteriorSampler",
     "ReplayConfig",
+    *sorted(_EXPORTS),
 ]
 
 
-def __getattr__(name: str):
-    # the LLM policy pulls in the engine; load it on first use (``from echorl_agent import LLMPolicy``)
-    if name in ("LLMPolicy", "LLMPPO"):
-        import echorl_agent.llm_rl as llm_rl
-
-        return getattr(llm_rl, name)
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"echorl_agent.{_EXPORTS[name]}"), name)
     raise AttributeError(f"module 'echorl_agent' has no attribute {name!r}")

@@ -27,7 +27,7 @@ PACKAGES = ("echorl_envs", "echorl_agent")
 #: A name stands for the module and everything under it; the longest matching name decides.
 FLOORS: list[tuple[str, ...]] = [
     ("echorl_envs",),
-    ("echorl_agent.config", "echorl_agent.kernels", "echorl_agent.agent"),
+    ("echorl_agent.config", "echorl_agent.kernels"),
     ("echorl_agent.llm",),
     ("echorl_agent.replay", "echorl_agent.policies", "echorl_agent.callbacks",
      "echorl_agent.priors", "echorl_agent.experience", "echorl_agent.algorithms"),
@@ -229,28 +229,128 @@ def test_allowed_edges_still_exist(edge):
     assert edge in EDGES, f"{edge} is gone: remove it from ALLOWED"
 
 
-def test_old_flat_engine_module_paths_still_import():
-    # echorl_agent/llm/ was flat; its modules moved into engine/, quant/ and serving/ and the old names still work
+# ----------------------------------------------------------------------------------------------- one home per name
+#: The package facade re-exports the SB3 parts and ``LLMPolicy``/``LLMPPO`` (``from echorl_agent import EchoPPO``, as
+#: ``from stable_baselines3 import PPO``); every other public name is exported by exactly one package.
+FACADE = "echorl_agent"
+
+
+def _tree(module: str) -> ast.Module:
+    return ast.parse(MODULES[module].read_text(encoding="utf-8"))
+
+
+def _export_dict(tree: ast.Module) -> dict[str, str]:
+    """The module-level lazy export table ``{"Name": "submodule"}`` (empty when there is none)."""
+    for node in tree.body:
+        if (isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Dict)
+                and any(isinstance(t, ast.Name) and t.id == "_EXPORTS"
+                        for t in (node.targets if isinstance(node, ast.Assign) else [node.target]))):
+            return {k.value: v.value for k, v in zip(node.value.keys, node.value.values, strict=True)}
+    return {}
+
+
+def _public(module: str) -> list[str]:
+    """The names of ``module.__all__`` (a literal list, plus the keys of ``_EXPORTS`` when ``__all__`` uses it)."""
+    tree = _tree(module)
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            names = [c.value for c in ast.walk(node.value) if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+            if any(isinstance(n, ast.Name) and n.id == "_EXPORTS" for n in ast.walk(node.value)):
+                names += list(_export_dict(tree))
+            return names
+    return []
+
+
+def _top_level(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """Module-level statements, including those inside ``if``/``try``/``with`` blocks (not inside functions)."""
+    for node in body:
+        yield node
+        if isinstance(node, (ast.If, ast.Try, ast.With)):
+            for block in (node.body, getattr(node, "orelse", []), getattr(node, "finalbody", []),
+                          *(h.body for h in getattr(node, "handlers", []))):
+                yield from _top_level(block)
+
+
+def _origin(module: str, name: str, seen: tuple[str, ...] = ()) -> str | None:
+    """The module that defines ``name`` as ``module`` exposes it, following ``from x import name`` and the lazy
+    export table (a submodule ``name`` is its own origin); None when ``module`` does not have ``name``."""
+    if module not in MODULES or module in seen:
+        return None
+    if f"{module}.{name}" in MODULES:
+        return f"{module}.{name}"
+    tree = _tree(module)
+    for node in _top_level(tree.body):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return module
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and any(
+                isinstance(t, ast.Name) and t.id == name
+                for t in (node.targets if isinstance(node, ast.Assign) else [node.target])):
+            return module
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:
+                if (a.asname or a.name) == name:
+                    return _origin(node.module, a.name, (*seen, module))
+    table = _export_dict(tree)
+    return _origin(f"{module}.{table[name]}", name, (*seen, module)) if name in table else None
+
+
+def _packages() -> list[str]:
+    return [m for m, path in MODULES.items() if path.name == "__init__.py"]
+
+
+def test_origin_follows_imports_and_the_lazy_export_table():
+    assert _origin("echorl_agent.llm", "LLMEngine") == "echorl_agent.llm.engine.llm_engine"
+    assert _origin("echorl_agent.llm", "SamplingParams") == "echorl_agent.llm.engine.config"
+    assert _origin("echorl_agent.agents", "Agent") == "echorl_agent.agents.base"
+    assert _origin("echorl_envs.core", "cache_root") == "echorl_envs.core.cache"
+    assert _origin("echorl_agent.llm.engine", "LLMEngine") is None
+    assert "LLMEngine" in _public("echorl_agent.llm") and "Agent" in _public("echorl_agent.agents")
+
+
+def test_every_public_name_has_one_home():
+    homes: dict[tuple[str, str], list[str]] = {}
+    for pkg in _packages():
+        if pkg == FACADE:
+            continue
+        for name in _public(pkg):
+            origin = _origin(pkg, name)
+            assert origin is not None, f"{pkg}.__all__ lists {name!r}, which {pkg} neither defines nor imports"
+            homes.setdefault((origin, name), []).append(pkg)
+    dup = {f"{o}.{n}": pkgs for (o, n), pkgs in homes.items() if len(pkgs) > 1}
+    assert not dup, f"names exported by more than one package (export each from one): {dup}"
+    assert all(_origin(FACADE, name) for name in _public(FACADE))
+
+
+def _changelog_moves() -> list[tuple[str, str]]:
+    text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    section = text.split("### 0.x → 1.0 moved modules", 1)[1].split("\n### ", 1)[0]
+    return re.findall(r"^\| `([\w.]+)` \| `([\w.]+)` \|$", section, re.M)
+
+
+def test_changelog_lists_each_moved_path_once_old_gone_new_resolves():
     import importlib
 
-    from echorl_agent.llm import MOVED_MODULES
+    moves = _changelog_moves()
+    assert len(moves) >= 40 and len({old for old, _ in moves}) == len(moves)
+    for old, new in moves:
+        # the new path: a module of ours, or a name its module defines or imports
+        parent, _, name = new.rpartition(".")
+        assert new in MODULES or _origin(parent, name) is not None, f"CHANGELOG: {new} does not resolve"
+        # the old path: no module of that name and no attribute either (no import hook, no shim, no re-export)
+        assert old not in MODULES, f"{old} still exists"
+        parent, _, name = old.rpartition(".")
+        if parent in MODULES and _origin(parent, name) is not None:
+            pytest.fail(f"{old} still resolves (to {_origin(parent, name)})")
+    # ...and nothing answers for an old name at run time: no import hook of ours, no lazy re-export
+    import sys
 
-    for old, new in MOVED_MODULES.items():
-        assert new in MODULES and old not in MODULES, (old, new)
-        assert importlib.import_module(old) is importlib.import_module(new), old
-    # the two old modules whose names are now packages re-export what they had
-    from echorl_agent.llm.engine import LLMEngine, ModelRunner, load_model
-    from echorl_agent.llm.engine.llm_engine import LLMEngine as engine_cls
-    from echorl_agent.llm.engine.runner import ModelRunner as runner_cls
-    from echorl_agent.llm.models import load_model as load_fn
-    from echorl_agent.llm.quant import KERNEL_ROWS, QuantizedLinear
-    from echorl_agent.llm.quant.linear import KERNEL_ROWS as rows
-    from echorl_agent.llm.quant.linear import QuantizedLinear as linear_cls
-
-    assert (LLMEngine, ModelRunner, load_model, QuantizedLinear, KERNEL_ROWS) == (
-        engine_cls, runner_cls, load_fn, linear_cls, rows)
-    with pytest.raises(AttributeError, match="no attribute 'nope'"):
-        importlib.import_module("echorl_agent.llm.engine").nope  # noqa: B018
+    for pkg in ("echorl_envs", "echorl_agent", "echorl_agent.llm", "echorl_agent.priors"):
+        assert not hasattr(importlib.import_module(pkg), "MOVED_MODULES"), pkg
+    assert not [f for f in sys.meta_path if type(f).__module__.split(".")[0] in PACKAGES]
+    with pytest.raises(AttributeError):
+        importlib.import_module("echorl_agent.llm").ReActAgent  # noqa: B018
+    with pytest.raises(AttributeError):
+        importlib.import_module("echorl_agent.priors").CachedScoringAgent  # noqa: B018
 
 
 #: The wings of ``echorl_envs`` that are infrastructure; every other subpackage is one env family.

@@ -197,7 +197,7 @@ def test_a_failing_job_is_recorded_and_the_rest_still_runs(tmp_path):
 
 
 def test_random_agent_searches_on_a_search_page_and_answers_free_text():
-    from echorl_agent.eval.agents import RandomAgent
+    from echorl_agent.agents import RandomAgent
 
     a = RandomAgent()
     a.reset("x", "", {}, seed=3)
@@ -262,9 +262,10 @@ def test_summarize_pairs_each_agent_with_the_reference_on_the_same_instances():
 
 def test_learned_agent_modes_and_equal_budgets(tmp_path, monkeypatch):
     """A learned agent (spec.learned) is evaluated in each mode with its ``deterministic`` attribute set."""
+    from echorl_agent.agents import Agent
     from echorl_agent.eval import agents as reg
 
-    class CoinAgent(reg.Agent):
+    class CoinAgent(Agent):
         name = "coin"
 
         def __init__(self, deterministic: bool = True) -> None:
@@ -401,19 +402,21 @@ def test_readme_demo_table_is_the_committed_demo_run():
 
 def test_agents_package_exports_resolve_and_share_the_one_protocol():
     import echorl_agent.agents as agents
-    from echorl_agent.agent import Agent
+    from echorl_agent.agents.base import Agent
 
     for name in agents.__all__:
         assert getattr(agents, name) is not None, name
     for name in ("RandomAgent", "ExpertAgent", "ReActAgent", "ScoringAgent", "ChatReActAgent", "CachedScoringAgent",
-                 "EchoRLLLMAgent", "ToTAgent", "SB3Agent"):
+                 "PriorCacheAgent", "ExperienceGuidedAgent", "EchoRLLLMAgent", "ToTAgent", "SB3Agent"):
         assert issubclass(getattr(agents, name), Agent), name
-    with pytest.raises(ImportError, match="from echorl_agent.agents import ReActAgent"):
-        from echorl_agent.llm import ReActAgent  # noqa: F401
-    with pytest.raises(ImportError, match="moved to echorl_agent.agents.tot"):
-        import echorl_agent.llm.tot  # noqa: F401
-    with pytest.raises(ImportError, match="from echorl_agent.agents import CachedScoringAgent"):
-        from echorl_agent.priors import CachedScoringAgent  # noqa: F401
+    # the agents live only here: the engine, priors, experience and eval packages export none
+    import echorl_agent.eval
+    import echorl_agent.experience
+    import echorl_agent.llm
+    import echorl_agent.priors
+
+    for pkg in (echorl_agent.llm, echorl_agent.priors, echorl_agent.experience, echorl_agent.eval):
+        assert not [n for n in pkg.__all__ if n.endswith("Agent")], pkg.__name__
 
 
 def test_cpu_name_is_the_model_name_line_and_versions_record_it(monkeypatch, tmp_path):

@@ -10,14 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from echorl_agent.agent import Agent
+from echorl_agent.agents import Agent, ExperienceGuidedAgent
+from echorl_agent.agents.experience import guidance_text
 from echorl_agent.experience import (
     ExperienceBank,
     ExperienceConfig,
-    ExperienceGuidedAgent,
     HashingKeyEncoder,
     ResidualExperiencePolicy,
-    guidance_text,
     mean_max_fuse,
 )
 

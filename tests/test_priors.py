@@ -342,7 +342,8 @@ def test_llm_action_prior_is_softmax_of_engine_scores_and_cache_skips_repeat(eng
     import gymnasium as gym
 
     import echorl_envs  # noqa: F401
-    from echorl_agent.priors import LLMActionPrior, PriorCacheAgent
+    from echorl_agent.agents import PriorCacheAgent
+    from echorl_agent.priors import LLMActionPrior
     from echorl_envs.wrappers import HashingEncoder
 
     env = gym.make("EchoRL/MiniGrid-Empty-5x5-v0")

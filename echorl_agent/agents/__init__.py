@@ -1,4 +1,4 @@
-"""Every agent the bench runs, on the one protocol of :class:`echorl_agent.agent.Agent`.
+"""Every agent of echorl, on the one protocol of :class:`Agent` (:mod:`~echorl_agent.agents.base`).
 
 * :mod:`~echorl_agent.agents.basic` -- ``random`` and ``expert`` (the env's oracle: an upper bound).
 * :mod:`~echorl_agent.agents.chat` -- frozen LLM agents on the engine: :class:`ReActAgent` (thought + action),
@@ -7,7 +7,10 @@
 * :mod:`~echorl_agent.agents.tot` -- tree-of-thought search (Game24 BFS, propose-and-vote) and
   :mod:`~echorl_agent.agents.llm` -- the runner's ``react`` / ``llm-score`` / ``tot`` factories and the shared engine.
 * :mod:`~echorl_agent.agents.echorl` -- the ``echorl`` agent: LLM + latent plan (EchoRL Eq. 6-7) + experience.
-* :mod:`~echorl_agent.agents.cached_scoring` -- :class:`ScoringAgent` with the LLM prior cache in front of it.
+* :mod:`~echorl_agent.agents.cached_scoring` -- :class:`ScoringAgent` with the LLM prior cache in front of it;
+  :mod:`~echorl_agent.agents.prior_cache` -- :class:`PriorCacheAgent`, sampling from the LLM action prior (cached or not).
+* :mod:`~echorl_agent.agents.experience` -- :class:`ExperienceGuidedAgent`, a frozen agent with a retrieved step of the
+  experience bank in its prompt.
 * :mod:`~echorl_agent.agents.sb3` -- SB3-trained agents (PPO, MaskablePPO, DQN, EchoPPO) acting in the runner's env.
 
 The agent registry (short names, availability, factories) is :mod:`echorl_agent.eval.agents`. Names load lazily,
@@ -19,7 +22,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from echorl_agent.agent import Agent
+from echorl_agent.agents.base import Agent
 
 _EXPORTS = {
     "RandomAgent": "basic",
@@ -31,6 +34,8 @@ _EXPORTS = {
     "parse_react": "chat",
     "FREE_TEXT_SYSTEM": "chat",
     "CachedScoringAgent": "cached_scoring",
+    "PriorCacheAgent": "prior_cache",
+    "ExperienceGuidedAgent": "experience",
     "EchoRLConfig": "echorl",
     "EchoRLLLMAgent": "echorl",
     "ToTAgent": "llm",

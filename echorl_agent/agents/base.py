@@ -5,9 +5,9 @@ info)`` once per step, with ``info`` the env's info dict (``admissible_actions``
 returns cumulative counters (LLM tokens, KV reuse, cache hits...): the runner reports the difference after an
 episode minus before it. ``close()`` frees what the agent holds.
 
-This module sits on the lowest floor of ``echorl_agent`` (it imports nothing of the package), so agents on every
-floor -- the frozen LLM agents, the prior-cache and experience agents, the SB3 and LLM learners -- and the bench
-runner share it (docs/architecture.md).
+It imports nothing of the package; every agent lives beside it in :mod:`echorl_agent.agents` (frozen LLM agents,
+the prior-cache and experience agents, SB3 and LLM learners, experts), and the bench runner drives them all through
+it. The public name is ``echorl_agent.agents.Agent``.
 
 >>> class Echo(Agent):
 ...     name = "echo"

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from echorl_agent.agent import Agent
+from echorl_agent.agents.base import Agent
 
 __all__ = ["RandomAgent", "ExpertAgent"]
 

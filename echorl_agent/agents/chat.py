@@ -7,7 +7,7 @@
   all candidates share the prompt's KV (one prefix, N short suffixes, one batched forward).
 * :class:`ChatReActAgent` -- the ReAct agent over any OpenAI-compatible chat endpoint.
 
-All follow the :class:`~echorl_agent.agent.Agent` protocol (the bench runner drives them directly) and count every
+All follow the :class:`~echorl_agent.agents.Agent` protocol (the bench runner drives them directly) and count every
 LLM request in a :class:`~echorl_agent.llm.engine.usage.TokenMeter` (``stats()``: prompt / cached / generated tokens,
 effective bandwidth, eta_bw). The local ones keep the dialogue as an append-only list of token ids (the chat
 template's turn markers are encoded once and appended, never re-rendered), so turn t+1's prompt starts with exactly
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from echorl_agent.agent import Agent
+from echorl_agent.agents.base import Agent
 from echorl_agent.llm import LLMEngine, SamplingParams
 from echorl_agent.llm.engine.usage import TokenMeter
 from echorl_envs.core import match_action

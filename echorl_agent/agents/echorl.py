@@ -11,7 +11,7 @@ the frozen prefix whose KV every later turn reuses from the prefix cache (EchoRL
 Experience (``experience=True``): an :class:`~echorl_agent.experience.ExperienceBank` that grows online over the
 episodes this agent plays (one bank per agent, i.e. per runner job); before each turn one step retrieved for the
 current (instruction, observation) is appended to the observation as a "Past experience ..." line
-(:func:`echorl_agent.experience.agents.guidance_text`), so later episodes are guided by earlier ones without any
+(:func:`echorl_agent.agents.experience.guidance_text`), so later episodes are guided by earlier ones without any
 gradient step. The model's weights never change.
 """
 
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from echorl_agent.agents.chat import FREE_TEXT_SYSTEM, MeteredAgent, ReActAgent, ScoringAgent, is_free_text
-from echorl_agent.experience.agents import guidance_text
+from echorl_agent.agents.experience import guidance_text
 from echorl_agent.experience.bank import ExperienceBank
 from echorl_agent.kernels.plan import plan_surprise
 from echorl_agent.llm import LLMEngine, SamplingParams

@@ -1,6 +1,6 @@
 """A frozen LLM agent guided by retrieved experience (the retrieved step goes into its prompt).
 
-:class:`ExperienceGuidedAgent` follows the :class:`~echorl_agent.agent.Agent` protocol and wraps
+:class:`ExperienceGuidedAgent` follows the :class:`~echorl_agent.agents.Agent` protocol and wraps
 another agent on the same protocol -- a frozen chat agent of :mod:`echorl_agent.agents.chat` (``ScoringAgent`` or
 ``ReActAgent``), whose weights never change. Before each turn it
 retrieves-then-samples one step from the :class:`~echorl_agent.experience.bank.ExperienceBank` for the current
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from echorl_agent.agent import Agent
+from echorl_agent.agents.base import Agent
 from echorl_agent.experience.bank import ExperienceBank, Retrieved
 
 __all__ = ["ExperienceGuidedAgent", "guidance_text"]
@@ -42,7 +42,7 @@ class ExperienceGuidedAgent(Agent):
     """A frozen chat agent + an experience bank (module docstring).
 
     Args:
-        inner: the frozen agent it shows the guided observations to (any :class:`~echorl_agent.agent.Agent`).
+        inner: the frozen agent it shows the guided observations to (any :class:`~echorl_agent.agents.Agent`).
         bank: the experience bank (shared across episodes; grows online when ``grow=True``).
         grow: add every finished episode to the bank.
         guide: put retrieved experience into the prompt (False: the plain frozen agent, same code path).

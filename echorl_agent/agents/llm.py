@@ -21,7 +21,7 @@ import difflib
 import threading
 from typing import Any
 
-from echorl_agent.agent import Agent
+from echorl_agent.agents.base import Agent
 from echorl_agent.agents.chat import MeteredAgent, ReActAgent, ScoringAgent
 from echorl_agent.agents.echorl import EchoRLConfig, EchoRLLLMAgent
 from echorl_agent.agents.tot import SearchResult, ToTConfig, game24_bfs, parse_game24, propose_and_vote

@@ -19,7 +19,7 @@ import gymnasium as gym
 import numpy as np
 
 import echorl_envs
-from echorl_agent.agent import Agent
+from echorl_agent.agents.base import Agent
 from echorl_envs.core import text_space
 
 __all__ = ["SB3Agent", "make_ppo", "make_maskable_ppo", "make_dqn", "make_echoppo"]

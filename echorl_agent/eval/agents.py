@@ -1,6 +1,6 @@
 """The agent registry of the evaluation runner: one short name per baseline.
 
-Every agent follows the one protocol of :class:`echorl_agent.agent.Agent`: ``reset`` at the start of an episode, ``act``
+Every agent follows the one protocol of :class:`echorl_agent.agents.Agent`: ``reset`` at the start of an episode, ``act``
 once per step, ``stats`` for counters the summary reports (LLM tokens, KV reuse...). A *learned* agent (``AgentSpec.learned``:
 PPO, EchoPPO, DQN..., and any policy with a sampling temperature) takes a ``deterministic: bool`` factory option and
 exposes a writable ``deterministic`` attribute; the runner sets it per evaluation mode (``--eval-mode``), so one
@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from echorl_agent.agent import Agent
+from echorl_agent.agents.base import Agent
 from echorl_agent.agents.basic import ExpertAgent, RandomAgent
 
-__all__ = ["Agent", "AgentSpec", "AGENTS", "EVAL_MODES", "eval_modes", "availability", "incompatibility", "make_agent", "agent_names", "RandomAgent", "ExpertAgent"]
+__all__ = ["AgentSpec", "AGENTS", "EVAL_MODES", "eval_modes", "availability", "incompatibility", "make_agent", "agent_names"]
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 import echorl_envs
-from echorl_agent.agent import Agent
+from echorl_agent.agents.base import Agent
 from echorl_agent.agents.sb3 import _Mirror
 
 __all__ = ["LLMChoiceAgent", "LLMGRPOAgent", "make_llm_frozen", "make_llm_bc", "make_llm_ppo", "make_llm_echoppo", "make_llm_gigpo",

@@ -1,16 +1,17 @@
-"""Experience reuse without weight updates: a step-level bank with retrieve-then-sample, and frozen-agent users.
+"""Experience reuse without weight updates: a step-level bank with retrieve-then-sample, and a residual SB3 head.
 
 * :class:`ExperienceBank` -- step records (observation key, action, next observation) of successful and failed
   rollouts; instruction filter -> top-k steps by mean–max fused keys -> softmax sample with an efficiency prior;
   online growth; atomic save/load.
-* :class:`ExperienceGuidedAgent` -- a frozen LLM agent with the retrieved step in its prompt.
 * :class:`ResidualExperiencePolicy` -- a frozen SB3 policy whose logits a small residual head adjusts given the
   retrieved action.
+
+The frozen LLM agent the bank guides, ``ExperienceGuidedAgent``, lives with the other agents in
+:mod:`echorl_agent.agents`.
 """
 
 from __future__ import annotations
 
-from echorl_agent.experience.agents import ExperienceGuidedAgent, guidance_text
 from echorl_agent.experience.bank import (
     ExperienceBank,
     ExperienceConfig,
@@ -28,7 +29,7 @@ from echorl_agent.experience.keys import (
 from echorl_agent.experience.residual import ResidualExperiencePolicy, ResidualHead
 
 __all__ = [
-    "ExperienceBank", "ExperienceConfig", "ExperienceGuidedAgent", "HashingKeyEncoder", "KeyEncoder",
+    "ExperienceBank", "ExperienceConfig", "HashingKeyEncoder", "KeyEncoder",
     "MiniLMKeyEncoder", "ResidualExperiencePolicy", "ResidualHead", "Retrieved", "RolloutRecord", "StepRecord",
-    "guidance_text", "make_key_encoder", "mean_max_fuse",
+    "make_key_encoder", "mean_max_fuse",
 ]

@@ -1,12 +1,10 @@
-"""The LLM side of the prior cache: an LLM action prior, and agents that put the cache in front of it.
+"""The LLM side of the prior cache: an LLM action prior (the agent that acts from it is
+:class:`echorl_agent.agents.prior_cache.PriorCacheAgent`).
 
 * :class:`LLMActionPrior` -- ``p_prior(a | s) = softmax_a(log pi_LLM(a | prompt(s)) / T)`` over the admissible
   actions, where ``log pi_LLM(a | .)`` is the log-likelihood of the reply ``a<end-of-turn>`` under a one-turn chat
   prompt (system + observation + admissible list), computed by :meth:`LLMEngine.score` with the prompt's KV shared
   by all candidates. One call = one LLM query.
-* :class:`PriorCacheAgent` -- an eval-runner agent (``reset/act/observe/stats``) acting from that prior, either
-  through an :class:`~echorl_agent.priors.cache.LLMPriorCache` (``use_cache=True``) or querying the LLM every step
-  (``use_cache=False``, the baseline of ``benchmarks/prior_cache.py``).
 """
 
 from __future__ import annotations
@@ -16,10 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from echorl_agent.agent import Agent
-from echorl_agent.priors.cache import LLMPriorCache, PriorCacheConfig
-
-__all__ = ["LLMActionPrior", "PriorCacheAgent", "PRIOR_SYSTEM", "state_text"]
+__all__ = ["LLMActionPrior", "PRIOR_SYSTEM", "state_text"]
 
 PRIOR_SYSTEM = "You are an agent in a text game. Reply with the single best action from the admissible actions."
 
@@ -77,53 +72,3 @@ class LLMActionPrior:
         z = self.log_likelihoods(text, actions) / self.temperature
         p = np.exp(z - z.max())
         return p / p.sum()
-
-
-class PriorCacheAgent(Agent):
-    """Acts by sampling from the LLM prior, with or without the prior cache in front of the LLM.
-
-    Args:
-        prior: the :class:`LLMActionPrior`.
-        encoder: a :class:`echorl_envs.wrappers.TextEncoder` giving state embeddings (e.g. ``MiniLMEncoder``).
-        use_cache: put an :class:`LLMPriorCache` in front of the LLM (False: query it every step).
-        cache_config: the cache's knobs.
-        greedy: act with the prior's argmax instead of sampling from it.
-    """
-
-    name = "llm-prior-cache"
-
-    def __init__(self, prior: LLMActionPrior, encoder: Any, use_cache: bool = True,
-                 cache_config: PriorCacheConfig | None = None, greedy: bool = False) -> None:
-        self.prior = prior
-        self.encoder = encoder
-        self.cache = LLMPriorCache(encoder.dim, cache_config) if use_cache else None
-        self.greedy = greedy
-        self.rng = np.random.default_rng(0)
-        self.steps = 0
-
-    def reset(self, env_id: str, obs: str, info: dict[str, Any], seed: int) -> None:
-        self.rng = np.random.default_rng(seed)
-
-    def distribution(self, obs: str, info: dict[str, Any]) -> np.ndarray:
-        """p_prior over ``info["admissible_actions"]`` (from the cache when it hits)."""
-        actions = list(info.get("admissible_actions") or [])
-        text = state_text(obs, info)
-        if self.cache is None:
-            return self.prior(text, actions)
-        return self.cache.lookup(self.encoder.encode_one(text), actions, lambda: self.prior(text, actions)).prior
-
-    def act(self, obs: str, info: dict[str, Any]) -> str:
-        actions = list(info.get("admissible_actions") or [])
-        if not actions:
-            raise ValueError("PriorCacheAgent needs info['admissible_actions'] (a choice env), got none")
-        p = self.distribution(obs, info)
-        self.steps += 1
-        i = int(np.argmax(p)) if self.greedy else int(self.rng.choice(len(actions), p=p))
-        return actions[i]
-
-    def stats(self) -> dict[str, float]:
-        out = {"llm_queries": float(self.prior.num_queries), "llm_seconds": self.prior.seconds,
-               "agent_steps": float(self.steps)}
-        if self.cache is not None:
-            out.update({k: float(v) for k, v in self.cache.stats().items() if k != "llm_queries"})
-        return out

@@ -8,7 +8,6 @@ from __future__ import annotations
 from echorl_envs.alfworld.env import ALFWorldEnv, resolve_task_types
 from echorl_envs.alfworld.games import (
     GeneratedPool,
-    cache_root,
     find_games,
     generate_dataset,
     solve_with_expert,
@@ -22,7 +21,6 @@ __all__ = [
     "GeneratedPool",
     "GeneratorConfig",
     "TASK_TYPES",
-    "cache_root",
     "find_games",
     "generate_dataset",
     "make_game_spec",

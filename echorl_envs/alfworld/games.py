@@ -28,7 +28,6 @@ __all__ = [
     "GENERATOR_VERSION",
     "SPLITS",
     "SPLIT_SEED_BASE",
-    "cache_root",
     "GeneratedPool",
     "find_games",
     "generate_dataset",
