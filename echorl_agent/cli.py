@@ -157,15 +157,8 @@ def demo_config(out: str):
 def cmd_bench(args: argparse.Namespace) -> int:
     import echorl_envs
     from echorl_agent.eval import agents as agent_registry
-    from echorl_agent.eval.report import (
-        markdown_table,
-        notes,
-        plot_curves,
-        plot_success,
-        reference_of,
-        summarize,
-        write_summary,
-    )
+    from echorl_agent.eval.plots import plot_curves, plot_success
+    from echorl_agent.eval.report import markdown_table, notes, reference_of, summarize, write_summary
     from echorl_agent.eval.runner import BenchConfig, run_bench
 
     if args.preset == "demo":

@@ -1,6 +1,6 @@
 """Summaries of runner rows: Success@1 with a Wilson 95% interval, the paired difference against a reference agent
 (bootstrap CI and exact McNemar p on the shared instances), step caps, returns, tokens, KV reuse, cost; written as
-Markdown, CSV and JSON, with matplotlib plots."""
+Markdown, CSV and JSON (the figures: :mod:`echorl_agent.eval.plots`)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ from typing import Any
 
 from echorl_agent.eval.stats import wilson_interval
 
-__all__ = ["wilson_interval", "summarize", "write_summary", "markdown_table", "notes", "budget_notes", "plot_success",
-           "plot_curves", "COLUMNS", "TIMING_COLUMNS"]
+__all__ = ["summarize", "write_summary", "markdown_table", "notes", "budget_notes", "COLUMNS", "TIMING_COLUMNS"]
 
 COLUMNS = ["task", "agent", "mode", "max_steps", "episodes", "success", "ci_low", "ci_high", "reference", "paired_n",
            "diff", "diff_low", "diff_high", "mcnemar_p", "significant", "mean_return", "mean_steps",
@@ -175,64 +174,3 @@ def write_summary(summary: list[dict], out: str | Path) -> dict[str, Path]:
             w.writerow({k: s.get(k) for k in COLUMNS})
     paths["json"].write_text(json.dumps(summary, indent=2))
     return paths
-
-
-def plot_success(summary: list[dict], path: str | Path) -> Path:
-    """Grouped bars of Success@1 per task, one bar per agent, with Wilson 95% CI error bars."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    label = lambda s: s["agent"] if s.get("mode", "-") == "-" else f"{s['agent']} ({s['mode'][:5]}.)"  # noqa: E731
-    tasks = list(dict.fromkeys(s["task"] for s in summary))
-    agents = list(dict.fromkeys(label(s) for s in summary))
-    by = {(s["task"], label(s)): s for s in summary}
-    width = 0.8 / max(1, len(agents))
-    fig, ax = plt.subplots(figsize=(min(16, max(6, 1.0 + 0.35 * len(tasks) * len(agents))), 4.5))
-    x = np.arange(len(tasks))
-    for i, a in enumerate(agents):
-        vals = [by[(t, a)]["success"] if (t, a) in by else np.nan for t in tasks]
-        # max(0, .): the Wilson bounds can sit a rounding error inside p at p = 0 or 1
-        lo = [max(0.0, by[(t, a)]["success"] - by[(t, a)]["ci_low"]) if (t, a) in by else 0 for t in tasks]
-        hi = [max(0.0, by[(t, a)]["ci_high"] - by[(t, a)]["success"]) if (t, a) in by else 0 for t in tasks]
-        ax.bar(x + (i - (len(agents) - 1) / 2) * width, vals, width, yerr=[lo, hi], capsize=3, label=a)
-    ax.set_xticks(x, [t.replace("EchoRL/", "").replace("-v0", "") for t in tasks], rotation=20, ha="right")
-    ax.set_ylim(0, 1.05)
-    ax.set_ylabel("Success@1 (95% Wilson CI)")
-    ax.legend(fontsize=8, ncols=min(6, len(agents)), loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-def plot_curves(out: str | Path, path: str | Path) -> Path | None:
-    """Learning curves of trained agents from ``<out>/training/**/progress.csv`` (episode reward vs steps)."""
-    files = sorted(Path(out).glob("training/**/curve.csv"))
-    if not files:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for f in files:
-        steps, rets = [], []
-        with open(f) as fh:
-            for row in csv.DictReader(fh):
-                steps.append(float(row["timesteps"]))
-                rets.append(float(row["success_rate"]))
-        rel = f.relative_to(Path(out) / "training")
-        ax.plot(steps, rets, label=" ".join(rel.parts[:-1]), alpha=0.8)
-    ax.set_xlabel("env steps")
-    ax.set_ylabel("success rate (rolling)")
-    ax.legend(fontsize=6)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
