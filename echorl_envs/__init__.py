@@ -25,41 +25,45 @@ class EnvEntry(NamedTuple):
     action_type: str
     #: where the tasks come from ("generated", "bundled", "file", "engine")
     data: str
-
+    #: positional action slots that hold every admissible set the env lists (choice envs; None for free text): the
+    #: default ``max_actions`` of ``wrap_text_env``/``make_sb3_env``, the SB3 bench agents and the LLM policy's env.
+    #: Largest sets seen in expert and random episodes (10-40 seeds each): MiniGrid 7 (all actions, always),
+    #: ALFWorld 21, TextWorld 35 (Simple) / 5 / 7 / 73 (Cooking), WebShop 17, MiniWoB 38 (email-inbox).
+    max_actions: int | None = None
 
 
 # fmt: off
-#: The one registration table (id, entry point, max steps, kwargs, family, action type, data source).
+#: The one registration table (id, entry point, max steps, kwargs, family, action type, data source, action slots).
 ENVS: list[EnvEntry] = [
     # --- MiniGrid / BabyAI (echorl_envs.minigrid) ---
-    EnvEntry("EchoRL/MiniGrid-Empty-5x5-v0", "echorl_envs.minigrid:MiniGridTextEnv", 100, {"env_id": "MiniGrid-Empty-5x5-v0"}, "minigrid", "choice", "engine"),
-    EnvEntry("EchoRL/MiniGrid-Empty-Random-5x5-v0", "echorl_envs.minigrid:MiniGridTextEnv", 100, {"env_id": "MiniGrid-Empty-Random-5x5-v0"}, "minigrid", "choice", "engine"),
-    EnvEntry("EchoRL/MiniGrid-DoorKey-5x5-v0", "echorl_envs.minigrid:MiniGridTextEnv", 250, {"env_id": "MiniGrid-DoorKey-5x5-v0"}, "minigrid", "choice", "engine"),
-    EnvEntry("EchoRL/MiniGrid-FourRooms-v0", "echorl_envs.minigrid:MiniGridTextEnv", 100, {"env_id": "MiniGrid-FourRooms-v0"}, "minigrid", "choice", "engine"),
-    EnvEntry("EchoRL/MiniGrid-MultiRoom-N2-S4-v0", "echorl_envs.minigrid:MiniGridTextEnv", 40, {"env_id": "MiniGrid-MultiRoom-N2-S4-v0"}, "minigrid", "choice", "engine"),
-    EnvEntry("EchoRL/BabyAI-GoToLocal-v0", "echorl_envs.minigrid:MiniGridTextEnv", 64, {"env_id": "BabyAI-GoToLocal-v0"}, "minigrid", "choice", "engine"),
-    EnvEntry("EchoRL/BabyAI-PickupLoc-v0", "echorl_envs.minigrid:MiniGridTextEnv", 64, {"env_id": "BabyAI-PickupLoc-v0"}, "minigrid", "choice", "engine"),
-    EnvEntry("EchoRL/BabyAI-OpenDoor-v0", "echorl_envs.minigrid:MiniGridTextEnv", 576, {"env_id": "BabyAI-OpenDoor-v0"}, "minigrid", "choice", "engine"),
-    EnvEntry("EchoRL/BabyAI-BossLevel-v0", "echorl_envs.minigrid:MiniGridTextEnv", 2880, {"env_id": "BabyAI-BossLevel-v0"}, "minigrid", "choice", "engine"),
+    EnvEntry("EchoRL/MiniGrid-Empty-5x5-v0", "echorl_envs.minigrid:MiniGridTextEnv", 100, {"env_id": "MiniGrid-Empty-5x5-v0"}, "minigrid", "choice", "engine", 7),
+    EnvEntry("EchoRL/MiniGrid-Empty-Random-5x5-v0", "echorl_envs.minigrid:MiniGridTextEnv", 100, {"env_id": "MiniGrid-Empty-Random-5x5-v0"}, "minigrid", "choice", "engine", 7),
+    EnvEntry("EchoRL/MiniGrid-DoorKey-5x5-v0", "echorl_envs.minigrid:MiniGridTextEnv", 250, {"env_id": "MiniGrid-DoorKey-5x5-v0"}, "minigrid", "choice", "engine", 7),
+    EnvEntry("EchoRL/MiniGrid-FourRooms-v0", "echorl_envs.minigrid:MiniGridTextEnv", 100, {"env_id": "MiniGrid-FourRooms-v0"}, "minigrid", "choice", "engine", 7),
+    EnvEntry("EchoRL/MiniGrid-MultiRoom-N2-S4-v0", "echorl_envs.minigrid:MiniGridTextEnv", 40, {"env_id": "MiniGrid-MultiRoom-N2-S4-v0"}, "minigrid", "choice", "engine", 7),
+    EnvEntry("EchoRL/BabyAI-GoToLocal-v0", "echorl_envs.minigrid:MiniGridTextEnv", 64, {"env_id": "BabyAI-GoToLocal-v0"}, "minigrid", "choice", "engine", 7),
+    EnvEntry("EchoRL/BabyAI-PickupLoc-v0", "echorl_envs.minigrid:MiniGridTextEnv", 64, {"env_id": "BabyAI-PickupLoc-v0"}, "minigrid", "choice", "engine", 7),
+    EnvEntry("EchoRL/BabyAI-OpenDoor-v0", "echorl_envs.minigrid:MiniGridTextEnv", 576, {"env_id": "BabyAI-OpenDoor-v0"}, "minigrid", "choice", "engine", 7),
+    EnvEntry("EchoRL/BabyAI-BossLevel-v0", "echorl_envs.minigrid:MiniGridTextEnv", 2880, {"env_id": "BabyAI-BossLevel-v0"}, "minigrid", "choice", "engine", 7),
     # --- math (echorl_envs.math) ---
     EnvEntry("EchoRL/GSM8K-v0", "echorl_envs.math.gsm8k:GSM8KEnv", 10, {}, "math", "free-text", "file"),
     EnvEntry("EchoRL/GSMSymbolic-v0", "echorl_envs.math.generated:GSMSymbolicEnv", 10, {}, "math", "free-text", "generated"),
     EnvEntry("EchoRL/Arithmetic-v0", "echorl_envs.math.generated:ArithmeticEnv", 10, {}, "math", "free-text", "generated"),
     EnvEntry("EchoRL/Game24-v0", "echorl_envs.math.game24:Game24Env", 10, {}, "math", "free-text", "generated"),
     # --- ALFWorld / TextWorld (echorl_envs.alfworld, echorl_envs.textworld) ---
-    EnvEntry("EchoRL/ALFWorld-v0", "echorl_envs.alfworld:ALFWorldEnv", 50, {"task_types": "all"}, "alfworld", "choice", "generated"),
-    EnvEntry("EchoRL/ALFWorld-PickAndPlace-v0", "echorl_envs.alfworld:ALFWorldEnv", 50, {"task_types": "PickAndPlace"}, "alfworld", "choice", "generated"),
-    EnvEntry("EchoRL/ALFWorld-PickTwoAndPlace-v0", "echorl_envs.alfworld:ALFWorldEnv", 50, {"task_types": "PickTwoAndPlace"}, "alfworld", "choice", "generated"),
-    EnvEntry("EchoRL/ALFWorld-LookAtInLight-v0", "echorl_envs.alfworld:ALFWorldEnv", 50, {"task_types": "LookAtInLight"}, "alfworld", "choice", "generated"),
-    EnvEntry("EchoRL/ALFWorld-PickCleanAndPlace-v0", "echorl_envs.alfworld:ALFWorldEnv", 50, {"task_types": "PickCleanAndPlace"}, "alfworld", "choice", "generated"),
-    EnvEntry("EchoRL/ALFWorld-PickHeatAndPlace-v0", "echorl_envs.alfworld:ALFWorldEnv", 50, {"task_types": "PickHeatAndPlace"}, "alfworld", "choice", "generated"),
-    EnvEntry("EchoRL/ALFWorld-PickCoolAndPlace-v0", "echorl_envs.alfworld:ALFWorldEnv", 50, {"task_types": "PickCoolAndPlace"}, "alfworld", "choice", "generated"),
-    EnvEntry("EchoRL/TextWorld-Simple-v0", "echorl_envs.textworld:TextWorldEnv", 100, {"challenge": "tw-simple", "difficulty": "medium"}, "textworld", "choice", "generated"),
-    EnvEntry("EchoRL/TextWorld-CoinCollector-v0", "echorl_envs.textworld:TextWorldEnv", 100, {"challenge": "tw-coin_collector", "difficulty": "medium"}, "textworld", "choice", "generated"),
-    EnvEntry("EchoRL/TextWorld-TreasureHunter-v0", "echorl_envs.textworld:TextWorldEnv", 100, {"challenge": "tw-treasure_hunter", "difficulty": "medium"}, "textworld", "choice", "generated"),
-    EnvEntry("EchoRL/TextWorld-Cooking-v0", "echorl_envs.textworld:TextWorldEnv", 100, {"challenge": "tw-cooking", "difficulty": "medium"}, "textworld", "choice", "generated"),
+    EnvEntry("EchoRL/ALFWorld-v0", "echorl_envs.alfworld:ALFWorldEnv", 50, {"task_types": "all"}, "alfworld", "choice", "generated", 64),
+    EnvEntry("EchoRL/ALFWorld-PickAndPlace-v0", "echorl_envs.alfworld:ALFWorldEnv", 50, {"task_types": "PickAndPlace"}, "alfworld", "choice", "generated", 64),
+    EnvEntry("EchoRL/ALFWorld-PickTwoAndPlace-v0", "echorl_envs.alfworld:ALFWorldEnv", 50, {"task_types": "PickTwoAndPlace"}, "alfworld", "choice", "generated", 64),
+    EnvEntry("EchoRL/ALFWorld-LookAtInLight-v0", "echorl_envs.alfworld:ALFWorldEnv", 50, {"task_types": "LookAtInLight"}, "alfworld", "choice", "generated", 64),
+    EnvEntry("EchoRL/ALFWorld-PickCleanAndPlace-v0", "echorl_envs.alfworld:ALFWorldEnv", 50, {"task_types": "PickCleanAndPlace"}, "alfworld", "choice", "generated", 64),
+    EnvEntry("EchoRL/ALFWorld-PickHeatAndPlace-v0", "echorl_envs.alfworld:ALFWorldEnv", 50, {"task_types": "PickHeatAndPlace"}, "alfworld", "choice", "generated", 64),
+    EnvEntry("EchoRL/ALFWorld-PickCoolAndPlace-v0", "echorl_envs.alfworld:ALFWorldEnv", 50, {"task_types": "PickCoolAndPlace"}, "alfworld", "choice", "generated", 64),
+    EnvEntry("EchoRL/TextWorld-Simple-v0", "echorl_envs.textworld:TextWorldEnv", 100, {"challenge": "tw-simple", "difficulty": "medium"}, "textworld", "choice", "generated", 64),
+    EnvEntry("EchoRL/TextWorld-CoinCollector-v0", "echorl_envs.textworld:TextWorldEnv", 100, {"challenge": "tw-coin_collector", "difficulty": "medium"}, "textworld", "choice", "generated", 64),
+    EnvEntry("EchoRL/TextWorld-TreasureHunter-v0", "echorl_envs.textworld:TextWorldEnv", 100, {"challenge": "tw-treasure_hunter", "difficulty": "medium"}, "textworld", "choice", "generated", 64),
+    EnvEntry("EchoRL/TextWorld-Cooking-v0", "echorl_envs.textworld:TextWorldEnv", 100, {"challenge": "tw-cooking", "difficulty": "medium"}, "textworld", "choice", "generated", 128),
     # --- WebShop (echorl_envs.webshop) ---
-    EnvEntry("EchoRL/WebShop-v0", "echorl_envs.webshop:WebShopEnv", 15, {}, "webshop", "choice", "generated"),
+    EnvEntry("EchoRL/WebShop-v0", "echorl_envs.webshop:WebShopEnv", 15, {}, "webshop", "choice", "generated", 32),
     # --- CRUXEval / ARC (echorl_envs.cruxeval, echorl_envs.arc) ---
     EnvEntry("EchoRL/CRUXEval-O-v0", "echorl_envs.cruxeval:CRUXEvalEnv", 8, {"mode": "output"}, "cruxeval", "free-text", "generated"),
     EnvEntry("EchoRL/CRUXEval-I-v0", "echorl_envs.cruxeval:CRUXEvalEnv", 8, {"mode": "input"}, "cruxeval", "free-text", "generated"),
@@ -81,7 +85,7 @@ def _miniwob_rows() -> list[EnvEntry]:
     from echorl_envs.miniwob import TASKS  # imports neither miniwob nor selenium
 
     return [EnvEntry(f"EchoRL/MiniWoB-{task}-v0", "echorl_envs.miniwob:MiniWoBEnv", steps, {"task": task},
-                     "miniwob", "choice", "engine") for task, (_, steps) in TASKS.items()]
+                     "miniwob", "choice", "engine", 64) for task, (_, steps) in TASKS.items()]
 
 
 ENVS.extend(_miniwob_rows())

@@ -61,10 +61,13 @@ def comparable(info: dict) -> dict:
 
 
 def rollout(env, seed: int, n: int = 8) -> list:
+    """``n`` steps of :func:`choose`; every admissible set fits the id's registered action slots on the way."""
+    slots = echorl_envs.entry(env.spec.id).max_actions if env.spec.id in IDS else None
     rng = np.random.default_rng(seed)
     obs, info = env.reset(seed=seed)
     traj = [(obs, comparable(info))]
     for _ in range(n):
+        assert slots is None or len(info["admissible_actions"]) <= slots, (env.spec.id, info["admissible_actions"])
         a = choose(info, rng)
         obs, r, term, trunc, info = env.step(a)
         traj.append((a, obs, r, term, trunc, comparable(info)))
@@ -84,6 +87,22 @@ def test_registry_not_empty():
     for e in echorl_envs.ENVS:
         assert e.id.startswith("EchoRL/") and e.id.endswith("-v0")
         assert e.action_type in ("choice", "free-text")
+
+
+def test_choice_envs_register_action_slots_that_hold_their_largest_admissible_set():
+    for e in echorl_envs.ENVS:
+        if e.action_type == "free-text":
+            assert e.max_actions is None, e.id
+        else:
+            assert isinstance(e.max_actions, int) and e.max_actions >= 1, e.id
+    # the largest admissible sets measured in expert and random episodes on generated games (EnvEntry.max_actions);
+    # rollout() below checks every set it meets against the row
+    largest = {"EchoRL/MiniGrid-Empty-5x5-v0": 7, "EchoRL/ALFWorld-v0": 21, "EchoRL/ALFWorld-PickAndPlace-v0": 19,
+               "EchoRL/TextWorld-Simple-v0": 35, "EchoRL/TextWorld-Cooking-v0": 73, "EchoRL/WebShop-v0": 17,
+               "EchoRL/MiniWoB-email-inbox-v0": 38, "EchoRL/MiniWoB-search-engine-v0": 27}
+    for env_id, n in largest.items():
+        assert echorl_envs.entry(env_id).max_actions >= n, env_id
+    assert echorl_envs.entry("EchoRL/BabyAI-GoToLocal-v0").max_actions == 7  # MiniGrid lists all 7, always
 
 
 @pytest.mark.parametrize("module, env_class, names", [

@@ -354,6 +354,31 @@ def test_maskable_ppo_solves_the_corridor():
     assert term and r == 1.0 and info["step"] == 3
 
 
+def test_wrap_text_env_default_slots_cover_alfworlds_growing_action_set():
+    """``wrap_text_env(gym.make(ALFWorld id))`` takes its slots from ``EnvEntry.max_actions``: every admissible action
+    of an expert episode stays reachable, although the set grows past what the first ``reset()`` lists (the old
+    probed default left 5 of 17 unreachable)."""
+    env_id = "EchoRL/ALFWorld-PickAndPlace-v0"
+    env = wrap_text_env(gym.make(env_id))
+    assert env.action_space.n == echorl_envs.entry(env_id).max_actions
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        obs, info = env.reset(seed=0)
+        first, sizes, done = len(info["admissible_actions"]), [], False
+        while not done:
+            adm = info["admissible_actions"]
+            sizes.append(len(adm))
+            mask = env.get_wrapper_attr("action_masks")()
+            assert mask.sum() == len(adm) and set(env.get_wrapper_attr("slot_texts")()) - {None} == set(adm)
+            index = env.get_wrapper_attr("slot_texts")().index(info["expert_action"])
+            obs, r, term, trunc, info = env.step(index)
+            done = term or trunc
+    assert not [w for w in caught if "exceed max_actions" in str(w.message)]
+    assert term and info["won"]
+    assert max(sizes) > first, sizes  # the set grew during the episode: a probe of reset() would have cut it
+    env.close()
+
+
 # ---------------------------------------------------------------------------------------------- doctests
 @needs_minigrid
 @pytest.mark.parametrize(

@@ -24,9 +24,6 @@ from echorl_envs.core import text_space
 
 __all__ = ["SB3Agent", "make_ppo", "make_maskable_ppo", "make_dqn", "make_echoppo"]
 
-#: Positional action slots for families whose action set changes every step.
-_MAX_ACTIONS = {"alfworld": 64, "textworld": 64, "webshop": 16}
-
 
 class _Mirror(gym.Env):
     """The wrappers' input adapter: returns the transition the runner fed it (the runner owns the real env)."""
@@ -83,7 +80,7 @@ class SB3Agent(Agent):
             raise ValueError(f"agent {name!r} needs admissible actions; {env_id} takes free text")
         self.name, self.deterministic = name, deterministic
         self.masked = algo in ("maskable-ppo", "echoppo")
-        wrap = {"max_actions": _MAX_ACTIONS.get(e.family)} if e.family in _MAX_ACTIONS else {}
+        wrap: dict[str, Any] = {"max_actions": e.max_actions}  # the registry's slots (EnvEntry.max_actions)
         if history is not None:
             wrap["history"] = history
         cls, policy = _algo(algo)
@@ -98,8 +95,9 @@ class SB3Agent(Agent):
                 curve.write()
                 self.model.save(Path(log_dir) / "model.zip")
             vec.close()
-        if "max_actions" not in wrap:
-            wrap["max_actions"] = int(self.model.action_space.n)
+        if int(self.model.action_space.n) != e.max_actions:
+            raise ValueError(f"the model at load_path={load_path!r} has {self.model.action_space.n} action slots; "
+                             f"{env_id} has max_actions={e.max_actions} (EnvEntry); retrain it on this registry")
         self.mirror = _Mirror()
         self.env = wrap_text_env(self.mirror, **wrap)
         self.obs: Any = None

@@ -59,8 +59,7 @@ def make_choice_env(env_id: str, history: int, max_episode_steps: int | None = N
     kw = dict(env_kwargs or {})
     if max_episode_steps:
         kw["max_episode_steps"] = max_episode_steps
-    family = echorl_envs.entry(env_id).family
-    max_actions = {"alfworld": 64, "textworld": 64, "webshop": 16}.get(family, 16)
+    max_actions = echorl_envs.entry(env_id).max_actions  # the registry's slots (EnvEntry.max_actions)
     return LLMObservationWrapper(gym.make(env_id, **kw), history=history, max_actions=max_actions)
 
 

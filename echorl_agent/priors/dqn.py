@@ -59,16 +59,12 @@ def make_prior_env(env_id: str, n_envs: int = 1, seed: int = 0, env_kwargs: dict
     SB3 wrappers (``wrapper_kwargs`` as in :func:`echorl_envs.wrappers.wrap_text_env`)."""
     from stable_baselines3.common.env_util import make_vec_env
 
-    from echorl_envs.wrappers import make_encoder, probe_max_actions, wrap_text_env
+    from echorl_envs.wrappers import default_max_actions, make_encoder, wrap_text_env
 
     kwargs = dict(env_kwargs or {})
     enc = make_encoder(wrapper_kwargs.pop("encoder", "hash"), **(wrapper_kwargs.pop("encoder_kwargs", None) or {}))
     if wrapper_kwargs.get("max_actions") is None and wrapper_kwargs.get("vocabulary") is None:
-        probe = gym.make(env_id, **kwargs)
-        try:
-            wrapper_kwargs["max_actions"] = probe_max_actions(probe, seed=seed)
-        finally:
-            probe.close()
+        wrapper_kwargs["max_actions"] = default_max_actions(env_id, kwargs, seed)
 
     def env_fn() -> gym.Env:
         return wrap_text_env(TextTap(gym.make(env_id, **kwargs)), encoder=enc, **wrapper_kwargs)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from echorl_envs.wrappers.actions import AdmissibleActionWrapper
 from echorl_envs.wrappers.encoders import ENCODERS, HashingEncoder, MiniLMEncoder, TextEncoder, make_encoder
 from echorl_envs.wrappers.observations import EncodedTextObservation, HistoryWindow
-from echorl_envs.wrappers.sb3 import make_sb3_env, probe_max_actions, wrap_text_env
+from echorl_envs.wrappers.sb3 import default_max_actions, make_sb3_env, probe_max_actions, wrap_text_env
 from echorl_envs.wrappers.vector import RobustAsyncVectorEnv
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "MiniLMEncoder",
     "RobustAsyncVectorEnv",
     "TextEncoder",
+    "default_max_actions",
     "make_encoder",
     "make_sb3_env",
     "probe_max_actions",

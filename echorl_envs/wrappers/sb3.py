@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -12,11 +11,24 @@ from echorl_envs.wrappers.actions import AdmissibleActionWrapper
 from echorl_envs.wrappers.encoders import TextEncoder, make_encoder
 from echorl_envs.wrappers.observations import EncodedTextObservation, HistoryWindow
 
-__all__ = ["wrap_text_env", "make_sb3_env", "probe_max_actions"]
+__all__ = ["wrap_text_env", "make_sb3_env", "probe_max_actions", "default_max_actions"]
+
+
+def _registered_max_actions(env_id: str | None) -> int | None:
+    """The action slots of a registered echorl id (``EnvEntry.max_actions``), or None for other ids.
+
+    That number covers every admissible set the family lists, so no admissible action is cut from the action space.
+    """
+    import echorl_envs
+
+    if env_id is None or env_id not in echorl_envs.env_ids():
+        return None
+    return echorl_envs.entry(env_id).max_actions
 
 
 def probe_max_actions(env: gym.Env, seed: int = 0) -> int:
-    """Number of admissible actions after ``reset(seed=seed)`` (the default ``max_actions``)."""
+    """Number of admissible actions after ``reset(seed=seed)`` (the default ``max_actions`` of unregistered ids,
+    which may be too few for an env whose action set grows; registered ids use ``EnvEntry.max_actions``, see :func:`default_max_actions`)."""
     _, info = env.reset(seed=seed)
     n = len(info.get("admissible_actions", []))
     if n == 0:
@@ -24,6 +36,19 @@ def probe_max_actions(env: gym.Env, seed: int = 0) -> int:
             "the env lists no admissible actions (a free-text env?); pass max_actions= and vocabulary= explicitly"
         )
     return n
+
+
+def default_max_actions(env_id: str, env_kwargs: dict[str, Any] | None = None, seed: int = 0) -> int:
+    """``max_actions`` for ``env_id`` when none is given: the registered ``EnvEntry.max_actions``, else the
+    admissible count after one probing ``reset(seed=seed)`` of ``gym.make(env_id, **env_kwargs)``."""
+    registered = _registered_max_actions(env_id)
+    if registered is not None:
+        return registered
+    probe = gym.make(env_id, **(env_kwargs or {}))
+    try:
+        return probe_max_actions(probe, seed=seed)
+    finally:
+        probe.close()
 
 
 def wrap_text_env(
@@ -46,8 +71,9 @@ def wrap_text_env(
         env: a text env.
         encoder: ``"hash"`` (default), ``"minilm"`` or an encoder instance (shared, so its cache is shared).
         encoder_kwargs: keyword arguments of the named encoder.
-        max_actions: discrete action count; default ``len(vocabulary)``, else the number of admissible actions
-            after a probing ``reset(seed=0)`` -- pass it explicitly when the action set grows (ALFWorld).
+        max_actions: discrete action count; default ``len(vocabulary)``, else the registered id's
+            ``EnvEntry.max_actions`` (enough slots for the family's largest admissible set; 64 on ALFWorld), else
+            the number of admissible actions after a probing ``reset(seed=0)`` (ids outside ``echorl_envs.ENVS``).
         vocabulary: fixed action texts (index ``i`` always means ``vocabulary[i]``), or None for positional slots.
         include_task: prepend the instruction to each observation before encoding.
         include_actions: the DRRN-style ``Dict`` observation carrying the encoded action slots and their mask.
@@ -62,7 +88,7 @@ def wrap_text_env(
         >>> check_env(env)  # SB3's checker passes (it only warns that a 2-D window needs a custom policy)
     """
     if max_actions is None and vocabulary is None:
-        max_actions = probe_max_actions(env)
+        max_actions = _registered_max_actions(env.spec.id if env.spec is not None else None) or probe_max_actions(env)
     env = AdmissibleActionWrapper(env, max_actions=max_actions, vocabulary=vocabulary)
     env = EncodedTextObservation(
         env, encoder=encoder, encoder_kwargs=encoder_kwargs, include_task=include_task,
@@ -130,18 +156,7 @@ def make_sb3_env(
     enc = wrapper_kwargs.pop("encoder", "hash")
     enc = make_encoder(enc, **(wrapper_kwargs.pop("encoder_kwargs", None) or {}))
     if wrapper_kwargs.get("max_actions") is None and wrapper_kwargs.get("vocabulary") is None:
-        probe = gym.make(env_id, **kwargs)
-        try:
-            wrapper_kwargs["max_actions"] = probe_max_actions(probe, seed=seed)
-        finally:
-            probe.close()
-        if echorl_envs.ENVS and env_id in echorl_envs.env_ids():
-            if echorl_envs.entry(env_id).family in ("alfworld", "textworld", "webshop"):
-                warnings.warn(
-                    f"max_actions was probed as {wrapper_kwargs['max_actions']} from one reset of {env_id}, whose "
-                    "action set changes every step; pass max_actions= explicitly (e.g. 64)",
-                    stacklevel=2,
-                )
+        wrapper_kwargs["max_actions"] = default_max_actions(env_id, kwargs, seed)
 
     def env_fn() -> gym.Env:
         return wrap_text_env(gym.make(env_id, **kwargs), encoder=enc, **wrapper_kwargs)
