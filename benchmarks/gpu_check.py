@@ -163,7 +163,7 @@ def check_engine(llm, device: str, dry_run: bool) -> list[Row]:
     """Greedy decode tokens/s (engine vs HF ``generate``, same prompts, same GPU) and candidate scoring."""
     import torch
 
-    from echorl_agent.llm.engine import EngineConfig, LLMEngine, SamplingParams
+    from echorl_agent.llm import EngineConfig, LLMEngine, SamplingParams
 
     n_prompts, new = (2, 8) if dry_run else (16, 64)
     prompts = [llm.chat_ids([{"role": "user", "content": f"Count from {i} to {i + 20}, one number a line."}])
