@@ -9,12 +9,14 @@ from typing import Any
 
 from echorl_agent.config import PlanningConfig
 from echorl_agent.llm.engine.config import PREFILL_DTYPES, WEIGHT_DTYPES
+from echorl_agent.llm.models import llama
 from echorl_agent.llm_rl.learner_bf16 import LEARNER_MATMUL_DTYPES
 
 __all__ = ["LLMPolicyConfig", "LORA_TARGETS", "check_no_plan_on_free_text"]
 
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-"""The linear layers of a Llama-family decoder layer (every one can carry a LoRA adapter)."""
+LORA_TARGETS = llama.NAMES.projection_leaves
+"""The seven linear layers of a decoder layer of the Llama family (Qwen2 and Mistral name them alike): every one can
+carry a LoRA adapter."""
 
 
 @dataclass

@@ -17,17 +17,19 @@ never recomputed by the learner. Only some rows' outputs are ever read (the rows
 and each set's last context row): ``run_layers(..., keep=rows)`` runs the last layer's queries, attention output and
 MLP on those rows alone (its keys and values still cover every row), which is exact and skips most of that layer
 (:func:`output_rows`). The arithmetic is the HF modules' own (RMSNorm, projections incl. peft's LoRA
-wrappers, rotary embedding, MLP); attention is ``scaled_dot_product_attention`` with the block mask.
+wrappers, rotary embedding, MLP), found through the model's :class:`~echorl_agent.llm.models.ModelLayout` (Llama,
+SmolLM2, Qwen2, Mistral); attention is ``scaled_dot_product_attention`` with the block mask.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from echorl_agent.llm.models import ModelLayout, layout_for
 
 __all__ = ["DecoderParts", "CandidateSet", "PackedBatch", "pack", "pack_sets", "output_rows", "run_layers",
            "candidate_logprobs", "candidate_set_logprobs", "candidate_set_logprobs_many",
@@ -36,7 +38,8 @@ __all__ = ["DecoderParts", "CandidateSet", "PackedBatch", "pack", "pack_sets", "
 
 @dataclass
 class DecoderParts:
-    """The modules of a Llama-family causal LM the packed forward needs (works through a peft wrapper)."""
+    """The modules of a causal LM the packed forward needs (works through a peft wrapper), found through its
+    :class:`~echorl_agent.llm.models.ModelLayout`."""
 
     embed: torch.nn.Module
     layers: list[torch.nn.Module]
@@ -46,18 +49,21 @@ class DecoderParts:
     num_heads: int
     num_kv_heads: int
     head_dim: int
+    layout: ModelLayout
+    """Where each decoder layer keeps its norms and projections."""
+    rope: Callable
+    """The family's RoPE function ``(q, k, cos, sin, unsqueeze_dim) -> (q, k)`` (:meth:`ModelLayout.rope_function`)."""
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> DecoderParts:
         """Find the parts in an HF ``*ForCausalLM`` or a peft model wrapping one."""
         base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft: the wrapped HF model
-        cfg = base.config
-        inner = base.model
+        layout = layout_for(base.config)
         return cls(
-            embed=inner.embed_tokens, layers=list(inner.layers), norm=inner.norm, rotary=inner.rotary_emb,
-            lm_head=base.lm_head, num_heads=cfg.num_attention_heads,
-            num_kv_heads=getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads,
-            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+            embed=layout.embedding(base), layers=layout.decoder_layers(base), norm=layout.final_norm(base),
+            rotary=layout.rotary(base), lm_head=layout.lm_head(base), num_heads=layout.num_heads,
+            num_kv_heads=layout.num_kv_heads, head_dim=layout.head_dim, layout=layout,
+            rope=layout.rope_function(base),
         )
 
 
@@ -184,10 +190,6 @@ def pack_sets(context_len: int, sets: Sequence[tuple[int, Sequence[Sequence[int]
     return PackedBatch(torch.tensor(pos, device=device), mask.to(device), context_len, out, sources)
 
 
-def _apply_rope(layer: torch.nn.Module):
-    return importlib.import_module(type(layer.self_attn).__module__).apply_rotary_pos_emb
-
-
 def output_rows(batch: PackedBatch, extra_rows: Sequence[int] = ()) -> list[int]:
     """The rows whose last-layer output is read: every row that predicts a candidate token, and ``extra_rows``
     (sorted, each once) -- ``keep`` for :func:`run_layers`, ``rows`` for the log-probability functions."""
@@ -212,7 +214,7 @@ def run_layers(parts: DecoderParts, x: torch.Tensor, batch: PackedBatch, start: 
         return x if keep is None else x[torch.as_tensor(list(keep), device=x.device, dtype=torch.long)]
     cos, sin = parts.rotary(x, batch.positions[None, :])
     cos, sin = cos[0], sin[0]
-    rope = _apply_rope(parts.layers[0])
+    rope, layout = parts.rope, parts.layout
     n, hq, hkv, d = x.shape[0], parts.num_heads, parts.num_kv_heads, parts.head_dim
     rep = hq // hkv
     for li in range(start, stop):
@@ -220,25 +222,25 @@ def run_layers(parts: DecoderParts, x: torch.Tensor, batch: PackedBatch, start: 
             row, e = inject[li]
             x = torch.cat([x[:row], x[row : row + e.shape[0]] + e.to(x.dtype), x[row + e.shape[0]:]], dim=0)
         layer = parts.layers[li]
-        attn = layer.self_attn
-        h = layer.input_layernorm(x)
-        k = attn.k_proj(h).view(n, hkv, d)
-        v = attn.v_proj(h).view(n, hkv, d).repeat_interleave(rep, dim=1)
+        wq, wk, wv, wo = layout.attention_projections(layer)
+        h = layout.input_norm(layer)(x)
+        k = wk(h).view(n, hkv, d)
+        v = wv(h).view(n, hkv, d).repeat_interleave(rep, dim=1)
         if keep is not None and li == stop - 1:
             idx = torch.as_tensor(list(keep), device=x.device, dtype=torch.long)
-            q = attn.q_proj(h[idx]).view(len(idx), hq, d)
+            q = wq(h[idx]).view(len(idx), hq, d)
             q, _ = rope(q, q, cos[idx], sin[idx], unsqueeze_dim=1)
             _, k = rope(k, k, cos, sin, unsqueeze_dim=1)
             mask, x = batch.mask[idx], x[idx]
         else:
-            q = attn.q_proj(h).view(n, hq, d)
+            q = wq(h).view(n, hq, d)
             q, k = rope(q, k, cos, sin, unsqueeze_dim=1)
             mask = batch.mask
         k = k.repeat_interleave(rep, dim=1)
         o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
                                            attn_mask=mask)  # [H, rows, D]
-        x = x + attn.o_proj(o.transpose(0, 1).reshape(q.shape[0], hq * d))
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
+        x = x + wo(o.transpose(0, 1).reshape(q.shape[0], hq * d))
+        x = x + layout.mlp(layer)(layout.post_attention_norm(layer)(x))
     return x
 
 

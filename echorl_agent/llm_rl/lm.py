@@ -20,7 +20,7 @@ import torch
 from echorl_agent.llm import LLMEngine
 from echorl_agent.llm.engine.config import EngineConfig
 from echorl_agent.llm.engine.prefix_cache import PrefixCacheConfig
-from echorl_agent.llm.models import LoadedModel, load_model
+from echorl_agent.llm.models import LoadedModel, layout_for, load_model
 from echorl_agent.llm.quant.bf16 import cpu_has_native_bf16
 from echorl_agent.llm_rl.config import LLMPolicyConfig
 from echorl_agent.llm_rl.forward import DecoderParts
@@ -50,14 +50,15 @@ class TrainableLM:
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         base = llm if llm is not None else load_model(cfg.model, dtype=dtype, device=str(self.device))
         hf = base.model
-        self.num_layers = len(hf.model.layers)
+        layers = layout_for(hf.config).decoder_layers(hf)
+        self.num_layers = len(layers)
         if cfg.train_layers > self.num_layers:
             raise ValueError(f"train_layers must be <= the model's {self.num_layers} layers, "
                              f"got train_layers={cfg.train_layers}")
         self.boundary = self.num_layers - cfg.train_layers
         """First trainable layer b: activations entering it are what the learner starts from."""
         rollout_model = copy.deepcopy(hf)
-        available = sorted({n.rsplit(".", 1)[-1] for n, m in hf.model.layers[0].named_modules()
+        available = sorted({n.rsplit(".", 1)[-1] for n, m in layers[0].named_modules()
                             if isinstance(m, torch.nn.Linear)})
         bad = [t for t in cfg.lora_targets if t not in available]
         if bad:
@@ -76,7 +77,7 @@ class TrainableLM:
         else:
             self.model = hf
             for i in self.layer_ids:
-                hf.model.layers[i].requires_grad_(True)
+                layers[i].requires_grad_(True)
         self.model.train(False)
         self.tokenizer = base.tokenizer
         self.llm = LoadedModel(model=hf, tokenizer=base.tokenizer, name=base.name, extra=base.extra)

@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 import torch
 
+from echorl_agent.llm.models import ModelLayout, layout_for
 from echorl_agent.llm.quant.bf16 import BF16Linear, pack_bf16
 from echorl_agent.llm.quant.w8a8 import DEFAULT_ALPHA, W8A8Linear, pack_w8a8
 
@@ -75,13 +76,13 @@ class LayerMaxima(NamedTuple):
     """Per-input-channel ``max|X|`` of the four inputs of one decoder layer's projections."""
 
     qkv: torch.Tensor
-    """``[hidden]``: input_layernorm's output (q/k/v_proj's input)."""
+    """``[hidden]``: the input norm's output (the query, key and value projections' input)."""
     o: torch.Tensor
-    """``[heads * head_dim]``: the attention output (o_proj's input)."""
+    """``[heads * head_dim]``: the attention output (the output projection's input)."""
     gate_up: torch.Tensor
-    """``[hidden]``: post_attention_layernorm's output (gate/up_proj's input)."""
+    """``[hidden]``: the post-attention norm's output (the gate and up projections' input)."""
     down: torch.Tensor
-    """``[intermediate]``: ``act(gate) * up`` (down_proj's input)."""
+    """``[intermediate]``: ``act(gate) * up`` (the down projection's input)."""
 
 
 class W8A8Layer(NamedTuple):
@@ -125,7 +126,8 @@ def calibration_token_ids(llm, texts: Sequence | None = None) -> list[list[int]]
 def activation_maxima(model: torch.nn.Module, layers: Sequence[int],
                       token_lists: Sequence[Sequence[int]]) -> dict[int, LayerMaxima]:
     """``max|X_j|`` over every token of ``token_lists`` of the projection inputs of ``layers``, from the float32
-    HF model's own forward (pre-hooks on q_proj, o_proj, gate_proj and down_proj)."""
+    HF model's own forward (pre-hooks on the q, o, gate and down projections, found through the model's
+    :class:`~echorl_agent.llm.models.ModelLayout`)."""
     seen: dict[tuple[int, str], torch.Tensor] = {}
     hooks = []
 
@@ -135,12 +137,13 @@ def activation_maxima(model: torch.nn.Module, layers: Sequence[int],
             seen[key] = torch.maximum(seen[key], a) if key in seen else a
         return hook
 
-    blocks = model.model.layers
+    layout = layout_for(model.config)
+    blocks = layout.decoder_layers(model)
     try:
         for i in layers:
-            attn, mlp = blocks[i].self_attn, blocks[i].mlp
-            for part, mod in (("qkv", attn.q_proj), ("o", attn.o_proj), ("gate_up", mlp.gate_proj),
-                              ("down", mlp.down_proj)):
+            q, _, _, o = layout.attention_projections(blocks[i])
+            gate, _, down = layout.mlp_projections(blocks[i])
+            for part, mod in (("qkv", q), ("o", o), ("gate_up", gate), ("down", down)):
                 hooks.append(mod.register_forward_pre_hook(hook_for((i, part))))
         dev = next(model.parameters()).device
         for ids in token_lists:
@@ -151,20 +154,22 @@ def activation_maxima(model: torch.nn.Module, layers: Sequence[int],
     return {i: LayerMaxima(*(seen[(i, p)] for p in LayerMaxima._fields)) for i in layers}
 
 
-def pack_layer_bf16(layer: torch.nn.Module) -> W8A8Layer:
+def pack_layer_bf16(layout: ModelLayout, layer: torch.nn.Module) -> W8A8Layer:
     """The bfloat16 prefill projections of one decoder layer from its current float weights (no calibration)."""
-    attn, mlp = layer.self_attn, layer.mlp
-    return W8A8Layer(qkv=pack_bf16([attn.q_proj, attn.k_proj, attn.v_proj]), o=pack_bf16([attn.o_proj]),
-                     gate_up=pack_bf16([mlp.gate_proj, mlp.up_proj]), down=pack_bf16([mlp.down_proj]))
+    q, k, v, o = layout.attention_projections(layer)
+    gate, up, down = layout.mlp_projections(layer)
+    return W8A8Layer(qkv=pack_bf16([q, k, v]), o=pack_bf16([o]), gate_up=pack_bf16([gate, up]), down=pack_bf16([down]))
 
 
-def pack_layer(layer: torch.nn.Module, maxima: LayerMaxima | None, alpha: float = DEFAULT_ALPHA) -> W8A8Layer:
+def pack_layer(layout: ModelLayout, layer: torch.nn.Module, maxima: LayerMaxima | None,
+               alpha: float = DEFAULT_ALPHA) -> W8A8Layer:
     """The W8A8 projections of one decoder layer from its current float weights (None maxima: no smoothing)."""
-    attn, mlp = layer.self_attn, layer.mlp
+    q, k, v, o = layout.attention_projections(layer)
+    gate, up, down = layout.mlp_projections(layer)
     m = maxima or LayerMaxima(None, None, None, None)
     return W8A8Layer(
-        qkv=pack_w8a8([attn.q_proj, attn.k_proj, attn.v_proj], m.qkv, alpha),
-        o=pack_w8a8([attn.o_proj], m.o, alpha),
-        gate_up=pack_w8a8([mlp.gate_proj, mlp.up_proj], m.gate_up, alpha),
-        down=pack_w8a8([mlp.down_proj], m.down, alpha),
+        qkv=pack_w8a8([q, k, v], m.qkv, alpha),
+        o=pack_w8a8([o], m.o, alpha),
+        gate_up=pack_w8a8([gate, up], m.gate_up, alpha),
+        down=pack_w8a8([down], m.down, alpha),
     )

@@ -1,4 +1,4 @@
-"""Model runner: a varlen, paged-KV forward pass of Llama-family models built from the HF modules.
+"""Model runner: a varlen, paged-KV forward pass of Llama-like models built from the HF modules.
 
 transformers' own forward keeps one contiguous cache per batch row, which makes continuous batching of sequences of
 different lengths (and sharing prefix blocks between them) awkward. The runner reuses the HF model's modules
@@ -7,13 +7,13 @@ replaces only the attention bookkeeping: all new tokens of a step (prefill chunk
 sequences) are flattened into one ``[N, hidden]`` batch, their K/V written into a block pool, and attention reads
 each sequence's prefix + rolling blocks through :func:`echorl_agent.kernels.attention.paged_attention`.
 
-Supported: decoder-only models with Llama's layout (``model.layers[i].self_attn.{q,k,v,o}_proj``, pre-norm RMSNorm,
-RoPE, grouped-query attention): Llama, SmolLM2, Mistral (no sliding window), Qwen2.
+Supported: the families of :mod:`echorl_agent.llm.models` (pre-norm RMSNorm, RoPE, grouped-query attention, gated
+MLP): Llama, SmolLM2, Qwen2 (q/k/v biases), Mistral (no sliding window). The runner reaches every module through the
+model's :class:`~echorl_agent.llm.models.ModelLayout`, never by name.
 """
 
 from __future__ import annotations
 
-import importlib
 import warnings
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -36,26 +36,22 @@ from echorl_agent.llm.engine.calibration import (
     pack_layer_bf16,
 )
 from echorl_agent.llm.engine.config import check_prefill_dtype
+from echorl_agent.llm.models import SUPPORTED_MODEL_TYPES, layout_for
 from echorl_agent.llm.quant.bf16 import cpu_has_native_bf16
 from echorl_agent.llm.quant.fused_decode import FusedDecoder
 from echorl_agent.llm.quant.linear import (
     KERNEL_ROWS,
     QuantizedLinear,
-    linear_names,
     quantize_model_linears,
 )
 
 __all__ = ["ModelRunner", "SeqChunk", "SUPPORTED_MODEL_TYPES"]
-
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
 _SMALL_BATCH_ROWS = 32
 """Up to this many token rows (decode steps) the projections run in output-dimension slices, see
 :meth:`ModelRunner._linear`."""
 _OUT_SLICE = 256
 """Output features per slice."""
-_LAYER_PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                      "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
 
 @dataclass
@@ -104,7 +100,7 @@ class FlatBatch(NamedTuple):
 
 
 class ModelRunner:
-    """Runs paged-KV forward steps for a Llama-family HF model.
+    """Runs paged-KV forward steps for an HF model of a family in :mod:`echorl_agent.llm.models`.
 
     Args:
         model: a ``transformers`` causal LM of a type in :data:`SUPPORTED_MODEL_TYPES`.
@@ -133,23 +129,21 @@ class ModelRunner:
         float32_top_layers: int = 0,
         prefill_dtype: str = "float32",
     ):
-        cfg = model.config
-        if cfg.model_type not in SUPPORTED_MODEL_TYPES:
+        layout = self.layout = layout_for(model.config)  # raises on a model type without a layout
+        if layout.sliding_window is not None:
             raise ValueError(
-                f"the paged-KV engine supports model types {SUPPORTED_MODEL_TYPES}, got model_type="
-                f"{cfg.model_type!r}; serve other models with vLLM/SGLang and use OpenAICompatibleBackend"
+                f"the paged-KV engine attends to the whole context, the {layout.model_type} model has sliding-window "
+                f"attention (sliding_window={layout.sliding_window}); load a model without a window, or set "
+                "config.sliding_window=None when every context stays shorter than the window"
             )
-        if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True) and cfg.model_type == "mistral":
-            raise ValueError(f"sliding-window attention is not supported (sliding_window={cfg.sliding_window})")
         if attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend must be 'auto', 'torch' or 'triton', got {attention_backend!r}")
         self.model = model
-        self.inner = model.model
-        self.layers = list(self.inner.layers)
+        self.layers = layout.decoder_layers(model)
         self.num_layers = len(self.layers)
-        self.num_heads = cfg.num_attention_heads
-        self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.num_heads = layout.num_heads
+        self.num_kv_heads = layout.num_kv_heads
+        self.head_dim = layout.head_dim
         self.scale = self.head_dim**-0.5
         self.block_size = block_size
         self.num_blocks = num_blocks
@@ -159,13 +153,11 @@ class ModelRunner:
                              f"float32_top_layers={float32_top_layers}")
         self.num_packed_layers = self.num_layers - float32_top_layers if weight_dtype != "float32" else 0
         """Decoder layers ``0..num_packed_layers-1`` run packed weights; the layers above run float32."""
-        packed = tuple(f"model.layers.{i}." for i in range(self.num_packed_layers))
         self.quantized: dict[str, QuantizedLinear] = quantize_model_linears(  # checks the name
-            model, weight_dtype, [n for n in linear_names(model) if n.startswith(packed) or n == "lm_head"])
+            model, weight_dtype, layout.linear_names(range(self.num_packed_layers)))
         self.weight_dtype = weight_dtype
         self._quant_of = {model.get_submodule(name): q for name, q in self.quantized.items()}  # module -> packed
-        modeling = importlib.import_module(type(self.layers[0].self_attn).__module__)
-        self._apply_rope = modeling.apply_rotary_pos_emb
+        self._apply_rope = layout.rope_function(model)
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         # [L, num_blocks, block_size, H_kv, D]
@@ -211,8 +203,8 @@ class ModelRunner:
         """Layer ``i``'s low-precision prefill projections from its current weights (W8A8 with its calibrated
         maxima, or bfloat16)."""
         if self.prefill_dtype == "bfloat16":
-            return pack_layer_bf16(self.layers[i])
-        return pack_layer(self.layers[i], self.prefill_maxima.get(i))
+            return pack_layer_bf16(self.layout, self.layers[i])
+        return pack_layer(self.layout, self.layers[i], self.prefill_maxima.get(i))
 
     def enable_capture(self, layer: int | None) -> None:
         """Keep every token's residual stream entering ``layer`` in a pool beside the KV (None: stop).
@@ -228,7 +220,7 @@ class ModelRunner:
         if not 0 <= layer < self.num_layers:
             raise ValueError(f"capture layer must be in [0, {self.num_layers}), got layer={layer}")
         self.capture_layer = int(layer)
-        hidden = self.model.config.hidden_size
+        hidden = self.layout.hidden_size
         self.h_pool = torch.zeros(self.num_blocks * self.block_size, hidden, dtype=self.dtype, device=self.device)
 
     def gather_hidden(self, block_table: list[int], start: int, end: int) -> torch.Tensor:
@@ -242,11 +234,9 @@ class ModelRunner:
     @staticmethod
     def kv_bytes_per_token(model: torch.nn.Module) -> int:
         """Bytes of K+V one token occupies across all layers."""
-        cfg = model.config
-        h_kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        layout = layout_for(model.config)
         elt = next(model.parameters()).element_size()
-        return 2 * cfg.num_hidden_layers * h_kv * d * elt
+        return 2 * layout.num_layers * layout.num_kv_heads * layout.head_dim * elt
 
     def _use_triton(self) -> bool:
         if self.attention_backend == "triton":
@@ -259,8 +249,8 @@ class ModelRunner:
         """Re-pack the quantized linears after the float32 weights changed (a learner update).
 
         Args:
-            names: changed parameter names (``"model.layers.0.mlp.up_proj.weight"``) or linear names; None = all.
-                The tied embedding (``model.embed_tokens.weight``) refreshes the LM head that shares it.
+            names: changed parameter names (``model.named_parameters()``'s) or linear names; None = all.
+                The tied embedding (:attr:`ModelLayout.embedding_weight_name`) refreshes the LM head that shares it.
 
         Returns:
             The linears re-packed (empty in float32 mode, which reads the model's weights directly). A W8A8
@@ -270,7 +260,7 @@ class ModelRunner:
         w8a8 = sorted(self.w8a8) if names is None else self._w8a8_layers_of(names)
         for i in w8a8:
             self.w8a8[i] = self._pack_prefill_layer(i)
-        repacked = [f"model.layers.{i}.{p}" for i in w8a8 for p in _LAYER_PROJECTIONS]
+        repacked = [n for i in w8a8 for n in self.layout.projection_names(i)]
         if not self.quantized:
             return repacked
         todo = list(self.quantized) if names is None else self._linears_of(names)
@@ -284,14 +274,8 @@ class ModelRunner:
         return todo + [n for n in repacked if n not in self.quantized]
 
     def _w8a8_layers_of(self, names: list[str]) -> list[int]:
-        """Low-precision prefill layers holding one of the parameter/linear ``names``
-        (``model.layers.3.mlp.up_proj.weight``)."""
-        out = set()
-        for n in names:
-            parts = n.split(".")
-            if len(parts) > 2 and parts[:2] == ["model", "layers"] and parts[2].isdigit() and int(parts[2]) in self.w8a8:
-                out.add(int(parts[2]))
-        return sorted(out)
+        """Low-precision prefill layers holding one of the parameter/linear ``names`` (:meth:`ModelLayout.layer_of`)."""
+        return sorted({i for i in map(self.layout.layer_of, names) if i is not None and i in self.w8a8})
 
     def reproduces_layers(self, stop: int) -> bool:
         """True when decoder layers ``0..stop-1`` compute what the float32 model computes, up to float summation
@@ -300,20 +284,21 @@ class ModelRunner:
         do; int4 also rounds activations to int16, ~1e-5 of a group's largest input). Activations captured entering
         layer ``stop`` are then valid for a float32 learner of the layers above.
         """
-        prefixes = tuple(f"model.layers.{i}." for i in range(stop))
+        prefixes = tuple(self.layout.layer_prefix(i) for i in range(stop))
         return all(q.reproduces(self.model.get_submodule(name).weight)
                    for name, q in self.quantized.items() if name.startswith(prefixes))
 
     def _linears_of(self, names: list[str]) -> list[str]:
         known = set(self.quantized)
-        tied = self.model.lm_head.weight is self.inner.embed_tokens.weight
+        tied = self.layout.tied(self.model)
+        lm_head = self.layout.names.lm_head
         out: dict[str, None] = {}
         for n in names:
             base = n.rsplit(".", 1)[0] if n.endswith((".weight", ".bias")) else n
             if base in known:
                 out[base] = None
-            elif tied and base == "model.embed_tokens":
-                out["lm_head"] = None
+            elif tied and n in (self.layout.embedding_weight_name, self.layout.names.embedding):
+                out[lm_head] = None
         return list(out)
 
     def copy_block(self, src: int, dst: int) -> None:
@@ -347,18 +332,16 @@ class ModelRunner:
         ]
         return torch.cat(parts, dim=-1)
 
-    @staticmethod
-    def _mlp_w8a8(packed: W8A8Layer, mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    def _mlp_w8a8(self, packed: W8A8Layer, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         """:meth:`_mlp` with W8A8 or bfloat16 projections (gate and up in one product)."""
         gate, up = packed.gate_up(x).split(packed.gate_up.splits, dim=-1)
-        return packed.down(mlp.act_fn(gate) * up)
+        return packed.down(self.layout.activation(layer)(gate) * up)
 
-    def _mlp(self, mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """The gated MLP of Llama/Mistral/Qwen2 (``down(act(gate(x)) * up(x))``, as HF's ``LlamaMLP.forward``)."""
+    def _mlp(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The gated MLP of one layer (``down(act(gate(x)) * up(x))``, as HF's ``LlamaMLP.forward``)."""
         if not self._quant_of and (x.device.type != "cpu" or not 1 < x.shape[0] <= _SMALL_BATCH_ROWS):
-            return mlp(x)
-        lin = self._linear
-        return lin(mlp.act_fn(lin(x, mlp.gate_proj)) * lin(x, mlp.up_proj), mlp.down_proj)
+            return self.layout.mlp(layer)(x)
+        return self.layout.mlp_forward(layer, x, self._linear)
 
     @torch.inference_mode()
     def forward(self, chunks: list[SeqChunk], return_hidden: bool = False):
@@ -446,7 +429,8 @@ class ModelRunner:
         # depend only on the block tables, so they are built once here instead of once per layer
         pure_decode = not use_triton and n == len(chunks) and not scoring
 
-        x = self.inner.embed_tokens(ids_t)  # [N, hidden]
+        layout = self.layout
+        x = layout.embedding(self.model)(ids_t)  # [N, hidden]
         injections: dict[int, list[tuple[int, torch.Tensor]]] = {}
         for i, c in enumerate(chunks):
             if c.embeds is not None:
@@ -455,7 +439,7 @@ class ModelRunner:
                         f"SeqChunk.embeds must be [{len(c.token_ids)}, {x.shape[-1]}], got {tuple(c.embeds.shape)}"
                     )
                 injections.setdefault(c.embeds_layer, []).append((i, c.embeds))
-        cos, sin = self.inner.rotary_emb(x, pos_t[None, :])  # [1, N, D]
+        cos, sin = layout.rotary(self.model)(x, pos_t[None, :])  # [1, N, D]
         cos, sin = cos[0], sin[0]
         flat = (self.num_layers, self.num_blocks * bs, self.num_kv_heads, self.head_dim)
         k_flat, v_flat = self.k_pool.view(flat), self.v_pool.view(flat)
@@ -473,8 +457,8 @@ class ModelRunner:
                 self.h_pool[slots_t] = x
             for i, e in injections.get(li, ()):
                 x[cu[i] : cu[i + 1]] += e.to(device=dev, dtype=x.dtype)
-            attn = layer.self_attn
-            h = layer.input_layernorm(x)
+            wq, wk, wv, wo = layout.attention_projections(layer)
+            h = layout.input_norm(layer)(x)
             packed = w8a8.get(li)
             if packed is not None:
                 q, k, v = packed.qkv(h).split(packed.qkv.splits, dim=-1)
@@ -482,9 +466,9 @@ class ModelRunner:
                 k = k.reshape(n, self.num_kv_heads, self.head_dim)
                 v = v.reshape(n, self.num_kv_heads, self.head_dim)
             else:
-                q = self._linear(h, attn.q_proj).view(n, self.num_heads, self.head_dim)
-                k = self._linear(h, attn.k_proj).view(n, self.num_kv_heads, self.head_dim)
-                v = self._linear(h, attn.v_proj).view(n, self.num_kv_heads, self.head_dim)
+                q = self._linear(h, wq).view(n, self.num_heads, self.head_dim)
+                k = self._linear(h, wk).view(n, self.num_kv_heads, self.head_dim)
+                v = self._linear(h, wv).view(n, self.num_kv_heads, self.head_dim)
             q, k = self._apply_rope(q, k, cos, sin, unsqueeze_dim=1)
             k_flat[li, slots_t] = k
             v_flat[li, slots_t] = v
@@ -497,10 +481,10 @@ class ModelRunner:
             o = o.reshape(n, self.num_heads * self.head_dim)
             if packed is not None:
                 x = x + packed.o(o)
-                x = x + self._mlp_w8a8(packed, layer.mlp, layer.post_attention_layernorm(x))
+                x = x + self._mlp_w8a8(packed, layer, layout.post_attention_norm(layer)(x))
             else:
-                x = x + self._linear(o, attn.o_proj)
-                x = x + self._mlp(layer.mlp, layer.post_attention_layernorm(x))
+                x = x + self._linear(o, wo)
+                x = x + self._mlp(layer, layout.post_attention_norm(layer)(x))
         return x
 
     def _gather_logits(
@@ -517,8 +501,8 @@ class ModelRunner:
             else:
                 rows.append(cu[i + 1] - 1)
             spans.append((lo, len(rows)))
-        hidden = self.inner.norm(x[torch.tensor(rows, device=self.device)])
-        logits = self._linear(hidden, self.model.lm_head).float()
+        hidden = self.layout.final_norm(self.model)(x[torch.tensor(rows, device=self.device)])
+        logits = self._linear(hidden, self.layout.lm_head(self.model)).float()
         out, hid = [], []
         for c, (lo, hi) in zip(chunks, spans, strict=True):
             out.append(logits[lo:hi] if c.all_logits else logits[lo])

@@ -5,13 +5,14 @@ per token as llama.cpp's matmuls, but a Python decode step still dispatches ~20 
 KV writes, attention, MLP glue): on SmolLM2-135M (30 layers) that was ~45 % of a step. :class:`FusedDecoder` runs
 every layer of a pure decode step (one new token per sequence, at most ``KERNEL_ROWS`` sequences) in
 ``q_decode_layers`` (``qlinear.c``): RMSNorm, q/k/v with RoPE (cos/sin from the model's own rotary
-embedding, so any RoPE scaling is honoured), the paged KV write and attention over each sequence's blocks, o_proj,
-the gated SiLU MLP and both residuals. The embedding, the final norm and the LM head stay in Python.
+embedding, so any RoPE scaling is honoured), the paged KV write and attention over each sequence's blocks, the
+output projection, the gated SiLU MLP and both residuals (projection biases included: Qwen2's q/k/v). The embedding, the final norm and the LM head stay in Python.
 
 The arithmetic is the model's (same weights, same formulas) in a different float summation order, so logits agree
 with the unfused path to ~1e-5 (tested); each row's result is independent of the other rows in its batch. The path
 is used only when it applies exactly: CPU, float32 activations, a quantized weight_dtype, SiLU MLPs, RMSNorms with
 a weight, and every projection still the engine's quantized copy (a LoRA-wrapped module falls back to Python).
+Modules are found through the model's :class:`~echorl_agent.llm.models.ModelLayout`.
 With ``EngineConfig.float32_top_layers`` the C call runs the packed layers below and the runner's torch path the
 float32 layers on top (the rows and their KV continue where the C call left them).
 """
@@ -25,8 +26,6 @@ from echorl_agent.llm.quant.linear import QuantizedLinear
 
 __all__ = ["FusedDecoder"]
 
-_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 _TAB = 30
 """int64 entries per layer in the table the C function reads: ln1, ln2, then (codes, d, m, bias) per linear."""
 
@@ -40,53 +39,50 @@ class FusedDecoder:
 
     def __init__(self, runner) -> None:
         self.runner = runner
-        cfg = runner.model.config
-        self.hidden = cfg.hidden_size
-        self.inter = cfg.intermediate_size
-        self.eps = float(runner.layers[0].input_layernorm.variance_epsilon)
-        self.bits = runner.quantized["model.layers.0.self_attn.q_proj"].bits
+        layout = self.layout = runner.layout
+        self.hidden = layout.hidden_size
+        self.inter = layout.intermediate_size
+        self.eps = layout.norm_eps_of(layout.input_norm(runner.layers[0]))
+        self.bits = runner.quantized[layout.projection_name(0, "q")].bits
         self.num_layers = runner.num_packed_layers
         """Layers ``0..num_layers-1`` (the packed ones) run in the C call."""
         layers = runner.layers[: self.num_layers]
-        self._mods = [[layer.get_submodule(n) for n in _LINEARS] for layer in layers]
-        self._attn_mods = [layer.self_attn._modules for layer in layers]
-        self._mlp_mods = [layer.mlp._modules for layer in layers]
+        # (parent's _modules dict, key, the module the quantized copy was made from) of every projection
+        self._slots = [(slots, key, mod) for layer in layers
+                       for (slots, key), mod in zip(layout.projection_slots(layer), layout.projections(layer),
+                                                    strict=True)]
         self.refresh()
 
     @classmethod
     def create(cls, runner) -> FusedDecoder | None:
         """A fused decoder for ``runner``, or None when its model/weights/machine are not covered."""
-        cfg = runner.model.config
+        layout = runner.layout
         if not runner.num_packed_layers or runner.device.type != "cpu" or runner.dtype != torch.float32:
             return None
-        if getattr(cfg, "hidden_act", None) != "silu" or runner.head_dim % 8 or qkernel.load() is None:
+        if layout.hidden_act != "silu" or runner.head_dim % 8 or qkernel.load() is None:
             return None
-        for layer in runner.layers:
-            for norm in (layer.input_layernorm, layer.post_attention_layernorm):
-                if getattr(norm, "weight", None) is None or not hasattr(norm, "variance_epsilon"):
-                    return None
-            if float(layer.post_attention_layernorm.variance_epsilon) != float(
-                runner.layers[0].input_layernorm.variance_epsilon
-            ) or float(layer.input_layernorm.variance_epsilon) != float(
-                runner.layers[0].input_layernorm.variance_epsilon
-            ):
-                return None
-        bits = {q.bits for name, q in runner.quantized.items() if name != "lm_head"}
+        eps = {layout.norm_eps_of(norm) for layer in runner.layers
+               for norm in (layout.input_norm(layer), layout.post_attention_norm(layer))}
+        weighted = all(getattr(norm, "weight", None) is not None for layer in runner.layers
+                       for norm in (layout.input_norm(layer), layout.post_attention_norm(layer)))
+        if not weighted or len(eps) != 1 or None in eps:  # the C call takes one epsilon for every norm
+            return None
+        bits = {q.bits for name, q in runner.quantized.items() if name != layout.names.lm_head}
         if len(bits) != 1:
             return None
         return cls(runner)
 
     def refresh(self) -> None:
         """Rebuild the pointer table (the quantized copies are new tensors after a re-pack)."""
-        r = self.runner
+        r, layout = self.runner, self.layout
         rows, keep = [], []
         for li, layer in enumerate(r.layers[: self.num_layers]):
-            ln1 = layer.input_layernorm.weight.detach().float().contiguous()
-            ln2 = layer.post_attention_layernorm.weight.detach().float().contiguous()
+            ln1 = layout.input_norm(layer).weight.detach().float().contiguous()
+            ln2 = layout.post_attention_norm(layer).weight.detach().float().contiguous()
             keep += [ln1, ln2]
             row = [ln1.data_ptr(), ln2.data_ptr()]
-            for name in _LINEARS:
-                q: QuantizedLinear = r.quantized[f"model.layers.{li}.{name}"]
+            for name in layout.projection_names(li):
+                q: QuantizedLinear = r.quantized[name]
                 row += [q.codes.data_ptr(), q.d.data_ptr(), q.m.data_ptr(), 0 if q.bias is None else q.bias.data_ptr()]
                 keep.append(q)
             rows.append(row)
@@ -97,11 +93,7 @@ class FusedDecoder:
     def applies(self) -> bool:
         """True while every projection of every layer is still the module the quantized copies were made from."""
         # plain dict lookups (nn.Module.__getattr__ would cost ~1 ms per decode step over 30 layers x 7 modules)
-        return all(
-            sa["q_proj"] is mods[0] and sa["k_proj"] is mods[1] and sa["v_proj"] is mods[2] and sa["o_proj"] is mods[3]
-            and mlp["gate_proj"] is mods[4] and mlp["up_proj"] is mods[5] and mlp["down_proj"] is mods[6]
-            for sa, mlp, mods in zip(self._attn_mods, self._mlp_mods, self._mods, strict=True)
-        )
+        return all(slots[key] is mod for slots, key, mod in self._slots)
 
     def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
             tables: torch.Tensor, ctx_lens: torch.Tensor) -> torch.Tensor:

@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from echorl_agent.llm.engine.config import QUANTIZED_BITS, WEIGHT_DTYPES, check_weight_dtype
+from echorl_agent.llm.models import layout_for
 from echorl_agent.llm.quant import qkernel
 
 __all__ = [
@@ -203,14 +204,10 @@ class QuantizedLinear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, dtype={self.dtype}"
 
 
-_PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
-
-
 def linear_names(model: torch.nn.Module) -> list[str]:
-    """Qualified names of the linears the engine quantizes: every layer's projections + MLP, and the LM head."""
-    n = len(model.model.layers)
-    return [f"model.layers.{i}.{p}" for i in range(n) for p in _PROJECTIONS] + ["lm_head"]
+    """Qualified names of the linears the engine quantizes: every layer's projections + MLP, and the LM head
+    (:meth:`~echorl_agent.llm.models.ModelLayout.linear_names`)."""
+    return layout_for(model.config).linear_names()
 
 
 def quantize_model_linears(
@@ -219,17 +216,20 @@ def quantize_model_linears(
     """Quantized copies of the model's linears, keyed by qualified name; the model itself is not modified.
 
     Args:
-        model: a Llama-family causal LM (the layout :class:`~echorl_agent.llm.engine.runner.ModelRunner` supports).
+        model: a causal LM of a family in :mod:`echorl_agent.llm.models` (what
+            :class:`~echorl_agent.llm.engine.runner.ModelRunner` runs).
         dtype: ``"int8"`` or ``"int4"`` (``"float32"`` returns ``{}``: nothing to quantize).
         names: subset of :func:`linear_names` (default: all).
     """
     check_weight_dtype(dtype)
     if dtype == "float32":
         return {}
+    layout = layout_for(model.config)
     out = {}
-    for name in linear_names(model) if names is None else names:
+    for name in layout.linear_names() if names is None else names:
         lin = model.get_submodule(name)
-        out[name] = QuantizedLinear(lin.weight, lin.bias, lm_head_dtype(dtype) if name == "lm_head" else dtype)
+        out[name] = QuantizedLinear(lin.weight, lin.bias,
+                                    lm_head_dtype(dtype) if name == layout.names.lm_head else dtype)
     return out
 
 
