@@ -30,7 +30,7 @@ PROJECTIONS = ATTENTION_PROJECTIONS + MLP_PROJECTIONS
 """Every linear of a decoder layer, by role, in the order the engine packs them (q, k, v, o, gate, up, down)."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _getter(*paths: str) -> Callable[[Any], Any]:
     """``getter(module)`` = the submodule at dotted ``path`` (a tuple of them for several paths). An
     ``operator.attrgetter``: the runner calls these a few hundred times per decode step, where ``get_submodule``'s
