@@ -11,9 +11,7 @@ family is one more file here (see :mod:`~echorl_agent.llm.models.registry`).
 
 from __future__ import annotations
 
-import functools
 import importlib
-import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,12 +28,14 @@ PROJECTIONS = ATTENTION_PROJECTIONS + MLP_PROJECTIONS
 """Every linear of a decoder layer, by role, in the order the engine packs them (q, k, v, o, gate, up, down)."""
 
 
-@functools.cache
-def _getter(*paths: str) -> Callable[[Any], Any]:
-    """``getter(module)`` = the submodule at dotted ``path`` (a tuple of them for several paths). An
-    ``operator.attrgetter``: the runner calls these a few hundred times per decode step, where ``get_submodule``'s
-    checks would add up."""
-    return operator.attrgetter(*paths)
+def _submodule(module: torch.nn.Module, path: str) -> Any:
+    """The submodule at dotted ``path``, by ``_modules`` dict lookups: what ``get_submodule`` returns, without its
+    checks or ``nn.Module.__getattr__``'s Python fallback (the runner calls these several times per layer and step)."""
+    if "." not in path:
+        return module._modules[path]
+    for name in path.split("."):
+        module = module._modules[name]
+    return module
 
 
 @dataclass(frozen=True)
@@ -168,19 +168,19 @@ class ModelLayout:
 
     # ------------------------------------------------------------------ modules of the model
     def decoder_layers(self, model: torch.nn.Module) -> list[torch.nn.Module]:
-        return list(_getter(self.names.layers)(model))
+        return list(_submodule(model, self.names.layers))
 
     def embedding(self, model: torch.nn.Module) -> torch.nn.Module:
-        return _getter(self.names.embedding)(model)
+        return _submodule(model, self.names.embedding)
 
     def final_norm(self, model: torch.nn.Module) -> torch.nn.Module:
-        return _getter(self.names.final_norm)(model)
+        return _submodule(model, self.names.final_norm)
 
     def rotary(self, model: torch.nn.Module) -> torch.nn.Module:
-        return _getter(self.names.rotary)(model)
+        return _submodule(model, self.names.rotary)
 
     def lm_head(self, model: torch.nn.Module) -> torch.nn.Module:
-        return _getter(self.names.lm_head)(model)
+        return _submodule(model, self.names.lm_head)
 
     def tied(self, model: torch.nn.Module) -> bool:
         """True when the LM head's weight *is* the embedding's (checked on the modules, not the config)."""
@@ -188,32 +188,26 @@ class ModelLayout:
 
     # ------------------------------------------------------------------ modules of one decoder layer
     def attention(self, layer: torch.nn.Module) -> torch.nn.Module:
-        return _getter(self.names.attention)(layer)
+        return _submodule(layer, self.names.attention)
 
     def mlp(self, layer: torch.nn.Module) -> torch.nn.Module:
-        return _getter(self.names.mlp)(layer)
+        return _submodule(layer, self.names.mlp)
 
     def input_norm(self, layer: torch.nn.Module) -> torch.nn.Module:
-        return _getter(self.names.input_norm)(layer)
+        return _submodule(layer, self.names.input_norm)
 
     def post_attention_norm(self, layer: torch.nn.Module) -> torch.nn.Module:
-        return _getter(self.names.post_attention_norm)(layer)
+        return _submodule(layer, self.names.post_attention_norm)
 
     def attention_projections(self, layer: torch.nn.Module) -> tuple[torch.nn.Module, ...]:
         """``(q, k, v, o)`` of one layer."""
-        return self._attention_getter(layer)
+        attn, n = _submodule(layer, self.names.attention), self.names
+        return _submodule(attn, n.q), _submodule(attn, n.k), _submodule(attn, n.v), _submodule(attn, n.o)
 
     def mlp_projections(self, layer: torch.nn.Module) -> tuple[torch.nn.Module, ...]:
         """``(gate, up, down)`` of one layer."""
-        return self._mlp_getter(layer)
-
-    @functools.cached_property
-    def _attention_getter(self) -> Callable[[Any], Any]:
-        return _getter(*(self.projection_path(r) for r in ATTENTION_PROJECTIONS))
-
-    @functools.cached_property
-    def _mlp_getter(self) -> Callable[[Any], Any]:
-        return _getter(*(self.projection_path(r) for r in MLP_PROJECTIONS))
+        mlp, n = _submodule(layer, self.names.mlp), self.names
+        return _submodule(mlp, n.gate), _submodule(mlp, n.up), _submodule(mlp, n.down)
 
     def projections(self, layer: torch.nn.Module) -> tuple[torch.nn.Module, ...]:
         """All seven projections of one layer, in :data:`PROJECTIONS` order."""
@@ -230,7 +224,7 @@ class ModelLayout:
 
     def activation(self, layer: torch.nn.Module) -> torch.nn.Module:
         """The MLP's activation module of one layer."""
-        return getattr(self.mlp(layer), self.names.activation)
+        return _submodule(self.mlp(layer), self.names.activation)
 
     def norm_eps_of(self, norm: torch.nn.Module) -> float | None:
         """A norm module's epsilon (None if it keeps none where the family keeps it)."""

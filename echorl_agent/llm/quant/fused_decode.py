@@ -47,10 +47,10 @@ class FusedDecoder:
         self.num_layers = runner.num_packed_layers
         """Layers ``0..num_layers-1`` (the packed ones) run in the C call."""
         layers = runner.layers[: self.num_layers]
-        # (parent's _modules dict, key, the module the quantized copy was made from) of every projection
-        self._slots = [(slots, key, mod) for layer in layers
-                       for (slots, key), mod in zip(layout.projection_slots(layer), layout.projections(layer),
-                                                    strict=True)]
+        # of every projection: its parent's _modules dict, its key there, the module the quantized copy was made from
+        self._slots = [(parent, key, mod) for layer in layers
+                       for (parent, key), mod in zip(layout.projection_slots(layer), layout.projections(layer),
+                                                     strict=True)]
         self.refresh()
 
     @classmethod
@@ -92,8 +92,9 @@ class FusedDecoder:
 
     def applies(self) -> bool:
         """True while every projection of every layer is still the module the quantized copies were made from."""
-        # plain dict lookups (nn.Module.__getattr__ would cost ~1 ms per decode step over 30 layers x 7 modules)
-        return all(slots[key] is mod for slots, key, mod in self._slots)
+        # plain dict lookups: ~25 us per decode step over SmolLM2's 30 layers x 7 modules (nn.Module.__getattr__
+        # would cost ~1 ms)
+        return all(parent[key] is mod for parent, key, mod in self._slots)
 
     def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
             tables: torch.Tensor, ctx_lens: torch.Tensor) -> torch.Tensor:
