@@ -211,7 +211,7 @@ def cached_sft(model: Any, tokenizer: Any, episodes: int, epochs: int) -> tuple[
     """:func:`sft_tool_calls`, its weights kept in echorl's cache (``<cache>/bench/``) so a re-run loads them."""
     from safetensors.torch import load_model, save_model
 
-    from echorl_agent.llm.models import cache_dir
+    from echorl_agent.llm.models.loading import cache_dir
 
     path = cache_dir() / "bench" / f"smollm2-135m-act-tool-sft-{episodes}x{epochs}-seed{SFT_SEED}-lr{SFT_LR:g}"
     if (path / "stats.json").exists():

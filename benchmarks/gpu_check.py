@@ -135,7 +135,7 @@ def random_smollm2(model_dir: Path, device: str, layers: int | None = None):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from echorl_agent.llm.models import LoadedModel
+    from echorl_agent.llm import LoadedModel
 
     cfg = AutoConfig.from_pretrained(str(model_dir))
     if layers is not None:
@@ -264,7 +264,7 @@ def check_gigpo(model_name: str, device: str, dry_run: bool, out: Path) -> list[
 # ----------------------------------------------------------------------------------------------- pack
 def pack(dest: Path) -> None:
     """Write the wheels and the tokenizer/config files the GPU machine lacks (see the module docstring)."""
-    from echorl_agent.llm.models import load_model
+    from echorl_agent.llm import load_model
 
     wheels = dest / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
             model_name = str(save_model_folder(llm, tmp_path / "model"))
             llm.model.to(device)
         else:
-            from echorl_agent.llm.models import load_model
+            from echorl_agent.llm import load_model
 
             model_name = "smollm2-135m"
             llm = load_model(model_name, device=device)

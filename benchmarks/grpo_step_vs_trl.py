@@ -111,7 +111,7 @@ def task_messages(env: Any, task_seed: int, system_prompt: str) -> list[dict[str
 def prompt_ids_both(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
     """Prompt ids as ours renders them (``LoadedModel.chat_ids``) and as TRL 1.16 does (one batched
     ``apply_chat_template(conversation=[...], add_generation_prompt=True, tokenize=True)``)."""
-    from echorl_agent.llm.models import LoadedModel
+    from echorl_agent.llm import LoadedModel
 
     ours = LoadedModel(None, tokenizer, "").chat_ids(messages)
     trl = tokenizer.apply_chat_template(conversation=[messages], add_generation_prompt=True, tokenize=True,

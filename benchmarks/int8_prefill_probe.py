@@ -161,7 +161,7 @@ def main() -> None:
     gemm_microbenchmark()
 
     import echorl_envs
-    from echorl_agent.llm.models import load_model
+    from echorl_agent.llm import load_model
     from echorl_agent.llm_rl.prompt import candidate_ids, render_prompt
     from echorl_envs.wrappers.llm import LLMObservationWrapper, decode_llm_obs
 

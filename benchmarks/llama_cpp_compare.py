@@ -37,7 +37,7 @@ from tabulate import tabulate  # noqa: E402
 
 from echorl_agent.llm import EngineConfig, LLMEngine, PrefixCacheConfig, SamplingParams, load_model  # noqa: E402
 from echorl_agent.llm.engine.scoring import common_prefix_len  # noqa: E402
-from echorl_agent.llm.models import embedded_gguf  # noqa: E402
+from echorl_agent.llm.models.loading import embedded_gguf  # noqa: E402
 
 _TEXT = (
     "You are an agent in a small house. The kitchen has a fridge, a stove, a sink and a table with two chairs. "

@@ -98,7 +98,7 @@ def test_warm_start_conversations_are_expert_episodes_and_only_tool_calls_are_tr
         assert env.won and env.num_invalid == 0 and "The episode is over." in replies[-1]
         assert msgs[-1] == {"role": "assistant", "content": "The episode is over."}
 
-    from echorl_agent.llm.models import cache_dir
+    from echorl_agent.llm.models.loading import cache_dir
 
     folder = cache_dir() / "models" / "smollm2-135m"
     if not (folder / "tokenizer.json").exists():

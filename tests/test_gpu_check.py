@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_gpu_check_dry_run_passes_every_row_on_random_weights_in_smollm2_shape(tmp_path):
     pytest.importorskip("triton")
     pytest.importorskip("peft")
-    from echorl_agent.llm.models import load_model
+    from echorl_agent.llm import load_model
 
     try:
         folder = load_model().extra["folder"]  # config + tokenizer of the embedded model (weights unused)

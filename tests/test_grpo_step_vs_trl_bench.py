@@ -54,7 +54,7 @@ def test_prompt_ids_equal_on_both_sides_and_reward_has_variance():
     import gymnasium as gym
 
     import echorl_envs  # noqa: F401
-    from echorl_agent.llm.models import cache_dir
+    from echorl_agent.llm.models.loading import cache_dir
     from echorl_agent.llm_rl.grpo import ANSWER_SYSTEM
 
     folder = cache_dir() / "models" / "smollm2-135m"

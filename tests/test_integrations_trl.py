@@ -109,7 +109,7 @@ def test_smollm2_tool_call_parses_and_reaches_the_env():
     from transformers import AutoTokenizer
     from trl.chat_template_utils import add_response_schema, supports_tool_calling
 
-    from echorl_agent.llm.models import cache_dir
+    from echorl_agent.llm.models.loading import cache_dir
 
     folder = cache_dir() / "models" / "smollm2-135m"
     if not (folder / "tokenizer.json").exists():

@@ -14,9 +14,16 @@ torch.set_num_threads(1)
 
 transformers = pytest.importorskip("transformers")
 
-from echorl_agent.llm import EngineConfig, LLMEngine, PrefixCacheConfig, SamplingParams  # noqa: E402
+from echorl_agent.llm import (  # noqa: E402  # noqa: E402
+    SUPPORTED_MODEL_TYPES,
+    EngineConfig,
+    LLMEngine,
+    LoadedModel,
+    PrefixCacheConfig,
+    SamplingParams,
+    layout_for,
+)
 from echorl_agent.llm.engine.runner import SeqChunk  # noqa: E402
-from echorl_agent.llm.models import SUPPORTED_MODEL_TYPES, LoadedModel, layout_for  # noqa: E402
 from echorl_agent.llm_rl.forward import DecoderParts, candidate_token_logprobs, pack, run_layers  # noqa: E402
 
 PACKAGE = Path(__file__).resolve().parents[1] / "echorl_agent"

@@ -286,7 +286,7 @@ def test_plan_kl_zero_for_identical_plans_and_hand_computed_otherwise(fresh):
 def test_lora_adapter_reloads_on_a_plain_hf_model(fresh, tmp_path):
     from peft import PeftModel
 
-    from echorl_agent.llm.models import load_model
+    from echorl_agent.llm import load_model
 
     lm = fresh
     for p in lm.trainable_parameters():
@@ -498,9 +498,8 @@ def test_learner_pushes_its_adapter_to_a_rollout_server(fresh):
 
     import uvicorn
 
-    from echorl_agent.llm import LLMEngine
+    from echorl_agent.llm import LLMEngine, load_model
     from echorl_agent.llm.engine.config import EngineConfig
-    from echorl_agent.llm.models import load_model
     from echorl_agent.llm.serving.server import create_app
 
     engine = LLMEngine(load_model("smollm2-135m"), EngineConfig()).start()

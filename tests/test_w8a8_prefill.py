@@ -121,7 +121,7 @@ def test_smoothing_edge_cases():
 @pytest.fixture(scope="module")
 def llm():
     torch.set_num_threads(1)
-    from echorl_agent.llm.models import load_model
+    from echorl_agent.llm import load_model
 
     try:
         return load_model()

@@ -27,7 +27,7 @@ from echorl_agent.agents.echorl import EchoRLConfig, EchoRLLLMAgent
 from echorl_agent.agents.tot import SearchResult, ToTConfig, game24_bfs, parse_game24, propose_and_vote
 from echorl_agent.llm import EngineConfig, LLMEngine
 from echorl_agent.llm.engine.prefix_cache import PrefixCacheConfig
-from echorl_agent.llm.models import DEFAULT_MODEL
+from echorl_agent.llm.models.loading import DEFAULT_MODEL
 
 __all__ = ["shared_engine", "ToTAgent", "make_react", "make_scoring", "make_tot", "make_echorl"]
 

@@ -319,7 +319,8 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> list[dict]:
     if unavailable:
         raise ValueError("unavailable agents: " + "; ".join(f"{a}: {r}" for a, r in unavailable.items()))
     skipped = [{"task": t, "agent": a, "reason": r} for (t, a), r in skipped_pairs(cfg).items()]
-    from echorl_agent.llm.models import DEFAULT_MODEL  # light: torch only, transformers loads on first use
+    # light: torch only, transformers loads on first use
+    from echorl_agent.llm.models.loading import DEFAULT_MODEL
 
     models = {a: cfg.agent_options.get(a, {}).get("model", DEFAULT_MODEL) for a in cfg.agents
               if agent_registry.spec(a).kind == "llm"}

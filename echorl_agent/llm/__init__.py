@@ -17,9 +17,12 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "load_model": "models",
-    "LoadedModel": "models",
-    "DEFAULT_MODEL": "models",
+    "load_model": "models.loading",
+    "LoadedModel": "models.loading",
+    "DEFAULT_MODEL": "models.loading",
+    "ModelLayout": "models.base",
+    "layout_for": "models.registry",
+    "SUPPORTED_MODEL_TYPES": "models.registry",
     "LLMEngine": "engine.llm_engine",
     "WEIGHT_DTYPES": "engine.config",
     "EngineConfig": "engine.config",

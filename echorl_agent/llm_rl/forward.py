@@ -17,7 +17,7 @@ never recomputed by the learner. Only some rows' outputs are ever read (the rows
 and each set's last context row): ``run_layers(..., keep=rows)`` runs the last layer's queries, attention output and
 MLP on those rows alone (its keys and values still cover every row), which is exact and skips most of that layer
 (:func:`output_rows`). The arithmetic is the HF modules' own (RMSNorm, projections incl. peft's LoRA
-wrappers, rotary embedding, MLP), found through the model's :class:`~echorl_agent.llm.models.ModelLayout` (Llama,
+wrappers, rotary embedding, MLP), found through the model's :class:`~echorl_agent.llm.models.base.ModelLayout` (Llama,
 SmolLM2, Qwen2, Mistral); attention is ``scaled_dot_product_attention`` with the block mask.
 """
 
@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from echorl_agent.llm.models import ModelLayout, layout_for
+from echorl_agent.llm.models.base import ModelLayout
+from echorl_agent.llm.models.registry import layout_for
 
 __all__ = ["DecoderParts", "CandidateSet", "PackedBatch", "pack", "pack_sets", "output_rows", "run_layers",
            "candidate_logprobs", "candidate_set_logprobs", "candidate_set_logprobs_many",
@@ -39,7 +40,7 @@ __all__ = ["DecoderParts", "CandidateSet", "PackedBatch", "pack", "pack_sets", "
 @dataclass
 class DecoderParts:
     """The modules of a causal LM the packed forward needs (works through a peft wrapper), found through its
-    :class:`~echorl_agent.llm.models.ModelLayout`."""
+    :class:`~echorl_agent.llm.models.base.ModelLayout`."""
 
     embed: torch.nn.Module
     layers: list[torch.nn.Module]

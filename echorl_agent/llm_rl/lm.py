@@ -20,7 +20,8 @@ import torch
 from echorl_agent.llm import LLMEngine
 from echorl_agent.llm.engine.config import EngineConfig
 from echorl_agent.llm.engine.prefix_cache import PrefixCacheConfig
-from echorl_agent.llm.models import LoadedModel, layout_for, load_model
+from echorl_agent.llm.models.loading import LoadedModel, load_model
+from echorl_agent.llm.models.registry import layout_for
 from echorl_agent.llm.quant.bf16 import cpu_has_native_bf16
 from echorl_agent.llm_rl.config import LLMPolicyConfig
 from echorl_agent.llm_rl.forward import DecoderParts

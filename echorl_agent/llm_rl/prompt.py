@@ -20,7 +20,7 @@ def render_prompt(llm: Any, state: dict[str, Any], system: str, show_admissible:
     """Token ids of the prompt, and where the current observation's turn starts (for the plan feature).
 
     Args:
-        llm: a :class:`~echorl_agent.llm.models.LoadedModel` (tokenizer + chat template).
+        llm: a :class:`~echorl_agent.llm.models.loading.LoadedModel` (tokenizer + chat template).
         state: the decoded observation (``task``, ``history``, ``obs``, ``admissible``).
         system: the system message (the task is appended to it).
         show_admissible: list the admissible actions in every observation turn.

@@ -17,7 +17,8 @@ from typing import NamedTuple
 
 import torch
 
-from echorl_agent.llm.models import ModelLayout, layout_for
+from echorl_agent.llm.models.base import ModelLayout
+from echorl_agent.llm.models.registry import layout_for
 from echorl_agent.llm.quant.bf16 import BF16Linear, pack_bf16
 from echorl_agent.llm.quant.w8a8 import DEFAULT_ALPHA, W8A8Linear, pack_w8a8
 
@@ -127,7 +128,7 @@ def activation_maxima(model: torch.nn.Module, layers: Sequence[int],
                       token_lists: Sequence[Sequence[int]]) -> dict[int, LayerMaxima]:
     """``max|X_j|`` over every token of ``token_lists`` of the projection inputs of ``layers``, from the float32
     HF model's own forward (pre-hooks on the q, o, gate and down projections, found through the model's
-    :class:`~echorl_agent.llm.models.ModelLayout`)."""
+    :class:`~echorl_agent.llm.models.base.ModelLayout`)."""
     seen: dict[tuple[int, str], torch.Tensor] = {}
     hooks = []
 

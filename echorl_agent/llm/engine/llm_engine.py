@@ -41,7 +41,7 @@ from echorl_agent.llm.engine.prefix_cache import CacheStats, PrefixCache
 from echorl_agent.llm.engine.runner import ModelRunner, SeqChunk
 from echorl_agent.llm.engine.scheduler import Scheduler
 from echorl_agent.llm.engine.scoring import SoftTokens
-from echorl_agent.llm.models import LoadedModel, load_model
+from echorl_agent.llm.models.loading import LoadedModel, load_model
 
 __all__ = ["EngineConfig", "SamplingParams", "GenerationResult", "ScoreResult", "LLMEngine"]
 
@@ -53,7 +53,7 @@ class LLMEngine(_RequestsMixin):
     """Batched, prefix-cached generation and scoring over a local model (see the module docstring).
 
     Args:
-        model: a :class:`~echorl_agent.llm.models.LoadedModel` or a name for :func:`load_model`.
+        model: a :class:`~echorl_agent.llm.models.loading.LoadedModel` or a name for :func:`load_model`.
         config: engine configuration.
     """
 

@@ -9,7 +9,7 @@ each sequence's prefix + rolling blocks through :func:`echorl_agent.kernels.atte
 
 Supported: the families of :mod:`echorl_agent.llm.models` (pre-norm RMSNorm, RoPE, grouped-query attention, gated
 MLP): Llama, SmolLM2, Qwen2 (q/k/v biases), Mistral (no sliding window). The runner reaches every module through the
-model's :class:`~echorl_agent.llm.models.ModelLayout`, never by name.
+model's :class:`~echorl_agent.llm.models.base.ModelLayout`, never by name.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from echorl_agent.llm.engine.calibration import (
     pack_layer_bf16,
 )
 from echorl_agent.llm.engine.config import check_prefill_dtype
-from echorl_agent.llm.models import SUPPORTED_MODEL_TYPES, layout_for
+from echorl_agent.llm.models.registry import layout_for
 from echorl_agent.llm.quant.bf16 import cpu_has_native_bf16
 from echorl_agent.llm.quant.fused_decode import FusedDecoder
 from echorl_agent.llm.quant.linear import (
@@ -45,7 +45,7 @@ from echorl_agent.llm.quant.linear import (
     quantize_model_linears,
 )
 
-__all__ = ["ModelRunner", "SeqChunk", "SUPPORTED_MODEL_TYPES"]
+__all__ = ["ModelRunner", "SeqChunk"]
 
 _SMALL_BATCH_ROWS = 32
 """Up to this many token rows (decode steps) the projections run in output-dimension slices, see
@@ -103,7 +103,7 @@ class ModelRunner:
     """Runs paged-KV forward steps for an HF model of a family in :mod:`echorl_agent.llm.models`.
 
     Args:
-        model: a ``transformers`` causal LM of a type in :data:`SUPPORTED_MODEL_TYPES`.
+        model: a ``transformers`` causal LM of a type in :data:`~echorl_agent.llm.models.registry.SUPPORTED_MODEL_TYPES`.
         num_blocks: KV pool size in blocks.
         block_size: tokens per block.
         attention_backend: ``"auto"`` (Triton on CUDA, torch reference otherwise), ``"torch"`` or ``"triton"``.

@@ -12,7 +12,7 @@ The arithmetic is the model's (same weights, same formulas) in a different float
 with the unfused path to ~1e-5 (tested); each row's result is independent of the other rows in its batch. The path
 is used only when it applies exactly: CPU, float32 activations, a quantized weight_dtype, SiLU MLPs, RMSNorms with
 a weight, and every projection still the engine's quantized copy (a LoRA-wrapped module falls back to Python).
-Modules are found through the model's :class:`~echorl_agent.llm.models.ModelLayout`.
+Modules are found through the model's :class:`~echorl_agent.llm.models.base.ModelLayout`.
 With ``EngineConfig.float32_top_layers`` the C call runs the packed layers below and the runner's torch path the
 float32 layers on top (the rows and their KV continue where the C call left them).
 """

@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from echorl_agent.llm.engine.config import QUANTIZED_BITS, WEIGHT_DTYPES, check_weight_dtype
-from echorl_agent.llm.models import layout_for
+from echorl_agent.llm.models.registry import layout_for
 from echorl_agent.llm.quant import qkernel
 
 __all__ = [
@@ -206,7 +206,7 @@ class QuantizedLinear(torch.nn.Module):
 
 def linear_names(model: torch.nn.Module) -> list[str]:
     """Qualified names of the linears the engine quantizes: every layer's projections + MLP, and the LM head
-    (:meth:`~echorl_agent.llm.models.ModelLayout.linear_names`)."""
+    (:meth:`~echorl_agent.llm.models.base.ModelLayout.linear_names`)."""
     return layout_for(model.config).linear_names()
 
 

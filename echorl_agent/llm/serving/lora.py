@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from echorl_agent.llm.engine.llm_engine import LLMEngine
-from echorl_agent.llm.models import LoadedModel
+from echorl_agent.llm.models.loading import LoadedModel
 from echorl_agent.llm.serving.protocol import OpenAIError
 
 __all__ = ["ServedModels"]

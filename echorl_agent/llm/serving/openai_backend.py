@@ -41,7 +41,7 @@ class OpenAICompatibleBackend:
         api_key: bearer token, if the server wants one.
         timeout: seconds per request.
         tokenizer: the served model's tokenizer (a ``transformers`` tokenizer or a
-            :class:`~echorl_agent.llm.models.LoadedModel`); needed only by agents that build token prompts
+            :class:`~echorl_agent.llm.models.loading.LoadedModel`); needed only by agents that build token prompts
             themselves (:class:`~echorl_agent.agents.chat.ScoringAgent`), exposed as :attr:`llm`.
     """
 
@@ -56,7 +56,7 @@ class OpenAICompatibleBackend:
         self.model = model or self.models()[0]
         self.llm = None
         if tokenizer is not None:
-            from echorl_agent.llm.models import LoadedModel
+            from echorl_agent.llm.models.loading import LoadedModel
 
             self.llm = tokenizer if isinstance(tokenizer, LoadedModel) else LoadedModel(None, tokenizer, self.model)
 

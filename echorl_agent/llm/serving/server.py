@@ -27,7 +27,7 @@ from fastapi import Request
 
 from echorl_agent.llm.engine.llm_engine import EngineConfig, GenerationResult, LLMEngine, SamplingParams
 from echorl_agent.llm.engine.prefix_cache import PrefixCacheConfig
-from echorl_agent.llm.models import load_model
+from echorl_agent.llm.models.loading import load_model
 from echorl_agent.llm.serving.lora import ServedModels
 from echorl_agent.llm.serving.protocol import (
     ChatCompletionRequest,
