@@ -4,6 +4,7 @@ own scale (the Axes are inspected, not just the file's existence)."""
 from __future__ import annotations
 
 import csv
+import json
 
 import matplotlib
 
@@ -157,4 +158,16 @@ def test_learning_curves_put_the_lm_on_its_own_scale(tmp_path):
     finally:
         plt.close(fig)
     assert plot_curves(tmp_path, tmp_path / "curves.png").stat().st_size > 10_000
+    # with the bench's summary.json beside them, each agent has the colour success.png gives it
+    (tmp_path / "summary.json").write_text(json.dumps(SUMMARY + [_row(MG, "echoppo", "stochastic", 1.0)]))
+    fig = curves_figure(tmp_path)
+    fig2, ax = plt.subplots()
+    try:
+        bars = draw_success(SUMMARY + [_row(MG, "echoppo", "stochastic", 1.0)], ax)["colors"]
+        lines = {line.get_label().split()[0]: to_rgba(line.get_color()) for a in fig.axes for line in a.get_lines()}
+        assert lines == {"ppo": pytest.approx(bars["ppo"]), "llm-gigpo": pytest.approx(bars["llm-gigpo"])}
+        assert bars["ppo"] != agent_colors(["ppo", "llm-gigpo"])["ppo"]  # random comes first in this run's summary
+    finally:
+        plt.close(fig)
+        plt.close(fig2)
     assert plot_curves(tmp_path / "nothing", tmp_path / "none.png") is None

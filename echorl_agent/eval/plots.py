@@ -11,6 +11,7 @@ each is read at its own scale.
 from __future__ import annotations
 
 import csv
+import json
 import textwrap
 import warnings
 from pathlib import Path
@@ -100,8 +101,8 @@ def draw_success(summary: list[dict[str, Any]], ax: Any) -> dict[str, Any]:
     handles = [Patch(facecolor=c, edgecolor="black", linewidth=0.6, label=a) for a, c in colors.items()]
     handles += [Patch(facecolor="white", edgecolor="black", linewidth=0.6, hatch=MODE_HATCH[m], label=MODE_LABEL[m])
                 for m in used_modes]
-    ax.legend(handles=handles, fontsize=8, ncols=min(6, len(handles)), loc="lower center",
-              bbox_to_anchor=(0.5, 1.0), frameon=False)
+    ncols = max(1, min(len(handles), int(ax.figure.get_figwidth() // 1.7)))  # about 1.7 inches per legend entry
+    ax.legend(handles=handles, fontsize=8, ncols=ncols, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     return {"colors": colors, "ticks": ticks}
 
 
@@ -150,7 +151,8 @@ def plot_curves(out: str | Path, path: str | Path) -> Path | None:
 def curves_figure(out: str | Path) -> Any:
     """The learning curves of ``<out>/training/<agent>/<task>/<seed>/curve.csv`` (rolling training success vs env
     steps) as a matplotlib Figure: one panel per kind of learner (SB3 agents, LLM policies), each at its own step
-    scale; one colour per agent (as in ``success.png``), one line style per seed. None when no agent trained."""
+    scale; one colour per agent (as in ``success.png``: the agents of ``<out>/summary.json`` when it is there), one line
+    style per seed. None when no agent trained."""
     files = sorted(Path(out).glob("training/**/curve.csv"))
     curves = []
     for f in files:
@@ -162,7 +164,11 @@ def curves_figure(out: str | Path) -> Any:
         return None
     import matplotlib.pyplot as plt
 
-    colors = agent_colors([parts[0] for parts, _ in curves])
+    # the bench writes summary.json first: colour the agents as success.png does (same agents, same order)
+    trained = [parts[0] for parts, _ in curves]
+    summary = Path(out) / "summary.json"
+    ran = [s["agent"] for s in json.loads(summary.read_text())] if summary.is_file() else []
+    colors = {a: c for a, c in agent_colors(ran + trained).items() if a in trained}
     # the bench's LM-policy agents are the llm-* ones; the others (ppo, echoppo, dqn...) are SB3 agents
     kind = {a: "LLM policies" if a.startswith("llm-") else "SB3 agents" for a in colors}
     panels = list(dict.fromkeys(kind[a] for a in colors))
