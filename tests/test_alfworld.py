@@ -203,3 +203,8 @@ def test_alfworld_data_variable_is_used_and_a_missing_folder_is_an_error(tmp_pat
         env.close()
     monkeypatch.setenv("ALFWORLD_DATA", "")  # set but empty: the generator, as when unset
     assert resolve_data_path(None) == (None, "data_path")
+    monkeypatch.setattr("echorl_envs.alfworld.env.ALFWORLD_DEFAULT_DATA", empty)
+    monkeypatch.setenv("ALFWORLD_DATA", str(empty))  # what importing alfworld sets: counts once it holds data
+    assert resolve_data_path(None) == (None, "data_path")
+    (empty / "json_2.1.1").mkdir()
+    assert resolve_data_path(None) == (empty, "ALFWORLD_DATA")

@@ -45,16 +45,23 @@ def resolve_task_types(task_types: str | Sequence[str]) -> list[str]:
 
 #: The environment variable naming downloaded ALFWorld data (alfworld's own name for it).
 DATA_ENV = "ALFWORLD_DATA"
+#: The folder alfworld puts in ``$ALFWORLD_DATA`` when it is unset: importing alfworld sets the variable to it (and
+#: creates it), so that value only counts once ``alfworld-download`` has filled it.
+ALFWORLD_DEFAULT_DATA = Path("~/.cache/alfworld").expanduser()
 
 
 def resolve_data_path(data_path: str | os.PathLike | None) -> tuple[Path | None, str]:
-    """Where ALFWorld games come from: ``data_path``, else ``$ALFWORLD_DATA`` when set (non-empty), else None (the
-    offline generator); with the name to cite in errors. A folder that does not exist is an error, never a silent
-    fallback to generated games.
+    """Where ALFWorld games come from: ``data_path``, else ``$ALFWORLD_DATA`` when set, else None (the offline
+    generator); with the name to cite in errors. A folder that does not exist is an error, never a silent fallback
+    to generated games. ``$ALFWORLD_DATA`` equal to alfworld's own default (:data:`ALFWORLD_DEFAULT_DATA`, which
+    importing alfworld sets) counts only when that folder holds downloaded data (``json_2.1.1``).
     """
     source = "data_path"
-    if data_path is None and os.environ.get(DATA_ENV):
-        data_path, source = os.environ[DATA_ENV], DATA_ENV
+    value = os.environ.get(DATA_ENV, "")
+    if data_path is None and value:
+        default = Path(value).expanduser() == ALFWORLD_DEFAULT_DATA
+        if not default or (ALFWORLD_DEFAULT_DATA / "json_2.1.1").is_dir():
+            data_path, source = value, DATA_ENV
     if data_path is None:
         return None, source
     folder = Path(os.path.expandvars(str(data_path))).expanduser()
