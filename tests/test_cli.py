@@ -198,6 +198,6 @@ def test_json_flag_values_reach_the_training_config_as_dicts(monkeypatch, tmp_pa
     seen = {}
     monkeypatch.setattr("echorl_agent.llm_rl.train.train_llm", lambda cfg, resume: seen.update(cfg=cfg))
     cli.main(["train-llm", "--task", "EchoRL/MiniGrid-Empty-5x5-v0", "--method", "gigpo", "--out", str(tmp_path),
-              "--gigpo-kwargs", '{"epochs": 4}', "--policy-kwargs", '{"lora_rank": 4}'])
-    cfg = seen["cfg"]
-    assert cfg.gigpo_kwargs == {"epochs": 4} and cfg.policy_kwargs == {"lora_rank": 4} and cfg.ppo_kwargs == {}
+              "--gigpo-kwargs", '{"epochs": 4}', "--policy-kwargs", '{"lora_rank": 4}', "--quiet"])
+    cfg = seen["cfg"]  # the flags' objects, merged key by key into the method's defaults
+    assert cfg.gigpo_kwargs["epochs"] == 4 and cfg.policy_kwargs["lora_rank"] == 4
