@@ -255,3 +255,41 @@ def test_sandbox_worker_and_the_code_it_runs_die_with_a_sigkilled_host():
         assert _kill_and_check(proc, procs) < 5.0
     finally:
         proc.kill()
+
+
+def test_miniwob_browsers_die_with_a_sigkilled_env_process():
+    """chromedriver and Chromium (which does not watch its parent) go with the env's process, via the reaper."""
+    from echorl_envs.miniwob.browser import find_chromium
+
+    if find_chromium() is None:
+        pytest.skip("no Chromium/chromedriver here (make install-browser)")
+    proc = _start("""
+        import time
+        import gymnasium as gym
+        import echorl_envs
+        env = gym.make(next(i for i in echorl_envs.env_ids() if "MiniWoB" in i))
+        env.reset(seed=0)
+        print("started", flush=True)
+        time.sleep(600)
+    """)
+    try:
+        procs = _workers(proc, 3, timeout=120, marker="started")  # chromedriver, Chromium's processes, the reaper
+        names = {p.name() for p in procs}
+        assert {"chromedriver", "chromium"} <= names or {"chromedriver", "chrome"} <= names, names
+        assert _kill_and_check(proc, procs) < 5.0
+    finally:
+        proc.kill()
+
+
+def test_the_reaper_leaves_when_its_group_is_closed_normally():
+    group = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    reaper = lifeline.reap_group_with_this_process(group.pid)
+    try:
+        time.sleep(0.5)
+        assert reaper.poll() is None  # guarding
+        group.kill()
+        group.wait()
+        assert reaper.wait(timeout=5) == 0  # the group is gone: nothing left to guard
+    finally:
+        group.kill()
+        reaper.kill()

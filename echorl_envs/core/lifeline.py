@@ -11,6 +11,9 @@ process-pool workers of ~1.4 GB each for 90 minutes). Two guards, both installed
 * everywhere: a daemon thread that polls ``os.getppid()`` every ``interval`` seconds and kills this process once
   the parent is gone (the child was reparented), which also covers macOS and children started from other threads.
 
+Programs we cannot change that start children of their own (chromedriver and Chromium) get a reaper process
+instead (:func:`reap_group_with_this_process`), which kills their process group when this process dies.
+
 Call :func:`parent_watch_args` in the parent when starting a child and :func:`watch_parent` first thing in the
 child (e.g. ``ProcessPoolExecutor(initializer=watch_parent, initargs=parent_watch_args())``). A spawned child runs
 its initializer after its start-up imports; if the parent died during them, :func:`watch_parent` sees another
@@ -24,13 +27,29 @@ import signal
 import sys
 import threading
 import time
+from typing import Any
 
-__all__ = ["watch_parent", "parent_watch_args", "PR_SET_PDEATHSIG"]
+__all__ = ["watch_parent", "parent_watch_args", "reap_group_with_this_process", "PR_SET_PDEATHSIG"]
 
 #: ``<linux/prctl.h>``: the signal this process gets when its parent (thread) dies.
 PR_SET_PDEATHSIG = 1
 #: Seconds between two ``os.getppid()`` polls of the fallback thread.
 POLL_INTERVAL = 0.5
+
+
+def _load_prctl() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+#: libc's prctl, looked up once (a forked child must not load libraries between fork and exec).
+_prctl = _load_prctl()
 
 
 def parent_watch_args() -> tuple[int, bool]:
@@ -44,15 +63,7 @@ def _die() -> None:
 
 def _set_pdeathsig() -> bool:
     """Arm ``PR_SET_PDEATHSIG`` = SIGKILL for this process; False where prctl is unavailable."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
+    return _prctl is not None and _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
 
 
 def watch_parent(parent: int, from_main_thread: bool = True, interval: float = POLL_INTERVAL) -> bool:
@@ -81,3 +92,46 @@ def watch_parent(parent: int, from_main_thread: bool = True, interval: float = P
 
     threading.Thread(target=poll, name="echorl-parent-watch", daemon=True).start()
     return armed
+
+
+#: The reaper of :func:`reap_group_with_this_process` (standard library only, run with ``python -S``): it kills the
+#: process group when its parent dies (SIGTERM from PR_SET_PDEATHSIG, or a changed ``getppid()``) and exits by
+#: itself once the group is gone.
+_REAPER = """
+import os, signal, sys, time
+parent, group = int(sys.argv[1]), int(sys.argv[2])
+def reap(*_):
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except OSError:
+        pass
+    os._exit(0)
+signal.signal(signal.SIGTERM, reap)
+while True:
+    if os.getppid() != parent:
+        reap()
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        os._exit(0)
+    time.sleep(0.5)
+"""
+
+
+def reap_group_with_this_process(pgid: int) -> Any:
+    """Start a small reaper process that SIGKILLs process group ``pgid`` when this process dies (even by SIGKILL).
+
+    For programs that start children of their own which we cannot change (chromedriver starts Chromium, which does
+    not watch its parent): start the program in a new session (``start_new_session=True``, so its group is its
+    pid) and call this with its pid. The reaper exits by itself once the group is gone; the returned
+    ``subprocess.Popen`` may be waited for after closing the program.
+    """
+    import subprocess
+
+    def arm() -> None:  # SIGTERM (not SIGKILL): the reaper's handler kills the group first
+        if _prctl is not None:
+            _prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+
+    return subprocess.Popen([sys.executable, "-S", "-c", _REAPER, str(os.getpid()), str(pgid)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=arm if sys.platform.startswith("linux") else None)

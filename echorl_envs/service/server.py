@@ -14,7 +14,7 @@ Wire format (``/schema`` publishes it):
   ``won``, ``invalid_action``, OpenEnv's ``reward`` (None after reset) and ``done`` (terminated or truncated),
   and ``metadata`` = ``{"terminated", "truncated"}`` plus every other key of the gymnasium ``info`` (``step``,
   ``expert_action``, ``task_id``, family keys), made JSON-safe;
-* reset fields: ``seed``, ``options`` (the env's reset options, e.g. ``{"task_index": 3}``), ``task`` (which
+* reset fields: ``seed``, ``options`` (the env's reset options, e.g. ``{"index": 3}``), ``task`` (which
   served id to play; default: the first served id) and ``max_episode_steps`` (default: the id's registered limit).
 
 A server may host several ids; the client picks one per episode with ``reset(task=ID)`` (OpenEnv forwards extra
