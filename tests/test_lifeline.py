@@ -293,3 +293,24 @@ def test_the_reaper_leaves_when_its_group_is_closed_normally():
     finally:
         group.kill()
         reaper.kill()
+
+
+@pytest.mark.slow
+def test_serve_env_killed_by_sigkill_leaves_no_browser_behind():
+    """``echorl serve-env`` with a MiniWoB session (its browser started on a session thread), SIGKILLed."""
+    pytest.importorskip("openenv")
+    from echorl_envs.miniwob.browser import find_chromium
+
+    if find_chromium() is None:
+        pytest.skip("no Chromium/chromedriver here (make install-browser)")
+    from openenv.core.generic_client import GenericEnvClient
+
+    import echorl_envs
+    from tests.openenv_server import server_process
+
+    task = next(i for i in echorl_envs.env_ids() if "MiniWoB" in i)
+    with server_process([task]) as (proc, url), GenericEnvClient(base_url=url).sync() as client:
+        client.reset(seed=0, task=task)
+        procs = [p for p in psutil.Process(proc.pid).children(recursive=True)]
+        assert {"chromedriver"} <= {p.name() for p in procs} and len(procs) >= 3
+        assert _kill_and_check(proc, procs) < 5.0

@@ -118,15 +118,24 @@ while True:
 """
 
 
-def reap_group_with_this_process(pgid: int) -> Any:
+def reap_group_with_this_process(pgid: int, thread_outlives_group: bool | None = None) -> Any:
     """Start a small reaper process that SIGKILLs process group ``pgid`` when this process dies (even by SIGKILL).
 
     For programs that start children of their own which we cannot change (chromedriver starts Chromium, which does
     not watch its parent): start the program in a new session (``start_new_session=True``, so its group is its
     pid) and call this with its pid. The reaper exits by itself once the group is gone; the returned
     ``subprocess.Popen`` may be waited for after closing the program.
+
+    Args:
+        pgid: the process group to guard.
+        thread_outlives_group: whether the calling thread lives at least as long as the group should; then the
+            reaper also gets PR_SET_PDEATHSIG (immediate), which fires when this *thread* ends. Default: only from
+            the main thread. Otherwise the reaper polls ``getppid()`` (within 0.5 s).
     """
     import subprocess
+
+    armed = thread_outlives_group if thread_outlives_group is not None else (
+        threading.current_thread() is threading.main_thread())
 
     def arm() -> None:  # SIGTERM (not SIGKILL): the reaper's handler kills the group first
         if _prctl is not None:
@@ -134,4 +143,4 @@ def reap_group_with_this_process(pgid: int) -> Any:
 
     return subprocess.Popen([sys.executable, "-S", "-c", _REAPER, str(os.getpid()), str(pgid)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            preexec_fn=arm if sys.platform.startswith("linux") else None)
+                            preexec_fn=arm if armed and _prctl is not None else None)

@@ -137,7 +137,8 @@ def _make_instance_class() -> type:
             service = Service(executable_path=self.chromium[1], popen_kw={"start_new_session": True})
             self.driver = webdriver.Chrome(service=service, options=opts)
             self.driver_pid = service.process.pid
-            self.reaper = reap_group_with_this_process(self.driver_pid)
+            # (create_driver runs on this instance's own thread, which lives until close)
+            self.reaper = reap_group_with_this_process(self.driver_pid, thread_outlives_group=True)
             self.driver.get(self.url)
             WebDriverWait(self.driver, 30).until(ec.element_to_be_clickable((By.ID, self.SYNC_SCREEN_ID)))
             # MiniWoB's own episode limit (core.EPISODE_MAX_TIME, 10 s by default) -- set once per page load.
