@@ -1,6 +1,7 @@
 """No route of ``echorl serve-env`` answers 500 to anything a client sends.
 
-Every HTTP route of the app (OpenEnv's /reset /step /state /schema /metadata /health /mcp and task routes) gets
+Every HTTP route of the app (OpenEnv's /reset /step /state /schema /metadata /health /mcp, task routes and the
+browser page's /web/reset /web/step /web/state; not the Gradio app mounted under /web) gets
 malformed JSON, wrong types, huge and deeply nested values, missing and unknown fields; each reply must be a
 client error or a success (status < 500), and the reset/step errors name the field. The one exception is
 OpenEnv's Task API (``/{env_name}/splits``, ``tasks``, ``num_tasks``, ``task``, ``task_range``), which echorl envs do
@@ -21,7 +22,7 @@ from starlette.testclient import TestClient  # noqa: E402
 
 from echorl_envs.service.server import build_app  # noqa: E402
 
-TASKS = ["EchoRL/MiniGrid-Empty-5x5-v0", "EchoRL/Game24-v0"]
+TASKS = ["EchoRL/MiniGrid-Empty-5x5-v0", "EchoRL/MiniGrid-DoorKey-5x5-v0"]
 HUGE = "x" * 1_000_000
 #: OpenEnv's Task API routes (after the env name): 501 Not Implemented for envs without list_splits/get_task/...
 TASK_API = ("splits", "tasks", "num_tasks", "task", "task_range")
@@ -49,7 +50,7 @@ OBJECTS = [
 
 @pytest.fixture(scope="module")
 def client():
-    with TestClient(build_app(TASKS, max_sessions=2, web=False), raise_server_exceptions=False) as c:
+    with TestClient(build_app(TASKS, max_sessions=2, web=True), raise_server_exceptions=False) as c:
         yield c
 
 
@@ -68,7 +69,8 @@ def _http_routes(app) -> list[tuple[str, str]]:
 def test_the_fuzz_covers_every_route(client):
     routes = _http_routes(client.app)
     paths = {p for _, p in routes}
-    assert {"/reset", "/step", "/state", "/schema", "/metadata", "/health", "/mcp", "/echorl/task"} <= paths
+    assert {"/reset", "/step", "/state", "/schema", "/metadata", "/health", "/mcp", "/echorl/task", "/web/reset",
+            "/web/step", "/web/state"} <= paths
 
 
 BODIES = RAW_BODIES + [json.dumps(o) for o in OBJECTS]
@@ -84,7 +86,8 @@ def _fuzz(client, routes: list[tuple[str, str]], bodies: list[str]) -> list[str]
 
 def test_reset_and_step_never_answer_500(client):
     """Every body on the routes that reach echorl's code (fast; the whole app is fuzzed in the slow test)."""
-    assert _fuzz(client, [("POST", "/reset"), ("POST", "/step")], BODIES) == []
+    routes = [("POST", "/reset"), ("POST", "/step"), ("POST", "/web/reset"), ("POST", "/web/step")]
+    assert _fuzz(client, routes, BODIES) == []
 
 
 def test_every_route_survives_the_worst_bodies(client):
@@ -131,3 +134,12 @@ def test_plain_http_step_says_to_use_the_websocket_session(client):
 def test_bad_reset_fields_get_422_naming_the_field(client, body, words):
     r = client.post("/reset", json=body)
     assert r.status_code == 422 and words in r.json()["detail"]
+
+
+def test_the_web_page_routes_name_a_bad_action_and_a_bad_episode_id(client):
+    r = client.post("/web/step", json={"action": "go forward"})
+    assert r.status_code == 422 and "action must be an object, got action='go forward'" in r.json()["detail"]
+    r = client.post("/web/reset", json={"episode_id": 5})
+    assert r.status_code == 422 and "episode_id must be a string" in r.json()["detail"]
+    assert client.post("/web/reset", json={"seed": 0}).status_code == 200  # the page's own episode goes on
+    assert client.post("/web/step", json={"action": {"action": "turn left"}}).json()["observation"]["text"]

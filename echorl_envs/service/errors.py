@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 __all__ = ["ClientError", "InvalidActionMessage", "NoEpisodeError", "PLAY_OVER_WS", "ROUTE_HINTS",
-           "explain_validation_error", "explain_bad_requests"]
+           "explain_validation_error", "explain_bad_requests", "check_web_step"]
 
 
 class ClientError(ValueError, HTTPException):
@@ -102,3 +102,23 @@ def explain_bad_requests(app: Any) -> None:
         return JSONResponse(status_code=422, content=content)
 
     app.add_exception_handler(RequestValidationError, explain)
+
+
+def check_web_step(app: Any) -> None:
+    """OpenEnv's ``/web/step`` (the browser page's route) reads ``body["action"]`` as a dict without checking it, so
+    ``{"action": "go forward"}`` failed with an AttributeError (a 500). The route is replaced, in place, by one
+    that answers 422 with the expected body first and otherwise calls OpenEnv's own handler."""
+    from fastapi.routing import APIRoute
+
+    for i, route in enumerate(app.router.routes):
+        if isinstance(route, APIRoute) and route.path == "/web/step":
+            original = route.endpoint
+
+            async def web_step(request: dict[str, Any]) -> Any:
+                action = request.get("action", {})
+                if "message" not in request and not isinstance(action, dict):
+                    raise ClientError(f"action must be an object, got action={action!r:.80}: "
+                                      + ROUTE_HINTS["/step"].split(";")[0])
+                return await original(request)
+
+            app.router.routes[i] = APIRoute(route.path, web_step, methods=list(route.methods), name=route.name)

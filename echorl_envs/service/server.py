@@ -49,6 +49,7 @@ from echorl_envs.service.errors import (
     ClientError,
     InvalidActionMessage,
     NoEpisodeError,
+    check_web_step,
     explain_bad_requests,
     explain_validation_error,
 )
@@ -177,6 +178,9 @@ class EchoRLEnvironment(Environment[EchoRLAction, EchoRLObservation, EchoRLState
         limit = kwargs.get("max_episode_steps")
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
             raise ClientError(f"max_episode_steps must be an int >= 1 or null, got max_episode_steps={limit!r:.80}")
+        if episode_id is not None and (not isinstance(episode_id, str) or len(episode_id) > 255):
+            raise ClientError(f"episode_id must be a string of at most 255 characters or null, got "
+                              f"episode_id={episode_id!r:.80}")
         options = kwargs.get("options")
         if options is not None and not isinstance(options, dict):
             raise ClientError(f"options must be an object (dict) or null, got options={options!r:.80}")
@@ -363,6 +367,7 @@ def build_app(tasks: Sequence[str], max_sessions: int = 8, session_timeout: floa
 
     app.router.on_shutdown.append(_close_all)
     explain_bad_requests(app)
+    check_web_step(app)
     return app
 
 
