@@ -30,6 +30,8 @@ import time
 import warnings
 from pathlib import Path
 
+from echorl_agent.argtypes import json_object
+
 __all__ = ["main", "demo_config"]
 
 #: One representative task per family for the demo preset (families not installed are left out). MiniGrid is
@@ -174,7 +176,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise SystemExit("echorl bench: give --tasks and --agents (or --preset demo)")
         _check_choices(args.tasks, echorl_envs.env_ids(), "task")
         _check_choices(args.agents, agent_registry.agent_names(), "agent")
-        opts = json.loads(args.agent_options) if args.agent_options else {}
+        opts = args.agent_options or {}
         cfg = BenchConfig(tasks=args.tasks, agents=args.agents, out=args.out, seeds=args.seeds,
                           episodes=args.episodes, workers=args.workers or 2, backend=args.backend,
                           train_steps=args.train_steps, max_steps=args.max_steps,
@@ -271,7 +273,8 @@ def train_overrides(args: argparse.Namespace) -> dict:
     for dest, name in TRAIN_FLAGS.items():
         v = getattr(args, dest, None)
         if v is not None:
-            out[name] = _json_flag(dest, v) if dest in JSON_FLAGS else v
+            # the parser's JSON flags arrive parsed (argtypes.json_object); a Namespace made elsewhere may hold text
+            out[name] = _json_flag(dest, v) if dest in JSON_FLAGS and isinstance(v, str) else v
     return out
 
 
@@ -404,15 +407,19 @@ def add_train_llm_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--bc-warm-start", action="store_true", default=None,
                    help="echorl with the gigpo learner: behaviour-clone --bc-episodes expert episodes first")
     s.add_argument("--gamma", type=float, help="discount (default 0.99 PPO, 0.95 GiGPO)")
-    s.add_argument("--env-kwargs", help='JSON of extra gym.make arguments, e.g. \'{"goal_line": true}\'')
+    s.add_argument("--env-kwargs", type=json_object('{"goal_line": true}'),
+                   help='JSON of extra gym.make arguments, e.g. \'{"goal_line": true}\'')
     s.add_argument("--batch-size", type=int, help="PPO minibatch size (default: 16)")
     s.add_argument("--n-epochs", type=int, help="PPO epochs per update (default: 2)")
     s.add_argument("--learning-rate", type=float, help="optimizer learning rate (default: 1e-4)")
-    s.add_argument("--policy-kwargs", help='JSON LLMPolicy options, e.g. \'{"lora_rank": 8, "train_layers": 2}\'')
-    s.add_argument("--grpo-kwargs", help='JSON GRPOConfig options, e.g. \'{"group_size": 8}\'')
-    s.add_argument("--gigpo-kwargs", help='JSON GiGPO learner options (gigpo, bc+gigpo, echorl), e.g. '
-                   '\'{"epochs": 4, "minibatch_size": 32}\'')
-    s.add_argument("--ppo-kwargs", help='JSON PPO options (ppo, bc+ppo, echoppo, echorl --echorl-learner ppo): clip_range, '
+    s.add_argument("--policy-kwargs", type=json_object('{"lora_rank": 8, "train_layers": 2}'),
+                   help='JSON LLMPolicy options, e.g. \'{"lora_rank": 8, "train_layers": 2}\'')
+    s.add_argument("--grpo-kwargs", type=json_object('{"group_size": 8}'),
+                   help='JSON GRPOConfig options, e.g. \'{"group_size": 8}\'')
+    s.add_argument("--gigpo-kwargs", type=json_object('{"epochs": 4, "minibatch_size": 32}'),
+                   help='JSON GiGPO learner options (gigpo, bc+gigpo, echorl), e.g. \'{"epochs": 4, "minibatch_size": 32}\'')
+    s.add_argument("--ppo-kwargs", type=json_object('{"target_kl": 0.02}'),
+                   help='JSON PPO options (ppo, bc+ppo, echoppo, echorl --echorl-learner ppo): clip_range, '
                    'target_kl, gae_lambda, vf_coef, max_grad_norm, e.g. \'{"target_kl": 0.02}\'')
     s.add_argument("--eval-episodes", type=int,
                    help="held-out instances per mode (sampled and greedy) played before and after training, seeds "
@@ -450,7 +457,7 @@ def cmd_record(args: argparse.Namespace) -> int:
 
     _check_choices([args.task], echorl_envs.env_ids(), "task")
     _check_choices([args.agent], agent_registry.agent_names(), "agent")
-    opts = json.loads(args.agent_options) if args.agent_options else {}
+    opts = args.agent_options or {}
     try:
         path = record_episodes(args.task, agent=args.agent, episodes=args.episodes, out=args.out, format=args.format,
                                seed=args.seed, max_steps=args.max_steps, agent_options=opts,
@@ -471,7 +478,7 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
         from echorl_envs.service.server import serve
     except ImportError as e:
         raise SystemExit(f"echorl serve-env: {e}") from e
-    make_kwargs = json.loads(args.env_kwargs) if args.env_kwargs else None
+    make_kwargs = args.env_kwargs or None
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     serve(args.task, host=args.host, port=args.port, max_sessions=args.max_sessions,
           session_timeout=args.session_timeout or None, web=args.web, make_kwargs=make_kwargs)
@@ -542,7 +549,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--reference", default=None,
                    help="agent the others are compared with on the same instances (default: random when it runs)")
     s.add_argument("--price-per-mtok", type=float, default=0.0, help="price per million LLM tokens (cost/success)")
-    s.add_argument("--agent-options", help='JSON, e.g. \'{"react": {"model": "smollm2-135m"}}\'')
+    s.add_argument("--agent-options", type=json_object('{"react": {"model": "smollm2-135m"}}'),
+                   help='JSON of options per agent, e.g. \'{"react": {"model": "smollm2-135m"}}\'')
     s.add_argument("--exclude", nargs="*", default=[], help='pairs not to run, e.g. "EchoRL/ALFWorld*:ppo"')
     s.add_argument("--out", default="runs/bench", help="output folder")
     s.add_argument("--env-url", action="append", default=[], metavar="URL",
@@ -558,7 +566,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="runs/record", help="output folder")
     s.add_argument("--seed", type=int, default=0, help="seed of the first episode")
     s.add_argument("--max-steps", type=int, default=None, help="cap on steps per episode")
-    s.add_argument("--agent-options", help='JSON keyword arguments for the agent factory')
+    s.add_argument("--agent-options", type=json_object('{"max_steps": 3}'),
+                   help='JSON keyword arguments for the agent factory, e.g. \'{"max_steps": 3}\'')
     s.add_argument("--dataset-id", help="Minari dataset id (default echorl/<env>/<agent>-v0)")
     s.set_defaults(func=cmd_record)
 
@@ -600,7 +609,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-sessions", type=int, default=8, help="concurrent sessions, one env each")
     s.add_argument("--session-timeout", type=float, default=300.0,
                    help="close a session idle this many seconds (0: never)")
-    s.add_argument("--env-kwargs", help='JSON of extra gym.make arguments per id, e.g. '
+    s.add_argument("--env-kwargs", type=json_object('{"EchoRL/GSM8K-v0": {"data_path": "test.jsonl"}}'),
+                   help='JSON of extra gym.make arguments per id, e.g. '
                    '\'{"EchoRL/GSM8K-v0": {"data_path": "test.jsonl"}}\'')
     s.add_argument("--web", action=argparse.BooleanOptionalAction, default=True,
                    help="serve the browser page at /web")

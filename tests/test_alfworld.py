@@ -6,8 +6,10 @@ import json
 import pickle
 
 import numpy as np
+import gymnasium as gym
 import pytest
 
+import echorl_envs  # noqa: F401  (registers the ids)
 from echorl_envs.alfworld import (
     TASK_TYPES,
     ALFWorldEnv,
@@ -17,6 +19,7 @@ from echorl_envs.alfworld import (
     make_game_spec,
 )
 from echorl_envs.alfworld.engine import legacy_put
+from echorl_envs.alfworld.env import resolve_data_path
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
@@ -174,3 +177,34 @@ def test_loader_on_generated_json_2_1_1_tree(tmp_path):
         env.close()
     with pytest.raises(ValueError, match="no solvable ALFWorld games"):
         ALFWorldEnv(task_types="LookAtInLight", data_path=root)
+
+
+def test_alfworld_data_variable_is_used_and_a_missing_folder_is_an_error(tmp_path, monkeypatch):
+    missing = tmp_path / "no" / "such" / "folder"
+    monkeypatch.setenv("ALFWORLD_DATA", str(missing))
+    with pytest.raises(ValueError, match=r"ALFWORLD_DATA='.*/no/such/folder' is not a folder .*unset ALFWORLD_DATA"):
+        ALFWorldEnv(task_types="PickAndPlace")
+    with pytest.raises(ValueError, match=r"ALFWORLD_DATA='.*/no/such/folder' is not a folder"):
+        gym.make("EchoRL/ALFWorld-PickAndPlace-v0")
+    with pytest.raises(ValueError, match=r"data_path='relative/no/such' is not a folder .*omit data_path"):
+        ALFWorldEnv(task_types="PickAndPlace", data_path="relative/no/such")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("ALFWORLD_DATA", str(empty))
+    with pytest.raises(ValueError, match=r"no solvable ALFWorld games .* under ALFWORLD_DATA="):
+        ALFWorldEnv(task_types="PickAndPlace")
+    root = tmp_path / "alfworld_data"  # a real json_2.1.1 tree: the variable points the env at its games
+    made = generate_dataset(root, games_per_type=1, splits=("train",), task_types=["pick_and_place_simple"])
+    monkeypatch.setenv("ALFWORLD_DATA", str(root))
+    env = ALFWorldEnv(task_types="PickAndPlace")
+    try:
+        assert env.num_tasks == 1 and env.game_path(0) == made[0]
+    finally:
+        env.close()
+    monkeypatch.setenv("ALFWORLD_DATA", "")  # set but empty: the generator, as when unset
+    assert resolve_data_path(None) == (None, "data_path")
+    monkeypatch.setattr("echorl_envs.alfworld.env.ALFWORLD_DEFAULT_DATA", empty)
+    monkeypatch.setenv("ALFWORLD_DATA", str(empty))  # what importing alfworld sets: counts once it holds data
+    assert resolve_data_path(None) == (None, "data_path")
+    (empty / "json_2.1.1").mkdir()
+    assert resolve_data_path(None) == (empty, "ALFWORLD_DATA")

@@ -27,7 +27,7 @@ PACKAGES = ("echorl_envs", "echorl_agent")
 #: A name stands for the module and everything under it; the longest matching name decides.
 FLOORS: list[tuple[str, ...]] = [
     ("echorl_envs",),
-    ("echorl_agent.config", "echorl_agent.kernels"),
+    ("echorl_agent.config", "echorl_agent.argtypes", "echorl_agent.kernels"),
     ("echorl_agent.llm",),
     ("echorl_agent.replay", "echorl_agent.policies", "echorl_agent.callbacks",
      "echorl_agent.priors", "echorl_agent.experience", "echorl_agent.algorithms"),

@@ -166,3 +166,38 @@ def test_the_peft_deprecation_warning_is_filtered_narrowly(monkeypatch):
             "FutureWarning); warnings.warn('something else is deprecated', FutureWarning)")
     err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stderr
     assert "is_gradient_checkpointing" not in err and "something else is deprecated" in err
+
+
+def _json_flags() -> list[tuple[str, str]]:
+    """(subcommand, flag) of every option whose help says it takes JSON."""
+    return [(name, action.option_strings[-1]) for name, sub in subparsers().items() for action in sub._actions
+            if action.option_strings and "JSON" in (action.help or "")]
+
+
+def test_every_json_flag_parses_json_and_its_errors_name_the_flag_the_value_and_an_example(capsys):
+    flags = _json_flags()
+    assert ("train-llm", "--gigpo-kwargs") in flags and ("serve-env", "--env-kwargs") in flags and len(flags) >= 8
+    for name, flag in flags:
+        required = {"train-llm": ["--task", "T"], "record": ["--task", "T"], "serve-env": ["--task", "T"]}
+        base = [name, *required.get(name, [])]
+        args = cli.build_parser().parse_args([*base, flag, '{"a": [1, 2]}'])
+        assert getattr(args, flag[2:].replace("-", "_")) == {"a": [1, 2]}, (name, flag)
+        for bad, why in [("{epochs: 4}", "object keys take double quotes"),
+                         ("{'epochs': 4}", "not single ones"), ('{"epochs": 4', "check the brackets"),
+                         ("[1, 2]", "(a JSON array)"), ("epochs=4", "give a JSON object")]:
+            with pytest.raises(SystemExit) as e:
+                cli.build_parser().parse_args([*base, flag, bad])
+            assert e.value.code == 2
+            err = " ".join(capsys.readouterr().err.split())
+            assert f"echorl {name}: error: argument {flag}: " in err and repr(bad) in err and why in err, err
+            example = re.search(r"e\.g\. '(\{.*\})'$", err).group(1)
+            assert isinstance(json.loads(example), dict)  # the example shown is valid JSON
+
+
+def test_json_flag_values_reach_the_training_config_as_dicts(monkeypatch, tmp_path, capsys):
+    seen = {}
+    monkeypatch.setattr("echorl_agent.llm_rl.train.train_llm", lambda cfg, resume: seen.update(cfg=cfg))
+    cli.main(["train-llm", "--task", "EchoRL/MiniGrid-Empty-5x5-v0", "--method", "gigpo", "--out", str(tmp_path),
+              "--gigpo-kwargs", '{"epochs": 4}', "--policy-kwargs", '{"lora_rank": 4}', "--quiet"])
+    cfg = seen["cfg"]  # the flags' objects, merged key by key into the method's defaults
+    assert cfg.gigpo_kwargs["epochs"] == 4 and cfg.policy_kwargs["lora_rank"] == 4

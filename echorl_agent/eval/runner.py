@@ -418,7 +418,11 @@ def _execute(cfg: BenchConfig, jobs: list, options: dict) -> Iterator[tuple[tupl
     else:
         import multiprocessing as mp
 
-        with ProcessPoolExecutor(max_workers=cfg.workers, mp_context=mp.get_context("spawn")) as pool:
+        from echorl_envs.core.lifeline import parent_watch_args, watch_parent
+
+        # workers die with this process, even when it is killed by SIGKILL (no orphan keeps computing)
+        with ProcessPoolExecutor(max_workers=cfg.workers, mp_context=mp.get_context("spawn"),
+                                 initializer=watch_parent, initargs=parent_watch_args()) as pool:
             futs = {pool.submit(run_job, *j, dict(options)): j for j in jobs}
             for fut in as_completed(futs):
                 exc = fut.exception()

@@ -43,6 +43,36 @@ def resolve_task_types(task_types: str | Sequence[str]) -> list[str]:
     return out
 
 
+#: The environment variable naming downloaded ALFWorld data (alfworld's own name for it).
+DATA_ENV = "ALFWORLD_DATA"
+#: The folder alfworld puts in ``$ALFWORLD_DATA`` when it is unset: importing alfworld sets the variable to it (and
+#: creates it), so that value only counts once ``alfworld-download`` has filled it.
+ALFWORLD_DEFAULT_DATA = Path("~/.cache/alfworld").expanduser()
+
+
+def resolve_data_path(data_path: str | os.PathLike | None) -> tuple[Path | None, str]:
+    """Where ALFWorld games come from: ``data_path``, else ``$ALFWORLD_DATA`` when set, else None (the offline
+    generator); with the name to cite in errors. A folder that does not exist is an error, never a silent fallback
+    to generated games. ``$ALFWORLD_DATA`` equal to alfworld's own default (:data:`ALFWORLD_DEFAULT_DATA`, which
+    importing alfworld sets) counts only when that folder holds downloaded data (``json_2.1.1``).
+    """
+    source = "data_path"
+    value = os.environ.get(DATA_ENV, "")
+    if data_path is None and value:
+        default = Path(value).expanduser() == ALFWORLD_DEFAULT_DATA
+        if not default or (ALFWORLD_DEFAULT_DATA / "json_2.1.1").is_dir():
+            data_path, source = value, DATA_ENV
+    if data_path is None:
+        return None, source
+    folder = Path(os.path.expandvars(str(data_path))).expanduser()
+    if not folder.is_dir():
+        fix = ("unset ALFWORLD_DATA to use the offline generator" if source == DATA_ENV
+               else "omit data_path to use the offline generator")
+        raise ValueError(f"{source}={str(data_path)!r} is not a folder (resolved to {str(folder.resolve())!r}); "
+                         f"point it at the data of `alfworld-download` (json_2.1.1 layout) or {fix}")
+    return folder, source
+
+
 class ALFWorldEnv(EngineHostedEnv):
     """ALFWorld (Shridhar et al., 2021) household tasks, played by alfworld's own TextWorld/PDDL engine.
 
@@ -95,6 +125,8 @@ class ALFWorldEnv(EngineHostedEnv):
             ``generator_config``.
         generator_config: explicit :class:`GeneratorConfig` (or a dict of its fields).
         data_path: downloaded ALFWorld data root; when set, games are discovered there instead of generated.
+            Default: ``$ALFWORLD_DATA`` when that variable is set, else the generator. A folder that does not
+            exist, or holds no solvable game of ``task_types``, is a ValueError naming the argument or variable.
         cache_dir: where generated games are cached.
         expert: compute ``info["expert_action"]`` (about doubles the cost of a step).
         step_timeout: seconds one engine step may take before it is abandoned (:class:`~echorl_envs.core.
@@ -147,12 +179,15 @@ class ALFWorldEnv(EngineHostedEnv):
         self.generator_config = cfg
         self._pool: GeneratedPool | None = None
         self._files: list[Path] = []
+        data_path, source = resolve_data_path(data_path)
         if data_path is not None:
             self._files = find_games(data_path, self.split, self.task_types)
             if not self._files:
                 raise ValueError(
                     f"no solvable ALFWorld games of types {self.task_types} in split {self.split!r} under "
-                    f"data_path={str(data_path)!r}; run `alfworld-download` or omit data_path to use the generator"
+                    f"{source}={str(data_path)!r}; run `alfworld-download` there, or "
+                    + ("unset ALFWORLD_DATA" if source == DATA_ENV else "omit data_path")
+                    + " to use the offline generator"
                 )
         else:
             self._pool = GeneratedPool(self.task_types, self.split, num_games, cfg, cache_dir)

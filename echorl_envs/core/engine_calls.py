@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from echorl_envs.core.lifeline import parent_watch_args, watch_parent
+
 __all__ = ["EngineError", "EngineTimeout", "EngineHost", "EngineProcess", "timeout_transition"]
 
 #: Held by every in-process engine call (see the module docstring); an abandoned call keeps it until it returns.
@@ -98,11 +100,12 @@ class EngineProcess:
         ours, theirs = multiprocessing.Pipe()
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
-        parent = os.getpid()
+        parent, from_main_thread = parent_watch_args()
         pid = os.fork()
         if pid == 0:  # the engine process
             code = 0
             try:
+                watch_parent(parent, from_main_thread)  # killed with the env's process, even mid-call
                 _serve(self.factory, theirs, ours, parent)
             except BaseException:  # noqa: BLE001 - nothing may escape into the forked copy of the caller
                 code = 1

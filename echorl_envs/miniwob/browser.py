@@ -130,9 +130,15 @@ def _make_instance_class() -> type:
             opts.add_argument(f"--user-data-dir={self.profile_dir}")
             opts.add_argument(f"--window-size={self.window_width},{self.window_height}")
             opts.binary_location = self.chromium[0]
-            service = Service(executable_path=self.chromium[1])
+            # chromedriver and Chromium die with this process even when it is SIGKILLed: chromedriver starts a
+            # session of its own (Chromium joins its process group) and a reaper kills that group when we die
+            from echorl_envs.core.lifeline import reap_group_with_this_process
+
+            service = Service(executable_path=self.chromium[1], popen_kw={"start_new_session": True})
             self.driver = webdriver.Chrome(service=service, options=opts)
             self.driver_pid = service.process.pid
+            # (create_driver runs on this instance's own thread, which lives until close)
+            self.reaper = reap_group_with_this_process(self.driver_pid, thread_outlives_group=True)
             self.driver.get(self.url)
             WebDriverWait(self.driver, 30).until(ec.element_to_be_clickable((By.ID, self.SYNC_SCREEN_ID)))
             # MiniWoB's own episode limit (core.EPISODE_MAX_TIME, 10 s by default) -- set once per page load.
@@ -159,6 +165,11 @@ def _make_instance_class() -> type:
                 with contextlib.suppress(Exception):
                     driver.quit()
             _kill(tree)  # whatever quit() left behind (a hung or half-crashed browser)
+            reaper = getattr(self, "reaper", None)
+            if reaper is not None:  # it exits once the group is gone; collect it
+                with contextlib.suppress(Exception):
+                    reaper.kill()
+                    reaper.wait(timeout=5)
             if self.profile_dir:
                 shutil.rmtree(self.profile_dir, ignore_errors=True)
             self.died = True

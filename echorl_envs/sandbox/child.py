@@ -220,10 +220,26 @@ def _signal_result(wait_status: int, wall: float, timed_out: bool) -> dict:
     return {"status": "error", "message": f"exited with code {os.WEXITSTATUS(wait_status)} without a result"}
 
 
+def _die_with_host(settings: dict) -> bool:
+    """Be killed when the host process dies, as :mod:`echorl_envs.core.lifeline` does for the library's workers
+    (this file cannot import it). PR_SET_PDEATHSIG follows the host *thread* that started this process, so it is
+    armed only when that was the host's main thread; otherwise the worker ends at the EOF of its stdin, after the
+    run in progress (bounded by its wall-clock limit). Returns whether the kernel guard is armed."""
+    host = settings.get("host")
+    if not host:
+        return False
+    pid, from_main_thread = int(host[0]), bool(host[1])
+    armed = from_main_thread and _confinement.die_with_parent()
+    if os.getppid() != pid:  # the host died before the guard was armed
+        os._exit(1)
+    return armed
+
+
 class _Runner:
     """The trusted side of a worker: sets up isolation once, then runs each request in a forked child."""
 
     def __init__(self, settings: dict, preload: bool = True) -> None:
+        armed = _die_with_host(settings)
         _confinement.import_seccomp(settings.get("seccomp_path"))  # before the private root hides it
         for name in _PRELOAD if preload else ():  # common stdlib modules: forked children need not compile
             try:                                  # them again (no .pyc is loaded in the child)
@@ -232,7 +248,7 @@ class _Runner:
                 pass
         self.layers: list[str] = []
         if settings.get("isolate", True):
-            self.layers = _confinement.isolate(int(settings.get("disk_mb", 64)))
+            self.layers = _confinement.isolate(int(settings.get("disk_mb", 64)), relay_dies_with_parent=armed)
         self.tmp_root = "/tmp" if "mount_view" in self.layers else None
         self.drop = bool(settings.get("isolate", True)) and _confinement.can_drop_privileges()
 

@@ -133,9 +133,28 @@ def _build_root(libc, ctypes, disk_mb: int) -> None:  # noqa: ANN001
     os.chdir("/")
 
 
-def isolate(disk_mb: int) -> list[str]:
+#: ``<linux/prctl.h>``: the signal this process gets when its parent thread dies.
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> bool:
+    """``prctl(PR_SET_PDEATHSIG, SIGKILL)``: the kernel kills this process when its parent (thread) dies.
+    A change of credentials (a user namespace, the uid drop) clears it. Returns whether it is armed."""
+    try:
+        libc, _ = _libc()
+        return libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def isolate(disk_mb: int, relay_dies_with_parent: bool = False) -> list[str]:
     """Enter fresh namespaces and a private root (call once per worker; forks: the caller continues as the
-    PID namespace's init, the original process only relays its exit). Returns the layers now active."""
+    PID namespace's init, the original process only relays its exit). Returns the layers now active.
+
+    The init dies with the relay (PR_SET_PDEATHSIG; the kernel then kills every process of the namespace), and
+    with ``relay_dies_with_parent`` the relay dies with its own parent (armed again after the unshare, which
+    clears it when it enters a user namespace).
+    """
     layers: list[str] = []
     try:
         libc, ctypes = _libc()
@@ -143,9 +162,15 @@ def isolate(disk_mb: int) -> list[str]:
         return layers
     if not _enter_namespaces(libc, ctypes):
         return layers
+    parent = os.getppid()
     pid = os.fork()
     if pid > 0:
+        if relay_dies_with_parent:
+            die_with_parent()
+            if os.getppid() != parent:  # the parent died before the guard was armed
+                os.kill(pid, signal.SIGKILL)
         _relay_exit(pid)
+    die_with_parent()  # the relay's main thread forked us and lives as long as the relay
     layers.append("namespaces")
     try:
         _build_root(libc, ctypes, disk_mb)

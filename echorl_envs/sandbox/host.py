@@ -54,6 +54,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from echorl_envs.core.lifeline import parent_watch_args
 from echorl_envs.sandbox.config import STATUSES, SandboxConfig, SandboxResult
 from echorl_envs.sandbox.guard import verify_report
 
@@ -79,6 +80,8 @@ def _request(code: str, config: SandboxConfig) -> dict[str, Any]:
         "isolate": bool(config.isolate or config.unshare_network),
         "disk_mb": int(config.disk_mb),
         "audit_hook": bool(config.audit_hook),
+        # (pid, started from the main thread): the worker dies with this process (see child._die_with_host)
+        "host": list(parent_watch_args()),
     }
 
 

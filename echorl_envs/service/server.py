@@ -14,12 +14,13 @@ Wire format (``/schema`` publishes it):
   ``won``, ``invalid_action``, OpenEnv's ``reward`` (None after reset) and ``done`` (terminated or truncated),
   and ``metadata`` = ``{"terminated", "truncated"}`` plus every other key of the gymnasium ``info`` (``step``,
   ``expert_action``, ``task_id``, family keys), made JSON-safe;
-* reset fields: ``seed``, ``options`` (the env's reset options, e.g. ``{"task_index": 3}``), ``task`` (which
+* reset fields: ``seed``, ``options`` (the env's reset options, e.g. ``{"index": 3}``), ``task`` (which
   served id to play; default: the first served id) and ``max_episode_steps`` (default: the id's registered limit).
 
 A server may host several ids; the client picks one per episode with ``reset(task=ID)`` (OpenEnv forwards extra
 reset fields to ``Environment.reset``). HTTP ``/reset`` and ``/step`` are OpenEnv's stateless routes (a fresh env
-per request); episodes are played over the WebSocket.
+per request): ``/reset`` answers an episode's first observation, ``/step`` answers 409 (no episode in a fresh env);
+episodes are played over the WebSocket. No client input gets a 500: bad fields get 422 with the field named.
 """
 
 from __future__ import annotations
@@ -41,9 +42,17 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError(f"echorl serve-env needs the openenv extra: pip install 'echorl[openenv]' ({e})") from e
 from pydantic import Field, PrivateAttr, ValidationError, model_validator
-from starlette.exceptions import HTTPException
 
 import echorl_envs
+from echorl_envs.service.errors import (
+    PLAY_OVER_WS,
+    ClientError,
+    InvalidActionMessage,
+    NoEpisodeError,
+    check_web_step,
+    explain_bad_requests,
+    explain_validation_error,
+)
 
 __all__ = ["EchoRLAction", "EchoRLObservation", "EchoRLState", "EchoRLEnvironment", "build_app", "serve", "public_url",
            "to_wire", "open_envs", "uvicorn_config", "RESERVED_METADATA"]
@@ -78,34 +87,6 @@ class EchoRLAction(Action):
             bad = cls.model_construct(action="")
             bad._invalid = explain_validation_error(e, ["action", "metadata"])
             return bad
-
-
-class InvalidActionMessage(ValueError, HTTPException):
-    """A step message that is not ``{"action": "<text>"}``: a ValueError whose text names the field (what the
-    WebSocket client shows), answered with HTTP 422 on OpenEnv's HTTP ``/step`` route."""
-
-    def __init__(self, message: str) -> None:
-        ValueError.__init__(self, message)
-        HTTPException.__init__(self, status_code=422, detail=message)
-
-    def __str__(self) -> str:
-        return self.detail
-
-
-def explain_validation_error(error: ValidationError, fields: Sequence[str]) -> str:
-    """pydantic's errors as one sentence that names each bad field and its value (and a close match)."""
-    parts = []
-    for err in error.errors():
-        name = ".".join(map(str, err["loc"])) or "message"
-        if err["type"] == "missing":
-            parts.append(f"{name} is required")
-        elif err["type"] == "extra_forbidden":
-            hint = difflib.get_close_matches(name, fields, n=1)
-            parts.append(f"unknown field {name!r}" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
-        else:
-            parts.append(f"{name} {err['msg'][0].lower()}{err['msg'][1:]}, got {name}={err['input']!r:.80}")
-    return ("invalid action message: " + "; ".join(parts)
-            + ' (send {"action": "<text>"}: an admissible command or an answer)')
 
 
 class EchoRLObservation(Observation):
@@ -186,19 +167,25 @@ class EchoRLEnvironment(Environment[EchoRLAction, EchoRLObservation, EchoRLState
         unknown = sorted(set(kwargs) - set(_RESET_FIELDS))
         if unknown:
             hint = difflib.get_close_matches(unknown[0], [*_RESET_FIELDS, "seed", "episode_id"], n=1)
-            raise ValueError(f"unknown reset field {unknown[0]!r}" + (f"; did you mean {hint[0]!r}?" if hint else "")
-                             + f" (accepted: seed, episode_id, {', '.join(_RESET_FIELDS)})")
+            raise ClientError(f"unknown reset field {unknown[0]!r:.80}"
+                              + (f"; did you mean {hint[0]!r}?" if hint else "")
+                              + f" (accepted: seed, episode_id, {', '.join(_RESET_FIELDS)})")
         task = kwargs.get("task") or self.tasks[0]
-        if task not in self.tasks:
+        if not isinstance(task, str) or task not in self.tasks:
             hint = difflib.get_close_matches(str(task), self.tasks, n=1, cutoff=0.4)
-            raise ValueError(f"task {task!r} is not served here" + (f"; did you mean {hint[0]!r}?" if hint else "")
-                             + f" (served: {', '.join(self.tasks)})")
+            raise ClientError(f"task {task!r:.80} is not served here"
+                              + (f"; did you mean {hint[0]!r}?" if hint else "") + f" (served: {', '.join(self.tasks)})")
         limit = kwargs.get("max_episode_steps")
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-            raise ValueError(f"max_episode_steps must be an int >= 1 or null, got max_episode_steps={limit!r}")
+            raise ClientError(f"max_episode_steps must be an int >= 1 or null, got max_episode_steps={limit!r:.80}")
+        if episode_id is not None and (not isinstance(episode_id, str) or len(episode_id) > 255):
+            raise ClientError(f"episode_id must be a string of at most 255 characters or null, got "
+                              f"episode_id={episode_id!r:.80}")
         options = kwargs.get("options")
         if options is not None and not isinstance(options, dict):
-            raise ValueError(f"options must be an object (dict) or null, got options={options!r}")
+            raise ClientError(f"options must be an object (dict) or null, got options={options!r:.80}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64):
+            raise ClientError(f"seed must be an int in [0, 2**64) or null, got seed={seed!r:.80}")
         with self._lock:
             self._check_open()
             if self._key != (task, limit):
@@ -206,7 +193,12 @@ class EchoRLEnvironment(Environment[EchoRLAction, EchoRLObservation, EchoRLState
                 extra = {"max_episode_steps": limit} if limit is not None else {}
                 self._env = echorl_envs.make(task, **self.make_kwargs.get(task, {}), **extra)
                 self._key = (task, limit)
-            obs, info = self._env.reset(seed=seed, options=options)
+            try:
+                obs, info = self._env.reset(seed=seed, options=options)
+            except (ValueError, TypeError, KeyError, IndexError) as e:
+                if not options:  # not the client's doing: a server fault (HTTP 500), with the env's traceback
+                    raise
+                raise ClientError(f"the env refused reset(options={options!r:.200}): {type(e).__name__}: {e}") from e
         self._state = EchoRLState(episode_id=episode_id, step_count=0, env_id=task, seed=seed, served=self.tasks,
                                   max_episode_steps=limit or echorl_envs.entry(task).max_episode_steps)
         return self._observation(obs, None, False, False, info)
@@ -217,7 +209,9 @@ class EchoRLEnvironment(Environment[EchoRLAction, EchoRLObservation, EchoRLState
         with self._lock:
             self._check_open()
             if self._env is None:
-                raise RuntimeError("call reset() before step(): this session has no episode yet")
+                raise NoEpisodeError("call reset() before step(): this session has no episode yet. Plain HTTP "
+                                     "/reset and /step are OpenEnv's stateless routes (a fresh env per request, so "
+                                     f"no episode carries over from /reset); {PLAY_OVER_WS}")
             obs, reward, terminated, truncated, info = self._env.step(action.action)
         self._state.step_count += 1
         return self._observation(obs, float(reward), bool(terminated), bool(truncated), info)
@@ -372,6 +366,8 @@ def build_app(tasks: Sequence[str], max_sessions: int = 8, session_timeout: floa
                 log.warning("closing a session env at shutdown failed: %r", e)
 
     app.router.on_shutdown.append(_close_all)
+    explain_bad_requests(app)
+    check_web_step(app)
     return app
 
 

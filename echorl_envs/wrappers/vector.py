@@ -7,6 +7,7 @@ step, shuts the worker down when its env raises, and then ``close()`` can wait f
 
 from __future__ import annotations
 
+import functools
 import logging
 import multiprocessing
 import queue
@@ -23,6 +24,8 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode
 from gymnasium.vector import async_vector_env as _gym_async
 from gymnasium.vector.async_vector_env import AsyncState
 from gymnasium.vector.utils import concatenate, iterate
+
+from echorl_envs.core.lifeline import parent_watch_args, watch_parent
 
 __all__ = ["RobustAsyncVectorEnv"]
 
@@ -43,7 +46,17 @@ class _RecordingContext:
 
     def Process(self, **kwargs: Any) -> Any:  # noqa: N802 - the multiprocessing name
         self._sink.append(dict(kwargs))
-        return self._ctx.Process(**kwargs)
+        return self._ctx.Process(**{**kwargs, "target": _watched(kwargs["target"])})
+
+
+def _watched(target: Callable[..., Any]) -> Callable[..., Any]:
+    """``target`` run in a worker that dies with this process (:func:`~echorl_envs.core.lifeline.watch_parent`)."""
+    return functools.partial(_run_watched, target, *parent_watch_args())
+
+
+def _run_watched(target: Callable[..., Any], parent: int, from_main_thread: bool, *args: Any) -> Any:
+    watch_parent(parent, from_main_thread)
+    return target(*args)
 
 
 class _RecordingMultiprocessing:
@@ -74,6 +87,7 @@ class RobustAsyncVectorEnv(AsyncVectorEnv):
       ignored), exactly as after any truncation; with ``DISABLED`` call ``reset`` for it yourself.
     * A worker that fails during ``reset`` is restarted and the reset retried once.
     * ``close()`` asks workers to close, waits at most ``close_timeout`` seconds in total, then kills stragglers.
+    * Workers die with this process, even when it is killed by SIGKILL (:mod:`echorl_envs.core.lifeline`).
 
     Args:
         env_fns: functions creating the sub-envs (as for ``AsyncVectorEnv``).
@@ -129,7 +143,7 @@ class RobustAsyncVectorEnv(AsyncVectorEnv):
         spec = self._worker_specs[i]
         args = list(spec["args"])  # (index, env_fn, child pipe, parent pipe, shared memory, error queue, mode, sem)
         args[2], args[3] = child_pipe, parent_pipe
-        proc = self._ctx.Process(target=spec["target"], name=spec["name"], args=tuple(args))
+        proc = self._ctx.Process(target=_watched(spec["target"]), name=spec["name"], args=tuple(args))
         proc.daemon = old.daemon
         proc.start()
         child_pipe.close()
