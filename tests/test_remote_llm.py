@@ -249,3 +249,42 @@ def test_rollout_requests_one_by_one(server, tmp_path):
     assert s2[0] == pytest.approx(want, abs=1e-3)
     assert httpx.get(f"{server}/models").json()["data"][0]["id"] == MODEL
     assert [m["id"] for m in httpx.get(f"{server}/models").json()["data"]] == [MODEL]  # unloaded
+
+
+def test_endpoint_prices_make_cost_usd_and_the_report_uses_it():
+    from echorl_agent.eval.report import summarize
+    from echorl_agent.llm.engine.usage import TokenMeter, TokenPrices
+
+    meter = TokenMeter(prices=TokenPrices(prompt=2.0, cached=0.5, completion=8.0))
+    meter.add(cached=10, computed=30, generated=5)
+    assert meter.stats()["cost_usd"] == pytest.approx((30 * 2.0 + 10 * 0.5 + 5 * 8.0) / 1e6)
+    no_discount = TokenMeter(prices=TokenPrices(prompt=2.0))
+    no_discount.add(10, 30, 5)
+    assert no_discount.stats()["cost_usd"] == pytest.approx(40 * 2.0 / 1e6)
+    assert "cost_usd" not in TokenMeter().stats()
+    with pytest.raises(ValueError, match="completion price must be >= 0"):
+        TokenPrices(completion=-1.0)
+    rows = [{"task": "t", "agent": "react@api", "success": s, "return": float(s), "steps": 3, "seconds": 1.0,
+             "prompt_tokens": 100.0, "cached_tokens": 0.0, "generated_tokens": 10.0, "cost_usd": 3e-4}
+            for s in (True, False)]
+    rows += [{**r, "agent": "react@local"} for r in rows]
+    for r in rows[2:]:
+        del r["cost_usd"]
+    by = {s["agent"]: s for s in summarize(rows)}  # no price_per_mtok: only the priced agent has a cost
+    assert by["react@api"]["cost_per_success"] == pytest.approx(6e-4)
+    assert by["react@local"]["cost_per_success"] is None
+    by = {s["agent"]: s for s in summarize(rows, price_per_mtok=1.0)}
+    assert by["react@api"]["cost_per_success"] == pytest.approx(6e-4)  # its own prices win
+    assert by["react@local"]["cost_per_success"] == pytest.approx(220 / 1e6)
+
+
+def test_agent_labels_name_one_agent_with_its_own_options():
+    from echorl_agent.eval.agents import AGENTS, base_name, incompatibility, spec
+
+    assert base_name("react@gpt-4o") == "react" and spec("react@gpt-4o") is AGENTS["react"]
+    assert incompatibility("llm-score@qwen", "EchoRL/Game24-v0") == \
+        "llm-score ranks admissible actions; EchoRL/Game24-v0 takes free text"
+    with pytest.raises(ValueError, match="non-empty LABEL"):
+        spec("react@")
+    with pytest.raises(ValueError, match="did you mean 'react'"):
+        spec("reakt@gpt-4o")
