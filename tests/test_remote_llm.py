@@ -152,6 +152,28 @@ def test_two_backbones_one_table_same_actions_and_usage_cost(server, tmp_path):
 
 
 @pytest.mark.slow
+def test_tot_and_echorl_agents_act_the_same_on_the_server(server, tmp_path):
+    """The two other LLM bench agents: tot (scoring + generation on Game24) and echorl (plans + scoring)."""
+    from echorl_agent.eval.runner import BenchConfig, run_bench
+
+    tot = {"beam_size": 1, "proposals_per_state": 2, "max_proposal_tokens": 16, "record_actions": True}
+    echo = {"plan_encoder": "hash", "max_plan_tokens": 8, "record_actions": True}
+    served = {"base_url": server, "model": MODEL}
+    rows = []
+    for task, agent, opts in (("EchoRL/Game24-v0", "tot", tot), (TASK, "echorl", echo)):
+        cfg = BenchConfig(tasks=[task], agents=[f"{agent}@local", f"{agent}@served"], out=str(tmp_path / agent),
+                          seeds=1, episodes=1, workers=1, max_steps=2,
+                          agent_options={f"{agent}@local": opts, f"{agent}@served": {**opts, **served}})
+        rows += run_bench(cfg, progress=False)
+    by = {r["agent"]: r for r in rows}
+    for agent in ("tot", "echorl"):
+        local, remote = by[f"{agent}@local"], by[f"{agent}@served"]
+        assert remote["actions"] == local["actions"] and local["steps"] >= 1
+        assert remote["llm_calls"] == local["llm_calls"] > 0
+        assert remote["generated_tokens"] == local["generated_tokens"]
+
+
+@pytest.mark.slow
 def test_scoring_falls_back_to_one_token_and_refuses_without_prompt_logprobs(server):
     from echorl_agent.agents.remote import RemoteEngine, load_tokenizer
     from echorl_agent.eval.agents import make_agent
