@@ -198,6 +198,12 @@ def test_scoring_falls_back_to_one_token_and_refuses_without_prompt_logprobs(ser
         make_agent("tot", "EchoRL/Game24-v0", base_url=server, model=MODEL, api="chat")
     chat = make_agent("react", TASK, base_url=server, model=MODEL, api="chat")
     assert type(chat).__name__ == "ChatReActAgent"
+    from echorl_agent.agents.chat import FREE_TEXT_SYSTEM, REACT_SYSTEM
+
+    chat.reset("EchoRL/Game24-v0", "Use 1 2 3 4 to make 24.", {}, 0)  # free text: the answer is the action
+    assert chat.messages[0]["content"] == FREE_TEXT_SYSTEM
+    chat.reset(TASK, "You see a wall.", {"admissible_actions": ["turn left"]}, 0)
+    assert chat.messages[0]["content"] == REACT_SYSTEM
     with pytest.raises(ValueError, match="max_kv_tokens.*server manages its own KV"):
         make_agent("react", TASK, base_url=server, max_kv_tokens=1024)
     with pytest.raises(ValueError, match="'tokenizer' of agent 'react' needs base_url"):
