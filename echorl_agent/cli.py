@@ -534,7 +534,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = add("bench", "evaluate agents side by side and write tables and plots", epilog=_agents_epilog())
     s.add_argument("--tasks", nargs="+", metavar="ID", help="environment ids (see `echorl list`)")
-    s.add_argument("--agents", nargs="+", metavar="AGENT", help="agent names: " + ", ".join(agent_names()))
+    s.add_argument("--agents", nargs="+", metavar="AGENT",
+                   help="agent names: " + ", ".join(agent_names()) + "; NAME@LABEL runs NAME again under its own "
+                        "--agent-options (e.g. backbones side by side)")
     s.add_argument("--preset", choices=["demo"], help="a predefined run ('demo': what `make demo` runs)")
     s.add_argument("--seeds", type=int, default=2,
                    help="training/evaluation seeds per (task, agent); each plays --episodes episodes")
@@ -550,7 +552,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="agent the others are compared with on the same instances (default: random when it runs)")
     s.add_argument("--price-per-mtok", type=float, default=0.0, help="price per million LLM tokens (cost/success)")
     s.add_argument("--agent-options", type=json_object('{"react": {"model": "smollm2-135m"}}'),
-                   help='JSON of options per agent, e.g. \'{"react": {"model": "smollm2-135m"}}\'')
+                   help='JSON, e.g. \'{"react": {"model": "smollm2-135m"}}\'; an LLM agent on an '
+                   'OpenAI-compatible endpoint: {"react@vllm": {"base_url": "http://host:8000/v1", "model": NAME}} '
+                   '(API key from ECHORL_API_KEY or OPENAI_API_KEY; docs/remote-rollouts.md)')
     s.add_argument("--exclude", nargs="*", default=[], help='pairs not to run, e.g. "EchoRL/ALFWorld*:ppo"')
     s.add_argument("--out", default="runs/bench", help="output folder")
     s.add_argument("--env-url", action="append", default=[], metavar="URL",

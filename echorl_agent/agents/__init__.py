@@ -6,6 +6,8 @@
   OpenAI-compatible endpoint).
 * :mod:`~echorl_agent.agents.tot` -- tree-of-thought search (Game24 BFS, propose-and-vote) and
   :mod:`~echorl_agent.agents.llm` -- the runner's ``react`` / ``llm-score`` / ``tot`` factories and the shared engine.
+* :mod:`~echorl_agent.agents.remote` -- :class:`RemoteEngine`: those agents on any OpenAI-compatible endpoint
+  (``base_url`` + ``model`` agent options).
 * :mod:`~echorl_agent.agents.echorl` -- the ``echorl`` agent: LLM + latent plan (EchoRL Eq. 6-7) + experience.
 * :mod:`~echorl_agent.agents.cached_scoring` -- :class:`ScoringAgent` with the LLM prior cache in front of it;
   :mod:`~echorl_agent.agents.prior_cache` -- :class:`PriorCacheAgent`, sampling from the LLM action prior (cached or not).
@@ -40,6 +42,7 @@ _EXPORTS = {
     "EchoRLLLMAgent": "echorl",
     "ToTAgent": "llm",
     "shared_engine": "llm",
+    "RemoteEngine": "remote",
     "ToTConfig": "tot",
     "SB3Agent": "sb3",
 }

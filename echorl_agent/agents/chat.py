@@ -351,25 +351,28 @@ class ChatReActAgent(MeteredAgent):
         backend: an :class:`~echorl_agent.llm.serving.openai_backend.OpenAICompatibleBackend`.
         max_tokens: generation budget per turn.
         temperature: sampling temperature (0 = greedy where the server supports it).
-        system_prompt: the system turn.
+        system_prompt: a fixed system turn; None = :data:`REACT_SYSTEM` on choice envs and :data:`FREE_TEXT_SYSTEM`
+            when the episode's first ``info`` has no admissible actions (as :class:`ReActAgent`).
         bandwidth_scale: ``scale`` of the meter's bandwidth ``b(s_{1:t})``.
     """
 
     name = "chat-react"
 
     def __init__(self, backend: Any, max_tokens: int = 48, temperature: float = 0.0,
-                 system_prompt: str = REACT_SYSTEM, bandwidth_scale: float = 1e-6) -> None:
+                 system_prompt: str | None = None, bandwidth_scale: float = 1e-6) -> None:
         super().__init__(None, bandwidth_scale)
         self.backend = backend
         self.max_tokens = max_tokens
         self.temperature = temperature
-        self.system_prompt = system_prompt
+        self._custom_system = system_prompt is not None
+        self.system_prompt = REACT_SYSTEM if system_prompt is None else system_prompt
         self.messages: list[dict[str, str]] = []
         self.last: AgentStep | None = None
 
     def reset(self, env_id: str, obs: str, info: dict[str, Any], seed: int) -> None:
         super().reset(env_id, obs, info, seed)
-        self.messages = [{"role": "system", "content": self.system_prompt},
+        system = FREE_TEXT_SYSTEM if is_free_text(info) and not self._custom_system else self.system_prompt
+        self.messages = [{"role": "system", "content": system},
                          {"role": "user", "content": _user_turn(obs, info)}]
         self.last = None
 

@@ -12,6 +12,13 @@ tokens, effective bandwidth, eta_bw).
   (:mod:`echorl_agent.agents.tot`).
 * ``echorl`` -- :class:`~echorl_agent.agents.echorl.EchoRLLLMAgent`: scoring (choice envs) or ReAct (free text) + a
   latent plan that decides when the LLM re-plans, on the KV-aware engine.
+
+Every one of them also runs on an OpenAI-compatible endpoint (vLLM, SGLang, a hosted API, ``echorl serve``): the
+agent options ``base_url`` (the server's ``.../v1``) and ``model`` (the served name) replace the local engine by a
+:class:`~echorl_agent.agents.remote.RemoteEngine` (:mod:`echorl_agent.agents.remote`; API key from
+``ECHORL_API_KEY``/``OPENAI_API_KEY`` or the variable named by ``api_key_env``). ``prompt_price``,
+``cached_price`` and ``completion_price`` (USD per million tokens) make the agent report ``cost_usd`` per episode,
+from which the report computes cost per success.
 """
 
 from __future__ import annotations
@@ -22,11 +29,12 @@ import threading
 from typing import Any
 
 from echorl_agent.agents.base import Agent
-from echorl_agent.agents.chat import MeteredAgent, ReActAgent, ScoringAgent
+from echorl_agent.agents.chat import ChatReActAgent, MeteredAgent, ReActAgent, ScoringAgent
 from echorl_agent.agents.echorl import EchoRLConfig, EchoRLLLMAgent
 from echorl_agent.agents.tot import SearchResult, ToTConfig, game24_bfs, parse_game24, propose_and_vote
 from echorl_agent.llm import EngineConfig, LLMEngine
 from echorl_agent.llm.engine.prefix_cache import PrefixCacheConfig
+from echorl_agent.llm.engine.usage import TokenPrices
 from echorl_agent.llm.models.loading import DEFAULT_MODEL
 
 __all__ = ["shared_engine", "ToTAgent", "make_react", "make_scoring", "make_tot", "make_echorl"]
@@ -95,10 +103,69 @@ class ToTAgent(MeteredAgent):
         return self._answers.pop(0)
 
 
-def _engine_from(options: dict[str, Any]) -> tuple[LLMEngine, float]:
-    engine = shared_engine(options.pop("model", DEFAULT_MODEL), options.pop("max_kv_tokens", 8192),
-                           options.pop("prefix_caching", True))
-    return engine, float(options.pop("bandwidth_scale", 1e-6))
+_LOCAL = ["max_kv_tokens", "prefix_caching"]
+_REMOTE = ["base_url", "tokenizer", "api", "api_key_env", "timeout"]
+_PRICES = ["prompt_price", "cached_price", "completion_price"]
+_COMMON = ["model", "bandwidth_scale", *_LOCAL, *_REMOTE, *_PRICES]
+_APIS = ("auto", "completions", "chat")
+
+
+@dataclasses.dataclass
+class _Backbone:
+    """What an LLM agent runs on: the local engine or an endpoint (its engine, or its chat route only)."""
+
+    engine: Any  # LLMEngine | RemoteEngine | None (chat-only endpoint)
+    backend: Any = None  # OpenAICompatibleBackend of an endpoint
+    scale: float = 1e-6
+    prices: TokenPrices | None = None
+
+    def meter(self, agent: MeteredAgent) -> MeteredAgent:
+        """Give ``agent``'s meter the prices (so it reports ``cost_usd``) and return the agent."""
+        agent.meter.prices = self.prices
+        return agent
+
+
+def _backbone(name: str, options: dict[str, Any], scoring: bool) -> _Backbone:
+    """Pop the backbone options of agent ``name``: the local engine, or the endpoint ``base_url`` serves.
+
+    ``scoring`` agents need the engine route and prompt log-probabilities, and refuse an endpoint without them.
+    """
+    prices = {k: options.pop(k) for k in _PRICES if k in options}
+    priced = TokenPrices(prices.get("prompt_price", 0.0), prices.get("cached_price"),
+                         prices.get("completion_price", 0.0)) if prices else None
+    scale = float(options.pop("bandwidth_scale", 1e-6))
+    base_url = options.pop("base_url", None)
+    if base_url is None:
+        stray = [k for k in _REMOTE if k in options]
+        if stray:
+            raise ValueError(f"option {stray[0]!r} of agent {name!r} needs base_url (an OpenAI-compatible "
+                             f"endpoint, e.g. base_url='http://127.0.0.1:8000/v1'), got {stray[0]}="
+                             f"{options[stray[0]]!r} without it")
+        engine = shared_engine(options.pop("model", DEFAULT_MODEL), options.pop("max_kv_tokens", 8192),
+                               options.pop("prefix_caching", True))
+        return _Backbone(engine, None, scale, priced)
+    stray = [k for k in _LOCAL if k in options]
+    if stray:
+        raise ValueError(f"option {stray[0]!r} of agent {name!r} configures the local engine; with "
+                         f"base_url={base_url!r} the server manages its own KV cache: remove {stray[0]}")
+    from echorl_agent.agents.remote import _DEFAULT, shared_remote_engine
+
+    api = options.pop("api", "auto")
+    if api not in _APIS:
+        raise ValueError(f"api must be one of {_APIS}, got api={api!r}")
+    if scoring and api == "chat":
+        raise ValueError(f"agent {name!r} needs /v1/completions (token prompts, prompt log-probabilities); "
+                         "api='chat' serves only agent 'react'")
+    backend, engine = shared_remote_engine(str(base_url), options.pop("model", None),
+                                           options.pop("tokenizer", _DEFAULT), options.pop("api_key_env", None),
+                                           float(options.pop("timeout", 120.0)))
+    if api == "chat":
+        engine = None
+    elif engine is None and (scoring or api == "completions"):
+        raise ValueError(f"agent {name!r} on {base_url} (model {backend.model!r}) needs the served model's "
+                         "tokenizer to build token prompts, and none loads here: set the agent option tokenizer "
+                         "(a Hugging Face id or local folder)" + ("" if scoring else ", or api='chat'"))
+    return _Backbone(engine, backend, scale, priced)
 
 
 def _check_empty(name: str, options: dict[str, Any], known: list[str]) -> None:
@@ -109,42 +176,57 @@ def _check_empty(name: str, options: dict[str, Any], known: list[str]) -> None:
                          + f" (options: {', '.join(known)})")
 
 
-_COMMON = ["model", "max_kv_tokens", "prefix_caching", "bandwidth_scale"]
+def make_react(env_id: str, **options: Any) -> MeteredAgent:
+    """Runner factory of ``react`` (options: model, max_tokens, temperature, max_kv_tokens, prefix_caching, or an
+    endpoint: base_url, tokenizer, api, api_key_env, timeout; prices); the sampling seed is each episode's seed.
 
-
-def make_react(env_id: str, **options: Any) -> ReActAgent:
-    """Runner factory of ``react`` (options: model, max_tokens, temperature, max_kv_tokens, prefix_caching); the
-    sampling seed is each episode's seed."""
-    engine, scale = _engine_from(options)
+    On an endpoint without a loadable tokenizer (or ``api="chat"``) the agent is
+    :class:`~echorl_agent.agents.chat.ChatReActAgent` over ``/v1/chat/completions``."""
+    bb = _backbone("react", options, scoring=False)
     kw = {k: options.pop(k) for k in ("max_tokens", "temperature") if k in options}
     _check_empty("react", options, _COMMON + ["max_tokens", "temperature"])
-    return ReActAgent(engine, bandwidth_scale=scale, **kw)
+    if bb.engine is None:
+        return bb.meter(ChatReActAgent(bb.backend, bandwidth_scale=bb.scale, **kw))
+    return bb.meter(ReActAgent(bb.engine, bandwidth_scale=bb.scale, **kw))
 
 
 def make_scoring(env_id: str, **options: Any) -> ScoringAgent:
     """Runner factory of ``llm-score`` (options: model, temperature (default 0: greedy), max_kv_tokens,
-    prefix_caching); the sampling seed is each episode's seed."""
-    engine, scale = _engine_from(options)
+    prefix_caching, or an endpoint with prompt log-probabilities; prices); the sampling seed is each episode's
+    seed."""
+    bb = _backbone("llm-score", options, scoring=True)
     temperature = options.pop("temperature", 0.0)
     _check_empty("llm-score", options, _COMMON + ["temperature"])
-    return ScoringAgent(engine, temperature=temperature, bandwidth_scale=scale)
+    _check_logprobs(bb, "llm-score")
+    return bb.meter(ScoringAgent(bb.engine, temperature=temperature, bandwidth_scale=bb.scale))
 
 
 def make_tot(env_id: str, **options: Any) -> ToTAgent:
     """Runner factory of ``tot``; options are ToTConfig fields plus model / max_kv_tokens / prefix_caching."""
-    engine, scale = _engine_from(options)
+    bb = _backbone("tot", options, scoring=True)
     fields = [f.name for f in dataclasses.fields(ToTConfig)]
     kw = {k: options.pop(k) for k in fields if k in options}
     if "value_weights" in kw:
         kw["value_weights"] = tuple(kw["value_weights"])
     _check_empty("tot", options, _COMMON + fields)
-    return ToTAgent(engine, ToTConfig(**kw), bandwidth_scale=scale)
+    _check_logprobs(bb, "tot")
+    return bb.meter(ToTAgent(bb.engine, ToTConfig(**kw), bandwidth_scale=bb.scale))
 
 
 def make_echorl(env_id: str, **options: Any) -> Agent:
     """Runner factory of ``echorl`` (see :class:`echorl_agent.agents.echorl.EchoRLLLMAgent` for the options)."""
-    engine, scale = _engine_from(options)
+    bb = _backbone("echorl", options, scoring=True)
     fields = [f.name for f in dataclasses.fields(EchoRLConfig)]
     kw = {k: options.pop(k) for k in fields if k in options}
     _check_empty("echorl", options, _COMMON + fields)
-    return EchoRLLLMAgent(engine, EchoRLConfig(**kw), bandwidth_scale=scale)
+    import echorl_envs
+
+    if echorl_envs.entry(env_id).action_type == "choice":  # it scores admissible actions there
+        _check_logprobs(bb, "echorl")
+    return bb.meter(EchoRLLLMAgent(bb.engine, EchoRLConfig(**kw), bandwidth_scale=bb.scale))
+
+
+def _check_logprobs(bb: _Backbone, agent: str) -> None:
+    """Refuse an endpoint that gives no prompt log-probabilities (RuntimeError naming it), before any episode."""
+    if bb.backend is not None:
+        bb.engine.check_prompt_logprobs(agent)

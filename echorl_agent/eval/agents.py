@@ -6,6 +6,10 @@ PPO, EchoPPO, DQN..., and any policy with a sampling temperature) takes a ``dete
 exposes a writable ``deterministic`` attribute; the runner sets it per evaluation mode (``--eval-mode``), so one
 trained policy is evaluated both greedily and by sampling. Agents that need a part that is not
 installed or not built are listed as unavailable with the reason (:func:`availability`), never faked.
+
+One agent can run several times in one table under labels: ``NAME@LABEL`` (e.g. ``react@local`` and
+``react@gpt-4o``) is agent ``NAME`` with its own ``agent_options["NAME@LABEL"]`` -- how backbones are compared side
+by side (``{"react@gpt-4o": {"base_url": "https://api.openai.com/v1", "model": "gpt-4o"}}``).
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from typing import Any
 from echorl_agent.agents.base import Agent
 from echorl_agent.agents.basic import ExpertAgent, RandomAgent
 
-__all__ = ["AgentSpec", "AGENTS", "EVAL_MODES", "eval_modes", "availability", "incompatibility", "make_agent", "agent_names"]
+__all__ = ["AgentSpec", "AGENTS", "EVAL_MODES", "eval_modes", "availability", "incompatibility", "make_agent", "agent_names",
+           "base_name"]
 
 
 @dataclass(frozen=True)
@@ -100,8 +105,17 @@ def eval_modes(name: str, eval_mode: str) -> list[str]:
     return ["deterministic", "stochastic"] if eval_mode == "both" else [eval_mode]
 
 
+def base_name(name: str) -> str:
+    """The registry name of ``name`` (``"react@gpt-4o"`` -> ``"react"``); an empty label is a ValueError."""
+    base, at, label = name.partition("@")
+    if at and not label:
+        raise ValueError(f"agent labels look like NAME@LABEL with a non-empty LABEL, got {name!r}")
+    return base
+
+
 def spec(name: str) -> AgentSpec:
-    """The spec of ``name``; unknown names raise ``ValueError`` with a close match."""
+    """The spec of ``name`` (or of ``NAME@LABEL``); unknown names raise ``ValueError`` with a close match."""
+    name = base_name(name)
     if name not in AGENTS:
         hint = difflib.get_close_matches(name, list(AGENTS), n=2, cutoff=0.4)
         raise ValueError(
@@ -138,6 +152,7 @@ def incompatibility(name: str, env_id: str) -> str | None:
     import echorl_envs
 
     s, e = spec(name), echorl_envs.entry(env_id)
+    name = base_name(name)
     if name == "llm-grpo":
         return "llm-grpo answers free-text envs; use llm-ppo for choice envs" if e.action_type == "choice" else None
     if s.kind == "sb3" and e.action_type != "choice":

@@ -60,7 +60,8 @@ def summarize(rows: list[dict], price_per_mtok: float = 0.0, reference: str | No
 
     Args:
         rows: runner rows (one per episode).
-        price_per_mtok: price per million LLM tokens, for cost per success.
+        price_per_mtok: price per million LLM tokens, for cost per success (agents whose rows carry ``cost_usd``,
+            priced by their own endpoint prices, use that instead).
         reference: agent every other agent of the same task is paired with (same seed and episode, so the same
             task instance): ``diff`` = mean success difference with its 95% paired-bootstrap CI, ``mcnemar_p`` the
             exact McNemar p-value, ``significant`` = p < :data:`ALPHA`.
@@ -78,7 +79,11 @@ def summarize(rows: list[dict], price_per_mtok: float = 0.0, reference: str | No
         cached = sum(r.get("cached_tokens", 0.0) for r in rs)
         gen = sum(r.get("generated_tokens", 0.0) for r in rs)
         eta = [r["eta_bw"] for r in rs if "eta_bw" in r]
-        cost = price_per_mtok * (prompt - cached + gen) / 1e6
+        # an agent that prices its own tokens (endpoint prices in its options) reports cost_usd per episode; the
+        # others are priced at price_per_mtok per computed prompt + generated token
+        own = [r["cost_usd"] for r in rs if "cost_usd" in r]
+        cost = sum(own) if own else price_per_mtok * (prompt - cached + gen) / 1e6
+        priced = bool(own) or bool(price_per_mtok)
         ref_key = _reference_group(groups, task, reference, mode) if reference else None
         paired = _paired(rs, groups[ref_key]) if ref_key and ref_key != (task, agent, mode) else {
             "paired_n": None, "diff": None, "diff_low": None, "diff_high": None, "mcnemar_p": None,
@@ -91,7 +96,7 @@ def summarize(rows: list[dict], price_per_mtok: float = 0.0, reference: str | No
             "prompt_tokens": prompt, "cached_tokens": cached, "generated_tokens": gen,
             "kv_reuse": cached / prompt if prompt else None,
             "eta_bw": sum(eta) / len(eta) if eta else None,
-            "cost_per_success": (cost / wins if wins else None) if price_per_mtok else None,
+            "cost_per_success": (cost / wins if wins else None) if priced else None,
         })
     return out
 

@@ -309,6 +309,13 @@ def _jobs(cfg: BenchConfig, done: set[tuple]) -> Iterator[tuple[str, str, int, l
                     yield task, agent, seed, todo
 
 
+def _backbone_name(opts: dict[str, Any], default: str) -> str:
+    """What an LLM agent runs on, for run.json: the local model, or ``model @ base_url`` for an endpoint."""
+    if opts.get("base_url"):
+        return f"{opts.get('model') or '(first of /v1/models)'} @ {opts['base_url']}"
+    return str(opts.get("model", default))
+
+
 def run_bench(cfg: BenchConfig, progress: bool = True) -> list[dict]:
     """Run every missing cell of ``cfg`` and return all rows (old and new) for the configured cells."""
     cfg.validate()
@@ -322,7 +329,7 @@ def run_bench(cfg: BenchConfig, progress: bool = True) -> list[dict]:
     # light: torch only, transformers loads on first use
     from echorl_agent.llm.models.loading import DEFAULT_MODEL
 
-    models = {a: cfg.agent_options.get(a, {}).get("model", DEFAULT_MODEL) for a in cfg.agents
+    models = {a: _backbone_name(cfg.agent_options.get(a, {}), DEFAULT_MODEL) for a in cfg.agents
               if agent_registry.spec(a).kind == "llm"}
     (out / "run.json").write_text(json.dumps(run_record(cfg, skipped, models), indent=2))
     existing = load_rows(out)

@@ -2,9 +2,11 @@
 
 Past one machine the rollout engines are servers (``echorl serve``, vLLM, SGLang) and the learner runs elsewhere.
 After every update :meth:`RemoteRollout.push` saves the adapter in peft's format and posts it with vLLM's dynamic
-LoRA route (``POST /v1/load_lora_adapter {"lora_name", "lora_path"}``, replacing the previous weights under the
-same name); rollouts then request ``"model": lora_name``, so they always run the newest adapter. The server and
-the learner must see the same file system path (one machine, or a shared volume).
+LoRA route (``POST /v1/load_lora_adapter {"lora_name", "lora_path"}``; from the second push on with
+``"load_inplace": true``, which vLLM needs to replace the weights under a name it already serves -- ``echorl serve``
+always replaces); rollouts then request ``"model": lora_name``, so they always run the newest adapter, and
+:meth:`RemoteRollout.close` posts ``/v1/unload_lora_adapter {"lora_name"}``. The server and the learner must see the
+same file system path (one machine, or a shared volume). docs/remote-rollouts.md lists every request.
 
 With a remote rollout the learner cannot reuse captured activations (nothing crosses the wire but log-probs): it
 recomputes the frozen layers, and the value head runs on the learner. Soft plan tokens have no HTTP form, so
@@ -48,10 +50,14 @@ class RemoteRollout:
         """Save ``lm``'s adapter and (re)load it on the server under :attr:`adapter_name`; returns the version."""
         self.version += 1
         path = lm.save_adapter(self.dir / f"v{self.version}")
-        r = self.http.post(f"{self.base_url}/load_lora_adapter",
-                           json={"lora_name": self.adapter_name, "lora_path": str(path.resolve())})
+        body: dict[str, Any] = {"lora_name": self.adapter_name, "lora_path": str(path.resolve())}
+        if self.version > 1:
+            body["load_inplace"] = True
+        r = self.http.post(f"{self.base_url}/load_lora_adapter", json=body)
         if r.status_code != 200:
-            raise RuntimeError(f"the server refused the adapter ({r.status_code}): {r.text}")
+            raise RuntimeError(f"{self.base_url}/load_lora_adapter refused the adapter ({r.status_code}): {r.text}; "
+                               "a vLLM server needs --enable-lora, --max-lora-rank >= the adapter's rank and "
+                               "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True")
         old = self.dir / f"v{self.version - 1}"
         if old.exists():
             shutil.rmtree(old, ignore_errors=True)
@@ -62,6 +68,14 @@ class RemoteRollout:
         return list(self.backend.score(prompt, candidates).logprobs)
 
     def close(self) -> None:
+        """Unload the adapter from the server (best effort: a server already gone is not an error) and clean up."""
+        if self.version:
+            try:
+                self.http.post(f"{self.base_url}/unload_lora_adapter", json={"lora_name": self.adapter_name})
+            except Exception:  # noqa: BLE001 - httpx transport errors: the server is gone, nothing to unload
+                pass
+            self.version = 0
+        self.backend.close()
         self.http.close()
         if self._own_dir:
             shutil.rmtree(self.dir, ignore_errors=True)

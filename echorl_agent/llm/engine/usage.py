@@ -8,7 +8,9 @@ prefix cache (``t'``, EchoRL's KV_frozen) and how many were prefilled (``t - t'`
   ``b(s_{1:t}) = scale * t (t + 1) / 2`` (seed README; :func:`echorl_agent.llm.engine.scheduler.effective_bandwidth`);
 * ``eta_bw`` -- the running *sum* of per-episode ``eta_bw = sum_t r_t / (sum b_eff + E_B[w |l_PG|])`` (seed
   README); the policy-gradient term is 0 for agents that do not learn. It is a sum so that the runner, which
-  reports ``stats()`` after an episode minus before it, gets exactly that episode's ``eta_bw``.
+  reports ``stats()`` after an episode minus before it, gets exactly that episode's ``eta_bw``;
+* ``cost_usd`` -- with :class:`TokenPrices` (a hosted API's per-token prices): computed prompt tokens, cached
+  prompt tokens and generated tokens, each at its own price (reported only when prices are set).
 """
 
 from __future__ import annotations
@@ -17,7 +19,30 @@ from dataclasses import dataclass
 
 from echorl_agent.llm.engine.scheduler import effective_bandwidth
 
-__all__ = ["TokenMeter"]
+__all__ = ["TokenMeter", "TokenPrices"]
+
+
+@dataclass(frozen=True)
+class TokenPrices:
+    """Per-token prices of an LLM endpoint, in USD per million tokens (as API price lists give them)."""
+
+    prompt: float = 0.0
+    """Prompt tokens the server computed (not served from its prefix cache)."""
+    cached: float | None = None
+    """Prompt tokens served from the prefix cache (None = the ``prompt`` price: the server gives no discount)."""
+    completion: float = 0.0
+    """Generated tokens."""
+
+    def __post_init__(self) -> None:
+        for name in ("prompt", "cached", "completion"):
+            v = getattr(self, name)
+            if v is not None and not v >= 0:
+                raise ValueError(f"{name} price must be >= 0 USD per million tokens, got {name}={v!r}")
+
+    def cost(self, cached: int, computed: int, generated: int) -> float:
+        """USD for one request."""
+        cached_price = self.prompt if self.cached is None else self.cached
+        return (computed * self.prompt + cached * cached_price + generated * self.completion) / 1e6
 
 
 @dataclass
@@ -26,6 +51,7 @@ class TokenMeter:
 
     Args:
         bandwidth_scale: ``scale`` of ``b(s_{1:t})``; the default 1e-6 counts millions of query-key pairs.
+        prices: per-token prices; None reports no ``cost_usd``.
     """
 
     bandwidth_scale: float = 1e-6
@@ -37,6 +63,8 @@ class TokenMeter:
     eta_bw_sum: float = 0.0
     episode_return: float = 0.0
     episode_bandwidth: float = 0.0
+    prices: TokenPrices | None = None
+    cost_usd: float = 0.0
 
     def __post_init__(self) -> None:
         if self.bandwidth_scale <= 0:
@@ -54,6 +82,8 @@ class TokenMeter:
         self.llm_calls += 1
         self.bandwidth += b_eff
         self.episode_bandwidth += b_eff
+        if self.prices is not None:
+            self.cost_usd += self.prices.cost(cached, computed, generated)
 
     def start_episode(self) -> None:
         self.episode_return = 0.0
@@ -69,7 +99,7 @@ class TokenMeter:
 
     def stats(self) -> dict[str, float]:
         """The counters, under the names the runner's summary reads."""
-        return {
+        out = {
             "prompt_tokens": float(self.prompt_tokens),
             "cached_tokens": float(self.cached_tokens),
             "generated_tokens": float(self.generated_tokens),
@@ -77,3 +107,6 @@ class TokenMeter:
             "bandwidth": self.bandwidth,
             "eta_bw": self.eta_bw_sum,
         }
+        if self.prices is not None:
+            out["cost_usd"] = self.cost_usd
+        return out

@@ -7,7 +7,10 @@ so prefix reuse can be measured across backends.
 :meth:`OpenAICompatibleBackend.score` computes log-likelihoods of candidate continuations from the server's prompt
 log-probabilities (``echo=True, logprobs=0, max_tokens=0``, the lm-eval-harness recipe vLLM and SGLang serve), with
 the same signature and result as :meth:`LLMEngine.score`; given a ``tokenizer``, the backend also exposes ``llm``,
-so :class:`~echorl_agent.agents.chat.ScoringAgent` runs against a remote server unchanged.
+so :class:`~echorl_agent.agents.chat.ScoringAgent` runs against a remote server unchanged. A server that refuses
+``max_tokens=0`` (vLLM before it mapped echo-without-generation to one internal token; its issue #9336) is asked
+again with ``max_tokens=1`` and the one generated token is dropped; a server that returns no prompt log-probs at
+all (hosted chat APIs) is refused with a :class:`PromptLogprobsUnavailable` naming the endpoint.
 """
 
 from __future__ import annotations
@@ -15,7 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["OpenAICompatibleBackend", "Completion"]
+__all__ = ["OpenAICompatibleBackend", "Completion", "PromptLogprobsUnavailable"]
+
+
+class PromptLogprobsUnavailable(RuntimeError):
+    """The endpoint gives no prompt log-probabilities (``/v1/completions`` with ``echo=true`` and ``logprobs``)."""
 
 
 @dataclass
@@ -29,6 +36,8 @@ class Completion:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    token_ids: list[int] | None = None
+    """Generated token ids, where the server returns them (``return_token_ids``: vLLM, ``echorl serve``)."""
     raw: dict[str, Any] = field(default_factory=dict)
 
 
@@ -52,7 +61,10 @@ class OpenAICompatibleBackend:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got base_url={base_url!r}")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout)
+        self.base_url = base_url.rstrip("/")
+        self._client = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
+        #: ``max_tokens`` of scoring requests: 0, or 1 (the generated token dropped) once the server refused 0
+        self.score_max_tokens = 0
         self.model = model or self.models()[0]
         self.llm = None
         if tokenizer is not None:
@@ -72,7 +84,7 @@ class OpenAICompatibleBackend:
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         r = self._client.post(path, json=body)
         if r.status_code >= 400:
-            raise RuntimeError(f"{path} returned HTTP {r.status_code}: {r.text[:500]}")
+            raise RuntimeError(f"{self.base_url}{path} returned HTTP {r.status_code}: {r.text[:500]}")
         return r.json()
 
     def models(self) -> list[str]:
@@ -121,6 +133,8 @@ class OpenAICompatibleBackend:
         lp = ch.get("logprobs") or {}
         c.tokens = list(lp.get("tokens") or [])
         c.token_logprobs = [float(x) for x in (lp.get("token_logprobs") or []) if x is not None]
+        if ch.get("token_ids") is not None:
+            c.token_ids = [int(t) for t in ch["token_ids"]]
         return self._usage(c, data)
 
     def chat(
@@ -147,14 +161,42 @@ class OpenAICompatibleBackend:
     def prompt_logprobs(self, prompts: list[str] | list[list[int]]) -> list[tuple[list[str], list[float | None]]]:
         """Per prompt, its tokens and ``log p(token | tokens before)`` (None for the first), as the server reports
         them for ``echo=True, logprobs=0, max_tokens=0``."""
-        body = {"model": self.model, "prompt": prompts, "max_tokens": 0, "echo": True, "logprobs": 0,
-                "temperature": 0.0}
-        data = self._post("/completions", body)
+        data = self._echo(prompts)
         out = []
         for ch in sorted(data["choices"], key=lambda c: c["index"]):
             lp = ch.get("logprobs") or {}
             out.append((list(lp.get("tokens") or []), list(lp.get("token_logprobs") or [])))
         return out
+
+    def _echo(self, prompts: list[Any]) -> dict[str, Any]:
+        """``/v1/completions`` with ``echo=true, logprobs=0`` for a batch of prompts, with the generated token (if
+        the server insisted on one) removed from every choice's log-probs; raises
+        :class:`PromptLogprobsUnavailable` when the server gives none."""
+        body = {"model": self.model, "prompt": prompts, "max_tokens": self.score_max_tokens, "echo": True,
+                "logprobs": 0, "temperature": 0.0}
+        what = (f"{self.base_url}/completions (model {self.model!r}) returns no prompt log-probabilities "
+                "(echo=true, logprobs=0)")
+        try:
+            data = self._post("/completions", body)
+        except RuntimeError as e:
+            if self.score_max_tokens == 0 and "max_tokens" in str(e):
+                self.score_max_tokens = 1  # the server wants a generated token: ask again, drop it below
+                return self._echo(prompts)
+            raise PromptLogprobsUnavailable(f"{what}: {e}") from e
+        for ch in data.get("choices") or []:
+            lp = ch.get("logprobs")
+            if not lp or not lp.get("token_logprobs") or not lp.get("tokens"):
+                raise PromptLogprobsUnavailable(f"{what}: the reply has no per-token logprobs for the prompt")
+            p = prompts[int(ch.get("index", 0))]
+            if isinstance(p, str):  # the prompt's entries are those that start inside its text
+                offs = lp.get("text_offset")
+                keep = sum(1 for o in offs if o < len(p)) if offs else len(lp["tokens"]) - self.score_max_tokens
+            else:
+                keep = len(p)
+            for key in ("tokens", "token_logprobs", "text_offset", "top_logprobs"):
+                if lp.get(key) is not None:
+                    lp[key] = lp[key][:keep]
+        return data
 
     def score(self, prompt: str | list[int], candidates: list[str] | list[list[int]], share_prefix: bool = True):
         """Log-likelihood of each candidate continuation given ``prompt`` (one batched request).
@@ -177,9 +219,7 @@ class OpenAICompatibleBackend:
             batch: list[Any] = [p + [int(t) for t in c] for c in candidates]
         else:
             batch = [prompt + c for c in candidates]
-        body = {"model": self.model, "prompt": batch, "max_tokens": 0, "echo": True, "logprobs": 0,
-                "temperature": 0.0}
-        data = self._post("/completions", body)
+        data = self._echo(batch)
         choices = sorted(data["choices"], key=lambda c: c["index"])
         out, counts = [], []
         for c, ch in zip(candidates, choices, strict=True):
@@ -190,7 +230,8 @@ class OpenAICompatibleBackend:
                 start = next((i for i, o in enumerate(lp["text_offset"]) if o >= len(prompt)), len(lp["tokens"]))
             vals = lp["token_logprobs"][start:]
             if not vals or any(v is None for v in vals):
-                raise ValueError(f"the server returned no log-probabilities for candidate {c!r}")
+                raise PromptLogprobsUnavailable(f"{self.base_url}/completions (model {self.model!r}) returned no "
+                                                f"log-probabilities for candidate {c!r}")
             out.append(float(sum(vals)))
             counts.append(len(vals))
         u = data.get("usage") or {}

@@ -138,6 +138,9 @@ class CompletionRequest(_SamplingRequest):
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     best_of: Annotated[int, Field(ge=1, le=MAX_N)] | None = None
     suffix: StrictStr | None = None
+    return_token_ids: StrictBool = False
+    """vLLM's extension: each choice also carries ``token_ids`` (generated) and ``prompt_token_ids``, so a client
+    that keeps its dialogue in token ids stays token-exact."""
 
     _prompt_shape = field_validator("prompt", mode="before")(classmethod(lambda cls, v: _check_prompt(v)))
 

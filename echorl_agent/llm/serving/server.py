@@ -2,8 +2,8 @@
 
 Routes (what vLLM/SGLang also serve): ``GET /v1/models``, ``POST /v1/completions`` (string, token-id or batched
 prompts; ``echo`` with prompt log-probabilities, lm-eval-harness style), ``POST /v1/chat/completions``, both with
-SSE streaming (``stream``), ``n`` samples sharing one prefill, ``logprobs``/``top_logprobs``, ``stop``, ``seed``;
-vLLM's ``POST /v1/load_lora_adapter`` / ``/v1/unload_lora_adapter`` (:mod:`echorl_agent.llm.serving.lora`); and
+SSE streaming (``stream``), ``n`` samples sharing one prefill, ``logprobs``/``top_logprobs``, ``stop``, ``seed``,
+vLLM's ``return_token_ids`` (completions); vLLM's ``POST /v1/load_lora_adapter`` / ``/v1/unload_lora_adapter`` (:mod:`echorl_agent.llm.serving.lora`); and
 ``GET /v1/echorl/stats`` with the prefix-cache counters (reuse rate rho).
 
 Every request goes through a shared engine, so concurrent clients are batched and share cached prefixes;
@@ -239,8 +239,10 @@ def create_app(engine: LLMEngine, model_name: str | None = None, max_loras: int 
             if k is not None:
                 lp = completion_logprobs(tok, r, prompts[pi] if req.echo else None, echo_lp[pi], k,
                                          0 if req.echo else len(texts[pi]))
-            choices.append({"index": j, "text": text, "logprobs": lp,
-                            "finish_reason": r.finish_reason if r else "length"})
+            choice = {"index": j, "text": text, "logprobs": lp, "finish_reason": r.finish_reason if r else "length"}
+            if req.return_token_ids:
+                choice.update(token_ids=list(r.token_ids) if r else [], prompt_token_ids=list(prompts[pi]))
+            choices.append(choice)
         return {**head, "choices": choices, "usage": usage(prompts, results, req.n)}
 
     @app.post("/v1/chat/completions")
