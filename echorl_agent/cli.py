@@ -297,8 +297,7 @@ def cmd_train_llm(args: argparse.Namespace) -> int:
         model = train_llm(cfg, resume=args.resume)
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"echorl train-llm: {e}") from e
-    if not args.quiet:
-        print(f"[train-llm] trained {used(model)} ({time.time() - started:.0f} s)", file=sys.stderr, flush=True)
+    took = time.time() - started
     written = written_since(Path(args.out), started)
     if cfg.eval_episodes and (Path(args.out) / "eval.json").exists() and "eval.json" in written:
         from echorl_agent.eval.verdict import finish
@@ -306,6 +305,8 @@ def cmd_train_llm(args: argparse.Namespace) -> int:
         _, line = finish(args.out)
     else:
         line = None
+    if written:
+        print(f"trained {used(model, cfg)} in {took:.0f} s")
     print(f"wrote {args.out}/: {', '.join(written)}" if written else
           f"{args.out}/: nothing to do, the run there is finished (raise --train-steps to train on)")
     if line:
@@ -399,7 +400,7 @@ def add_train_llm_arguments(s: argparse.ArgumentParser) -> None:
                    help="envs stepping together, scored in one engine call per step (GiGPO: groups x group size) "
                         "(default: 1)")
     s.add_argument("--group-size", type=int, help="GiGPO: episodes per group (one seed) (default: 4)")
-    s.add_argument("--step-advantage-weight", type=float,
+    s.add_argument("--step-advantage-weight", "--omega", type=float, dest="step_advantage_weight",
                    help="GiGPO: omega, weight of the anchor-state step advantage; 0 = episode-level GRPO (default: 1)")
     s.add_argument("--echorl-learner", choices=list(ECHORL_LEARNERS),
                    help="echorl: the learner under the plan and the replay (gigpo: critic-free groups; ppo: echoppo "

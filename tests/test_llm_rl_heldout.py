@@ -107,6 +107,9 @@ def test_the_run_ends_with_the_verdict_line_after_the_files_it_wrote(gigpo_run):
     assert lines[-2].startswith(f"wrote {run}/: ") and all(
         f in lines[-2] for f in ("eval.json", "eval_episodes.csv", "curve.csv", "config.json", "checkpoint/"))
     assert stderr == ""  # --quiet: no first line, no bars
+    steps = json.loads((run / "eval.json").read_text())["env_steps"]
+    assert lines[-3] == f"trained {steps} env steps in {len(_rows(run / 'gigpo.csv'))} iterations in " + \
+        lines[-3].rsplit(" in ", 1)[1] and lines[-3].endswith(" s")
 
 
 def test_curve_columns_say_what_they_hold_and_eval_every_adds_heldout_rows(gigpo_run):
