@@ -587,7 +587,9 @@ def build_parser() -> argparse.ArgumentParser:
             description="Train the LLM itself (LoRA) and end with its held-out verdict (sampled and greedy success "
             "before -> after, paired 95% CI).\nSettings, later wins: LLMTrainConfig's defaults; the method's defaults "
             "(its best recipe's learner settings); --recipe NAME, --config FILE, or the shipped recipe on --task; the "
-            "flags given (JSON flags merge key by key). `echorl recipes` lists the recipes.")
+            "flags given (JSON flags merge key by key). `echorl recipes` lists the recipes. A flag's \"default\" below is "
+            "LLMTrainConfig's; the recipe in use, or the method's best recipe, may set another (the first line of "
+            "the run names the source).")
     add_train_llm_arguments(s)
     s.set_defaults(func=cmd_train_llm)
 
