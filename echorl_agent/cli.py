@@ -400,7 +400,7 @@ def add_train_llm_arguments(s: argparse.ArgumentParser) -> None:
                    help="envs stepping together, scored in one engine call per step (GiGPO: groups x group size) "
                         "(default: 1)")
     s.add_argument("--group-size", type=int, help="GiGPO: episodes per group (one seed) (default: 4)")
-    s.add_argument("--step-advantage-weight", "--omega", type=float, dest="step_advantage_weight",
+    s.add_argument("--step-advantage-weight", type=float,
                    help="GiGPO: omega, weight of the anchor-state step advantage; 0 = episode-level GRPO (default: 1)")
     s.add_argument("--echorl-learner", choices=list(ECHORL_LEARNERS),
                    help="echorl: the learner under the plan and the replay (gigpo: critic-free groups; ppo: echoppo "
