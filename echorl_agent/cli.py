@@ -297,8 +297,7 @@ def cmd_train_llm(args: argparse.Namespace) -> int:
         model = train_llm(cfg, resume=args.resume)
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"echorl train-llm: {e}") from e
-    if not args.quiet:
-        print(f"[train-llm] trained {used(model)} ({time.time() - started:.0f} s)", file=sys.stderr, flush=True)
+    took = time.time() - started
     written = written_since(Path(args.out), started)
     if cfg.eval_episodes and (Path(args.out) / "eval.json").exists() and "eval.json" in written:
         from echorl_agent.eval.verdict import finish
@@ -306,6 +305,8 @@ def cmd_train_llm(args: argparse.Namespace) -> int:
         _, line = finish(args.out)
     else:
         line = None
+    if written:
+        print(f"trained {used(model, cfg)} in {took:.0f} s")
     print(f"wrote {args.out}/: {', '.join(written)}" if written else
           f"{args.out}/: nothing to do, the run there is finished (raise --train-steps to train on)")
     if line:
@@ -586,7 +587,9 @@ def build_parser() -> argparse.ArgumentParser:
             description="Train the LLM itself (LoRA) and end with its held-out verdict (sampled and greedy success "
             "before -> after, paired 95% CI).\nSettings, later wins: LLMTrainConfig's defaults; the method's defaults "
             "(its best recipe's learner settings); --recipe NAME, --config FILE, or the shipped recipe on --task; the "
-            "flags given (JSON flags merge key by key). `echorl recipes` lists the recipes.")
+            "flags given (JSON flags merge key by key). `echorl recipes` lists the recipes. A flag's \"default\" below is "
+            "LLMTrainConfig's; the recipe in use, or the method's best recipe, may set another (the first line of "
+            "the run names the source).")
     add_train_llm_arguments(s)
     s.set_defaults(func=cmd_train_llm)
 

@@ -142,7 +142,8 @@ def test_exact_anchors_split_aliased_observations():
 
 
 def test_action_text_reads_the_admissible_list_of_the_anchor_key():
-    from echorl_agent.llm_rl.heldout import action_text  # moved from this script into the library (train-llm's player)
+    # moved from this script into the library (train-llm's held-out player)
+    from echorl_agent.llm_rl.heldout import action_text
     from echorl_agent.llm_rl.rollout import Step, anchor_key
 
     key = anchor_key({"obs": "You see a red ball", "admissible": ADM})

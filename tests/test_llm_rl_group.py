@@ -482,7 +482,7 @@ def test_train_llm_on_gotolocal_through_the_envs_own_truncation(policy, tmp_path
     finally:
         policy.lm.load_trainable_state(state)
     rows = (tmp_path / "curve.csv").read_text().splitlines()
-    assert rows[0] == "timesteps,success_rate,return"
+    assert rows[0] == "timesteps,success_rate,return_mean,episode_return,heldout_sampled_success,heldout_greedy_success"
     assert len(rows) - 1 >= 2  # both envs finished (truncated) episodes of 3 steps
     assert {int(r.split(",")[0]) % 3 for r in rows[1:]} == {0}
     assert (tmp_path / "adapter").is_dir()

@@ -249,7 +249,7 @@ def test_train_llm_echorl_ppo_on_gotolocal_through_the_envs_own_truncation(polic
                          replay={"capacity": 64, "replay_memory_mb": 64.0}, out=str(tmp_path))
     model = train_llm(cfg, lm=policy.lm)
     rows = (tmp_path / "curve.csv").read_text().splitlines()
-    assert rows[0] == "timesteps,success_rate,return"
+    assert rows[0] == "timesteps,success_rate,return_mean,episode_return,heldout_sampled_success,heldout_greedy_success"
     assert len(rows) - 1 >= 2 and {int(r.split(",")[0]) % 3 for r in rows[1:]} == {0}
     assert (tmp_path / "adapter").is_dir() and (tmp_path / "checkpoint" / "replay.bin").is_file()
     assert len(model.replay.buffer) == 12 and model.logger.name_to_value["train/replayed"] == 6.0

@@ -112,14 +112,15 @@ def test_flags_override_recipe_fields_and_dicts_merge():
     assert how == "recipe gotolocal-rl; flags: policy_kwargs, seed, train_steps"
 
 
-def test_only_flags_given_on_the_command_line_override(monkeypatch):
+def test_only_flags_given_on_the_command_line_override(capsys):
     from echorl_agent import cli
 
-    args = cli.build_parser().parse_args(["train-llm", "--recipe", "gotolocal-ppo", "--n-epochs", "2"])
-    assert cli.train_overrides(args) == {"n_epochs": 2}  # every other flag was left out, so none overrides
-    args = cli.build_parser().parse_args(["train-llm", "--recipe", "x", "--gigpo-kwargs", "{epochs: 4}"])
-    with pytest.raises(SystemExit, match="--gigpo-kwargs is not JSON"):
-        cli.train_overrides(args)
+    args = cli.build_parser().parse_args(["train-llm", "--recipe", "gotolocal-ppo", "--n-epochs", "2",
+                                          "--gigpo-kwargs", '{"epochs": 4}'])
+    assert cli.train_overrides(args) == {"n_epochs": 2, "gigpo_kwargs": {"epochs": 4}}  # no other flag overrides
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["train-llm", "--recipe", "x", "--gigpo-kwargs", "{epochs: 4}"])
+    assert "argument --gigpo-kwargs: not valid JSON" in capsys.readouterr().err
 
 
 def test_the_task_picks_its_recipe_and_a_method_its_best_recipes_learner_settings():

@@ -164,8 +164,10 @@ class RunProgress:
                     self.bar.refresh()
 
 
-def used(model: Any) -> str:
+def used(model: Any, cfg: Any = None) -> str:
     """What a finished run trained, in words: the exact env steps (or completions) and iterations."""
+    if cfg is not None and cfg.method == "bc":
+        return f"behaviour cloning only ({cfg.bc_episodes} expert episodes x {cfg.bc_epochs} epochs, no RL env steps)"
     if hasattr(model, "num_iterations"):  # GiGPO
         return f"{model.num_timesteps:,} env steps in {model.num_iterations} iterations"
     if hasattr(model, "answers"):  # GRPO
