@@ -283,8 +283,9 @@ def _origin(module: str, name: str, seen: tuple[str, ...] = ()) -> str | None:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
             return module
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and any(
-                isinstance(t, ast.Name) and t.id == name
-                for t in (node.targets if isinstance(node, ast.Assign) else [node.target])):
+                isinstance(t, ast.Name) and t.id == name  # ``A = ...`` and ``A, B = ...``
+                for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                for t in ast.walk(target)):
             return module
         if isinstance(node, ast.ImportFrom) and node.module and not node.level:
             for a in node.names:
@@ -367,3 +368,21 @@ def test_env_families_are_siblings():
     assert (_env_family("echorl_envs.textworld.env"), _env_family("echorl_envs.core.base")) == ("textworld", None)
     bad = _violations(lambda a, b: a.startswith("echorl_envs.") and _env_family(b) not in (None, _env_family(a)))
     assert not bad, "an env family is imported by another family or by a wing:\n" + "\n".join(bad)
+
+
+def test_every_import_of_our_names_resolves():
+    """``from echorl_agent.x import name`` anywhere (library, tests, benchmarks, examples; function-level imports
+    included) names a module of ours or a name its module defines or imports: a name that moved is caught here, at
+    once, not when the one test that imports it runs (a branch merged after a move still using the old path)."""
+    broken = []
+    files = [p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))]
+    files += [p for d in ("tests", "benchmarks", "examples") for p in sorted((ROOT / d).rglob("*.py"))]
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.ImportFrom) and node.module and not node.level
+                    and node.module.split(".")[0] in PACKAGES):
+                continue
+            for a in node.names:
+                if a.name != "*" and _origin(node.module, a.name) is None:
+                    broken.append(f"{path.relative_to(ROOT)}:{node.lineno}: from {node.module} import {a.name}")
+    assert not broken, "imports of names that do not exist there:\n" + "\n".join(broken)

@@ -231,7 +231,7 @@ def test_rollout_requests_one_by_one(server, tmp_path):
     from peft import LoraConfig, get_peft_model
 
     from echorl_agent.agents.remote import load_tokenizer
-    from echorl_agent.llm.models import load_model
+    from echorl_agent.llm import load_model
     from echorl_agent.llm_rl.remote import RemoteRollout
 
     torch.manual_seed(0)

@@ -37,7 +37,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from echorl_agent.llm.engine.config import GenerationResult, SamplingParams, ScoreResult
-from echorl_agent.llm.models import EMBEDDED_MODELS, LoadedModel
+from echorl_agent.llm.models.loading import EMBEDDED_MODELS, LoadedModel
 from echorl_agent.llm.serving.openai_backend import OpenAICompatibleBackend, PromptLogprobsUnavailable
 
 __all__ = ["API_KEY_ENV", "RemoteEngine", "api_key_from_env", "load_tokenizer", "shared_remote_engine"]
@@ -66,7 +66,7 @@ def load_tokenizer(name_or_path: str) -> LoadedModel:
     from transformers import AutoTokenizer
 
     if name_or_path in EMBEDDED_MODELS:
-        from echorl_agent.llm.models import cache_dir, embedded_gguf
+        from echorl_agent.llm.models.loading import cache_dir, embedded_gguf
 
         folder = cache_dir() / "models" / name_or_path
         if (folder / "tokenizer_config.json").exists():
