@@ -176,7 +176,7 @@ def shared_remote_engine(base_url: str, model: str | None = None, tokenizer: Any
         api_key_env: the environment variable holding the API key (default: :data:`API_KEY_ENV`).
         timeout: seconds per request.
     """
-    key = (base_url, model, None if tokenizer is _DEFAULT else tokenizer, api_key_env, float(timeout))
+    key = (base_url, model, "<model's>" if tokenizer is _DEFAULT else tokenizer, api_key_env, float(timeout))
     with _REMOTE_LOCK:
         if key in _REMOTE:
             return _REMOTE[key]
