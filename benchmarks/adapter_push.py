@@ -27,9 +27,8 @@ def main() -> None:
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from echorl_agent.llm import EngineConfig, LLMEngine
+    from echorl_agent.llm import EngineConfig, LLMEngine, load_model
     from echorl_agent.llm.engine.prefix_cache import PrefixCacheConfig
-    from echorl_agent.llm.models import load_model
     from echorl_agent.llm.serving.lora import ServedModels
     from echorl_agent.llm_rl.config import LORA_TARGETS
 
