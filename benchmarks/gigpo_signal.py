@@ -232,7 +232,8 @@ def train_config(args, seed: int) -> LLMTrainConfig:
                                         **({} if args.prefill_dtype == "float32"
                                            else {"engine_prefill_dtype": args.prefill_dtype}),
                                         **({} if args.learner_dtype == "float32"
-                                           else {"learner_matmul_dtype": args.learner_dtype})},
+                                           else {"learner_matmul_dtype": args.learner_dtype}),
+                                        **json.loads(args.policy_kwargs or "{}")},
                          step_advantage_weight=args.omega,
                          gigpo_kwargs={"epochs": args.epochs, "minibatch_size": args.minibatch_size,
                                        "ent_coef": args.ent_coef, "normalize": args.normalize,
@@ -498,6 +499,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--env-kwargs", help='JSON gym.make options of the env, e.g. \'{"goal_line": true}\'')
     ap.add_argument("--prefill-dtype", default="float32", choices=("float32", "bfloat16", "int8"),
                     help="rollout engine's prefill of the frozen layers (LLMPolicyConfig.engine_prefill_dtype)")
+    ap.add_argument("--policy-kwargs", default=None,
+                    help="JSON of further LLMPolicyConfig fields, e.g. the prompt levers "
+                         "'{\"candidate_end_token\": false, \"drop_task_lines\": true}'")
     ap.add_argument("--learner-dtype", default="float32", choices=("float32", "bfloat16"),
                     help="learner's products with frozen weights (LLMPolicyConfig.learner_matmul_dtype)")
     ap.add_argument("--seeds", nargs="+", type=int, default=[8])

@@ -20,6 +20,10 @@ Loops measured (each a fresh process, alternating A/B/... over ``--rounds``, sam
   own kernel);
 * ``gigpo-2x4-lean-int8-lbf16``, ``bc+gigpo-2x4-lean-int8-lbf16`` -- the int8 loops with the learner's products with
   frozen weights in bfloat16 (``learner_matmul_dtype="bfloat16"``; same CPU caveat as bfloat16 prefill);
+* ``recipe-gotolocal-rl``, ``recipe-gotolocal-rl-lean`` -- the shipped recipe's own loop (``echorl train-llm
+  --recipe NAME``: GiGPO 8 groups x 4 episodes, history 0, goal line, int8 prefill; no held-out evaluation) with
+  ``--steps`` env steps; ``-lean`` is the same with the prompt levers that cut prefilled tokens per step
+  (``candidate_end_token=False``; docs in :class:`~echorl_agent.llm_rl.config.LLMPolicyConfig`);
 * with ``--baseline-tree DIR`` (a checkout of an older commit, e.g. ``git worktree add /tmp/old 16db19f``), the
   ``--baseline-loops`` (default ``ppo-1env``) of that tree too (``old-<loop>``, each right after the same loop of
   this tree), so the ratio new / old is measured in one run.
@@ -70,6 +74,8 @@ LOOPS["alfworld-ppo-8env-int8"] = dict(
     method="ppo", n_envs=8, n_steps=16, batch_size=32, n_epochs=4, learning_rate=1e-3,
     policy={"show_admissible": False, "engine_prefill_dtype": "int8"},
     env="EchoRL/ALFWorld-PickAndPlace-v0", env_kwargs={"offer_help": False}, history=0, max_episode_steps=30)
+# the shipped recipes' own loops (their LLMTrainConfig with --steps env steps, no held-out evaluation)
+RECIPE_LOOPS = {f"recipe-{name}": name for name in ("gotolocal-rl", "gotolocal-rl-lean")}
 # the same loops with the engine's frozen layers prefilled in bfloat16 (fast only on CPUs with AMX / AVX-512 BF16)
 # or as SmoothQuant W8A8 (int8 activations x int8 weights; fast only with VNNI / AMX int8 products)
 LOOPS.update({f"{name}-{suffix}": {**kw, "policy": {**kw["policy"], "engine_prefill_dtype": dtype}}
@@ -98,6 +104,8 @@ def worker(loop: str, steps: int, seed: int) -> dict:
     import echorl_envs  # noqa: F401
     from echorl_agent.llm_rl.train import LLMTrainConfig, train_llm
 
+    if loop.removeprefix("old-") in RECIPE_LOOPS:
+        return _recipe_worker(loop, steps, seed)
     kw = dict(LOOPS[loop.removeprefix("old-")])
     method = kw.pop("method")
     warm = kw.pop("warm", method)
@@ -112,12 +120,37 @@ def worker(loop: str, steps: int, seed: int) -> dict:
     model = train_llm(LLMTrainConfig(**{**common, "method": warm,
                                         "train_steps": 0 if method == "gigpo" else kw["n_steps"] * kw["n_envs"]}))
     lm = model.policy.lm
-    setup = time.perf_counter() - t0
+    return _timed(loop, seed, lambda: train_llm(LLMTrainConfig(train_steps=steps, **common), lm=lm), lm,
+                  time.perf_counter() - t0)
+
+
+def _recipe_worker(loop: str, steps: int, seed: int) -> dict:
+    """A shipped recipe's loop: its config with ``steps`` env steps, ``seed`` and no held-out evaluation."""
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("TORCH_NUM_THREADS", "1")))
+    import echorl_envs  # noqa: F401
+    from echorl_agent.llm_rl.recipes import load_recipe, train_config
+    from echorl_agent.llm_rl.train import train_llm
+
+    recipe = load_recipe(RECIPE_LOOPS[loop.removeprefix("old-")])
+    t0 = time.perf_counter()
+    over = {"seed": seed, "eval_episodes": 0, "eval_every": 0, "out": None, "progress": False}
+    model = train_llm(train_config(recipe, {**over, "train_steps": 0}))  # warm-up: loads the model (not timed)
+    lm = model.policy.lm
+    return _timed(loop, seed, lambda: train_llm(train_config(recipe, {**over, "train_steps": steps}), lm=lm), lm,
+                  time.perf_counter() - t0)
+
+
+def _timed(loop: str, seed: int, run, lm, setup: float) -> dict:
+    """Time ``run()`` and count the engine's prefilled and cached tokens during it."""
+    import torch
+
     prefill = _prefill_tok_s(lm.engine)
     s0 = lm.engine.stats
     c0, k0 = s0.num_computed_tokens, s0.num_cached_tokens
     t = time.perf_counter()
-    model = train_llm(LLMTrainConfig(train_steps=steps, **common), lm=lm)
+    model = run()
     wall = time.perf_counter() - t
     n = model.num_timesteps
     s = lm.engine.stats
@@ -193,7 +226,7 @@ def glam_compare(transitions: int, seed: int) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--loops", nargs="+", default=list(LOOPS), choices=list(LOOPS))
+    ap.add_argument("--loops", nargs="+", default=list(LOOPS), choices=[*LOOPS, *RECIPE_LOOPS])
     ap.add_argument("--steps", type=int, default=128, help="timed env steps per loop")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", nargs="+", type=int, default=[1])

@@ -84,6 +84,18 @@ class LLMPolicyConfig:
     loads the model in bfloat16 already, so this has no effect there."""
     show_admissible: bool = True
     """List the admissible actions in each observation turn (off: shorter prompts when the set never changes)."""
+    admissible_in_system: bool = False
+    """List the admissible actions once, at the end of the system message, and in no observation turn (overrides
+    ``show_admissible``): the model still sees them, at no cost per step while the set stays the same (BabyAI's
+    never changes; an env whose set changes re-prefills the whole prompt whenever it does)."""
+    drop_task_lines: bool = False
+    """Leave the lines of an observation that repeat the task (BabyAI's ``Mission: ...``) out of its turn: the
+    system message already names the task, and those tokens were prefilled again at every step."""
+    candidate_end_token: bool = True
+    """Score a candidate as the whole assistant reply ``action<end-of-turn>``. False: the action's tokens only, so
+    log pi sums the action's own tokens and the engine prefills fewer candidate tokens per state (it never runs a
+    candidate's last token; BabyAI: 4 instead of 12). An action that is a token prefix of another admissible action
+    is then favoured over it."""
     rollout_url: str | None = None
     """Score rollouts on this OpenAI-compatible server (``.../v1``) instead of the local engine; the learner pushes
     its adapter there after every update (:class:`~echorl_agent.llm_rl.remote.RemoteRollout`)."""

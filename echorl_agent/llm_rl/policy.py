@@ -210,8 +210,10 @@ class LLMPolicy(BasePolicy):
             if rec is not None:
                 continue
             state = decode_llm_obs(row)
-            prompt, span = render_prompt(llm, state, self.cfg.system_prompt, self.cfg.show_admissible)
-            cands = candidate_ids(llm, state["admissible"]) if state.get("admissible") else [llm.eos_token_ids[:1]]
+            prompt, span = render_prompt(llm, state, self.cfg.system_prompt, self.cfg.show_admissible,
+                                         self.cfg.admissible_in_system, self.cfg.drop_task_lines)
+            cands = (candidate_ids(llm, state["admissible"], self.cfg.candidate_end_token) if state.get("admissible")
+                     else [llm.eos_token_ids[:1]])
             todo.append((len(out) - 1, key, prompt, span, cands, str(state.get("episode", "")), int(state.get("t", 0))))
         if not todo:
             return out  # type: ignore[return-value]
