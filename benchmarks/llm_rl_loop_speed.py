@@ -22,8 +22,10 @@ Loops measured (each a fresh process, alternating A/B/... over ``--rounds``, sam
   frozen weights in bfloat16 (``learner_matmul_dtype="bfloat16"``; same CPU caveat as bfloat16 prefill);
 * ``recipe-gotolocal-rl``, ``recipe-gotolocal-rl-lean`` -- the shipped recipe's own loop (``echorl train-llm
   --recipe NAME``: GiGPO 8 groups x 4 episodes, history 0, goal line, int8 prefill; no held-out evaluation) with
-  ``--steps`` env steps; ``-lean`` is the same with the prompt levers that cut prefilled tokens per step
-  (``candidate_end_token=False``; docs in :class:`~echorl_agent.llm_rl.config.LLMPolicyConfig`);
+  ``--steps`` env steps (``--recipe-overrides '{"n_envs": 8}'``: 2 groups, a shorter iteration); ``-lean`` is the
+  same with the prompt levers that cut prefilled tokens per step (``candidate_end_token=False``,
+  ``drop_task_lines=True``; :class:`~echorl_agent.llm_rl.config.LLMPolicyConfig`). Each loop samples its own
+  episodes, so the two visit different states; ``benchmarks/prompt_lever_tokens.py`` scores the same states;
 * with ``--baseline-tree DIR`` (a checkout of an older commit, e.g. ``git worktree add /tmp/old 16db19f``), the
   ``--baseline-loops`` (default ``ppo-1env``) of that tree too (``old-<loop>``, each right after the same loop of
   this tree), so the ratio new / old is measured in one run.
@@ -125,7 +127,8 @@ def worker(loop: str, steps: int, seed: int) -> dict:
 
 
 def _recipe_worker(loop: str, steps: int, seed: int) -> dict:
-    """A shipped recipe's loop: its config with ``steps`` env steps, ``seed`` and no held-out evaluation."""
+    """A shipped recipe's loop: its config with ``steps`` env steps, ``seed``, no held-out evaluation and the
+    ``--recipe-overrides`` (JSON in ``ECHORL_RECIPE_OVERRIDES``)."""
     import torch
 
     torch.set_num_threads(int(os.environ.get("TORCH_NUM_THREADS", "1")))
@@ -135,7 +138,8 @@ def _recipe_worker(loop: str, steps: int, seed: int) -> dict:
 
     recipe = load_recipe(RECIPE_LOOPS[loop.removeprefix("old-")])
     t0 = time.perf_counter()
-    over = {"seed": seed, "eval_episodes": 0, "eval_every": 0, "out": None, "progress": False}
+    over = {"seed": seed, "eval_episodes": 0, "eval_every": 0, "out": None, "progress": False,
+            **json.loads(os.environ.get("ECHORL_RECIPE_OVERRIDES") or "{}")}
     model = train_llm(train_config(recipe, {**over, "train_steps": 0}))  # warm-up: loads the model (not timed)
     lm = model.policy.lm
     return _timed(loop, seed, lambda: train_llm(train_config(recipe, {**over, "train_steps": steps}), lm=lm), lm,
@@ -236,6 +240,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="loops measured in --baseline-tree too, each right after the same loop of this tree")
     ap.add_argument("--glam", action="store_true", help="also the learner vs a GLAM-style learner")
     ap.add_argument("--glam-transitions", type=int, default=32, help="transitions in the learner comparison")
+    ap.add_argument("--recipe-overrides", help="JSON of LLMTrainConfig fields replacing the recipe loops' own, e.g. "
+                    "'{\"n_envs\": 8}' (2 groups of 4: one iteration is 8 episodes instead of 32)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--glam-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="benchmarks/results/llm_rl_loop_speed.jsonl")
@@ -255,7 +261,8 @@ def main(argv: list[str] | None = None) -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     for threads in args.threads:
         env = {**os.environ, "TORCH_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads),
-               "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
+               "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore",
+               "ECHORL_RECIPE_OVERRIDES": args.recipe_overrides or ""}
         for r in range(args.rounds):
             for loop, tree in plan:
                 cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", loop, "--steps", str(args.steps),

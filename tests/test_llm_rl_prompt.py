@@ -118,7 +118,7 @@ def test_learner_logprobs_equal_the_rollout_engine_with_the_levers_on(base, opti
     """The truncated-IS check with each lever on: the engine's rollout log-probs, a full HF forward and the learner
     (from the captured activations, packed over a history chunk) agree, so the IS weights stay 1."""
     policy = policy_like(base, **options)
-    rows = gotolocal_states(history=2, steps=3)
+    rows = gotolocal_states(history=2, steps=2)
     recs = policy.record_many(rows)
     ref = hf_action_logprobs(policy.lm.model, recs[1].context, recs[1].cands)
     torch.testing.assert_close(recs[1].rollout_logp.double(), ref, atol=1e-4, rtol=0)
