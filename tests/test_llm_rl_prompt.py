@@ -100,7 +100,7 @@ def test_no_end_token_prefills_8_fewer_candidate_tokens_per_gotolocal_state(base
     candidate's last token), without it 4 ("turn" once for "turn left"/"turn right", "go", "pick", "t" of
     "toggle"; "drop" and "done" are one token, read from the prompt's last logits)."""
     lean = policy_like(base, candidate_end_token=False)
-    rows = gotolocal_states(history=0)
+    rows = gotolocal_states(history=0, steps=2)
     state = decode_llm_obs(rows[0])
     eos = base.lm.llm.eos_token_ids[0]
     r_full, r_lean = base.record(rows[0]), lean.record(rows[0])
@@ -111,9 +111,10 @@ def test_no_end_token_prefills_8_fewer_candidate_tokens_per_gotolocal_state(base
     assert full - short == 8 * len(rows)
 
 
-@pytest.mark.parametrize("options", [{"candidate_end_token": False}, {"admissible_in_system": True},
-                                     {"candidate_end_token": False, "drop_task_lines": True,
-                                      "admissible_in_system": True}])
+@pytest.mark.parametrize("options", [
+    {"candidate_end_token": False, "drop_task_lines": True, "admissible_in_system": True},
+    pytest.param({"candidate_end_token": False}, marks=pytest.mark.slow),
+    pytest.param({"admissible_in_system": True}, marks=pytest.mark.slow)])
 def test_learner_logprobs_equal_the_rollout_engine_with_the_levers_on(base, options):
     """The truncated-IS check with each lever on: the engine's rollout log-probs, a full HF forward and the learner
     (from the captured activations, packed over a history chunk) agree, so the IS weights stay 1."""
@@ -150,5 +151,6 @@ def test_admissible_in_system_lists_the_actions_once(base):
         per_list * (len(s["history"])) for s in states]
     shown = policy_like(base, show_admissible=True)
     system = policy_like(base, admissible_in_system=True)
-    saved = computed_tokens(shown, rows) - computed_tokens(system, rows)
-    assert saved == 97, saved
+    # 8 turn lists of 22 tokens prefilled over the 6 steps (steps 0-3 append a turn each; step 4's window moves, so
+    # turns 2-4 are prefilled again) against 1 in the system message; the rest: where the re-run partial blocks start
+    assert computed_tokens(shown, rows) - computed_tokens(system, rows) == 162
