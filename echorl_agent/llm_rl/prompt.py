@@ -11,7 +11,8 @@ Two opt-in layouts cut the tokens the rollout engine prefills per env step (issu
   token every action token is run; without it the action's last token is not, and candidates that then share their
   whole input ("turn left", "turn right" -> "turn") run it once. On BabyAI's seven actions this runs 4 candidate
   tokens per state instead of 12. The score no longer includes ``log P(end | action)``, so an action that is a token
-  prefix of another admissible action is favoured over it (none of BabyAI's is).
+  prefix of another admissible action is favoured over it (none of BabyAI's is), and the pretrained LM's start
+  policy moves (GoToLocal: "pick up" gains; :attr:`LLMPolicyConfig.candidate_end_token`).
 * ``admissible_in_system=True``: the admissible actions listed once, in the system message, instead of in every
   observation turn. The prompt's leading blocks stay in the prefix cache only while the set stays the same (BabyAI's
   never changes); an env whose set changes re-prefills the whole prompt whenever it does.
