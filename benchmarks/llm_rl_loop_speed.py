@@ -77,7 +77,10 @@ LOOPS["alfworld-ppo-8env-int8"] = dict(
     policy={"show_admissible": False, "engine_prefill_dtype": "int8"},
     env="EchoRL/ALFWorld-PickAndPlace-v0", env_kwargs={"offer_help": False}, history=0, max_episode_steps=30)
 # the shipped recipes' own loops (their LLMTrainConfig with --steps env steps, no held-out evaluation)
-RECIPE_LOOPS = {f"recipe-{name}": name for name in ("gotolocal-rl", "gotolocal-rl-lean")}
+# (recipe, policy_kwargs on top); "-lean" adds the opt-in prompt levers (LLMPolicyConfig.candidate_end_token=False,
+# drop_task_lines=True: fewer prefilled tokens, a different start policy -- not a registered recipe)
+RECIPE_LOOPS = {"recipe-gotolocal-rl": ("gotolocal-rl", {}),
+                "recipe-gotolocal-rl-lean": ("gotolocal-rl", {"candidate_end_token": False, "drop_task_lines": True})}
 # the same loops with the engine's frozen layers prefilled in bfloat16 (fast only on CPUs with AMX / AVX-512 BF16)
 # or as SmoothQuant W8A8 (int8 activations x int8 weights; fast only with VNNI / AMX int8 products)
 LOOPS.update({f"{name}-{suffix}": {**kw, "policy": {**kw["policy"], "engine_prefill_dtype": dtype}}
@@ -136,9 +139,11 @@ def _recipe_worker(loop: str, steps: int, seed: int) -> dict:
     from echorl_agent.llm_rl.recipes import load_recipe, train_config
     from echorl_agent.llm_rl.train import train_llm
 
-    recipe = load_recipe(RECIPE_LOOPS[loop.removeprefix("old-")])
+    name, levers = RECIPE_LOOPS[loop.removeprefix("old-")]
+    recipe = load_recipe(name)
     t0 = time.perf_counter()
     over = {"seed": seed, "eval_episodes": 0, "eval_every": 0, "out": None, "progress": False,
+            "policy_kwargs": levers,
             **json.loads(os.environ.get("ECHORL_RECIPE_OVERRIDES") or "{}")}
     model = train_llm(train_config(recipe, {**over, "train_steps": 0}))  # warm-up: loads the model (not timed)
     lm = model.policy.lm
