@@ -251,7 +251,7 @@ TRAIN_FLAGS = {"task": "env_id", "method": "method", "train_steps": "train_steps
                "env_kwargs": "env_kwargs", "batch_size": "batch_size", "n_epochs": "n_epochs",
                "learning_rate": "learning_rate", "policy_kwargs": "policy_kwargs", "grpo_kwargs": "grpo_kwargs",
                "gigpo_kwargs": "gigpo_kwargs", "ppo_kwargs": "ppo_kwargs", "checkpoint_every": "checkpoint_every",
-               "eval_episodes": "eval_episodes", "eval_every": "eval_every"}
+               "eval_episodes": "eval_episodes", "eval_every": "eval_every", "env_url": "env_urls"}
 JSON_FLAGS = ("env_kwargs", "policy_kwargs", "grpo_kwargs", "gigpo_kwargs", "ppo_kwargs")
 
 
@@ -429,6 +429,10 @@ def add_train_llm_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--eval-every", type=int, metavar="K",
                    help="also evaluate the held-out instances every K iterations (curve.csv heldout_* columns, "
                         "TensorBoard eval/*) (default: 0, before and after only)")
+    s.add_argument("--env-url", action="append", metavar="URL",
+                   help="an `echorl serve-env --task TASK` server the training episodes play on (repeat: env i on "
+                        "server i mod N; a server that fails has its episodes replayed on another from their seeds; "
+                        "OUT/servers.json has env steps/s per server; docs/scaling.md) (default: in-process)")
     s.add_argument("--out", default="runs/train-llm", help="output folder")
     s.add_argument("--checkpoint-every", type=int, metavar="N",
                    help="write OUT/checkpoint/ every N iterations (GiGPO iterations, PPO updates) and at the end; "

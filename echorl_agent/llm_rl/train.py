@@ -139,6 +139,12 @@ class LLMTrainConfig:
     eval_every: int = 0
     """Also evaluate the held-out instances every this many iterations (GiGPO iterations, PPO rollouts): rows in
     ``curve.csv`` (``heldout_*`` columns) and TensorBoard ``eval/*``. 0: before and after only."""
+    env_urls: list[str] = field(default_factory=list)
+    """``echorl serve-env`` servers the training episodes run on (env ``i`` on ``env_urls[i % len]``,
+    :mod:`~echorl_agent.llm_rl.env_servers`); empty: in-process. The BC warm start's expert episodes stay
+    in-process (the expert reads the env's state)."""
+    env_step_timeout_s: float = 120.0
+    """With ``env_urls``: a reset or step unanswered this long marks its server hung; its envs move to another."""
     out: str | None = None
     progress: bool = False
 
@@ -202,6 +208,19 @@ class LLMTrainConfig:
         if self.replay is not None and self.method != "echorl":
             raise ValueError(f"replay applies to method='echorl' (hot/cold replay of LLM transitions), got "
                              f"replay={self.replay!r} with method={self.method!r}")
+        if self.env_urls:
+            from echorl_agent.llm_rl.env_servers import check_env_urls
+
+            check_env_urls(self.env_urls)
+            if self.method == "grpo":
+                raise ValueError("env_urls (--env-url) applies to the choice-env methods (GiGPO groups, PPO envs); "
+                                 "grpo judges completions in-process, got method='grpo'")
+            if self.env_kwargs:
+                raise ValueError(f"env_kwargs cannot travel to an env server (the server builds its envs); start "
+                                 f"`echorl serve-env` with them instead, got env_kwargs={self.env_kwargs!r} with "
+                                 f"env_urls={self.env_urls!r}")
+        if not (isinstance(self.env_step_timeout_s, (int, float)) and self.env_step_timeout_s > 0):
+            raise ValueError(f"env_step_timeout_s must be a number > 0, got env_step_timeout_s={self.env_step_timeout_s!r}")
         if self.method == "grpo":
             from echorl_agent.llm_rl.config import check_no_plan_on_free_text
 
@@ -308,6 +327,12 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None, resume: bool = False):
     if out is not None and not finished:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
+    servers = None
+    if cfg.env_urls and not finished:
+        from echorl_agent.llm_rl.env_servers import EnvServerPool
+
+        servers = EnvServerPool(cfg.env_urls, cfg.env_id, cfg.env_step_timeout_s)
+        servers.check()  # an unreachable or wrong server fails here, before any model is loaded
     torch.manual_seed(cfg.seed)
     prog = RunProgress(cfg.progress and not finished)
     ev = None
@@ -319,13 +344,16 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None, resume: bool = False):
         if cfg.learner == "grpo":
             return _train_grpo(cfg, out, lm, opened, ev, prog)
         if cfg.learner == "gigpo":
-            return _train_gigpo(cfg, out, lm, opened, ev, prog)
-        return _train_ppo(cfg, out, lm, opened, ev, prog)
+            return _train_gigpo(cfg, out, lm, opened, ev, prog, servers)
+        return _train_ppo(cfg, out, lm, opened, ev, prog, servers)
     finally:
         prog.close()
+        if servers is not None and out is not None:
+            servers.write(out)
 
 
-def _train_ppo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any, ev: Any, prog: RunProgress):
+def _train_ppo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any, ev: Any, prog: RunProgress,
+               servers: Any = None):
     from stable_baselines3.common.monitor import Monitor
     from stable_baselines3.common.vec_env import DummyVecEnv
 
@@ -340,6 +368,8 @@ def _train_ppo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any, ev: 
         pk["lm"] = lm
 
     def env_fn(i: int):
+        if servers is not None:  # env i on server i mod len(env_urls), wrapped as the in-process one
+            return lambda: Monitor(servers.choice_env(i, cfg.history, cfg.max_episode_steps))
         return lambda: Monitor(make_llm_env(cfg.env_id, cfg.history, cfg.max_episode_steps, env_kwargs=cfg.env_kwargs))
 
     vec = DummyVecEnv([env_fn(i) for i in range(cfg.n_envs)])
@@ -597,7 +627,7 @@ def gigpo_config(cfg: LLMTrainConfig):
 
 
 def _train_gigpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = None, ev: Any = None,
-                 prog: RunProgress | None = None):
+                 prog: RunProgress | None = None, servers: Any = None):
     from echorl_agent.llm_rl import checkpoint as ckpt
     from echorl_agent.llm_rl.gigpo import GiGPOTrainer
 
@@ -611,6 +641,10 @@ def _train_gigpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = N
         env = make_llm_env(cfg.env_id, cfg.history, cfg.max_episode_steps, env_kwargs=cfg.env_kwargs)
         policy = LLMPolicy(env.observation_space, env.action_space, ConstantSchedule(cfg.learning_rate), lm=lm, **pk)
     trainer = GiGPOTrainer(gcfg, policy)
+    if servers is not None:  # the groups play on the servers: env i on server i mod len(env_urls)
+        for env in trainer.envs:
+            env.close()
+        trainer.envs = [servers.choice_env(i, cfg.history, cfg.max_episode_steps) for i in range(len(trainer.envs))]
     prog = prog or RunProgress(False)
     prog.attach(trainer.policy)
     if opened is not None:
