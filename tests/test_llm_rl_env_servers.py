@@ -70,6 +70,7 @@ def _same_run(trainer, rows, lm, in_process):
     assert all(torch.equal(weights[k], v) for k, v in lm.trainable_state().items())
 
 
+@pytest.mark.slow
 def test_two_servers_give_the_in_process_trajectories_and_curve(lm_and_state, server_a, in_process, tmp_path):
     lm, state = lm_and_state
     with server_process([ENV]) as (_, url_b):
@@ -83,6 +84,7 @@ def test_two_servers_give_the_in_process_trajectories_and_curve(lm_and_state, se
     assert all(s["env_steps"] > 0 and s["env_steps_per_s"] > 0 and not s["dead"] for s in servers["servers"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["kill", "hang"])
 def test_a_server_that_dies_or_hangs_mid_run_has_its_episodes_replayed(lm_and_state, server_a, in_process, tmp_path,
                                                                        monkeypatch, fault):
@@ -135,6 +137,14 @@ def test_bad_env_urls_are_config_errors():
         _cfg(None, env_urls=["http://h:1", "http://h:1"])
     with pytest.raises(ValueError, match="env_kwargs cannot travel to an env server"):
         _cfg(None, env_urls=["http://h:1"], env_kwargs={"goal_line": True})
+
+
+def test_train_llm_flag_repeats_into_env_urls():
+    from echorl_agent.cli import build_parser, train_overrides
+
+    args = build_parser().parse_args(["train-llm", "--task", ENV, "--env-url", "http://a:1", "--env-url", "http://b:2"])
+    assert train_overrides(args)["env_urls"] == ["http://a:1", "http://b:2"]
+    assert "env_urls" not in train_overrides(build_parser().parse_args(["train-llm", "--task", ENV]))
 
 
 def test_a_replay_that_differs_or_no_live_server_is_an_error_naming_the_servers(server_a):
