@@ -166,3 +166,32 @@ def test_a_replay_that_differs_or_no_live_server_is_an_error_naming_the_servers(
         pool.mark_dead(server_a[1], ConnectionError("gone"))
         with pytest.raises(EnvServerError, match=f"no live env server left .*{url_b} .*{server_a[1]}"):
             env.unwrapped._open()
+
+
+@pytest.mark.slow
+def test_ppo_envs_on_servers_survive_a_kill_after_unseeded_resets(lm_and_state, server_a, tmp_path, monkeypatch):
+    """PPO resets its envs with a seed once, then without: the failover replays those resets too (the server env's
+    RNG goes on from the seed), so the curve is the in-process one."""
+    from echorl_agent.llm_rl import env_servers
+
+    lm, state = lm_and_state
+    ppo = dict(method="ppo", train_steps=16, n_envs=2, n_steps=8, batch_size=4, n_epochs=1, max_episode_steps=2)
+    _, local_rows = _run(lm, state, _cfg(tmp_path / "local", **ppo))
+    local_weights = {k: v.clone() for k, v in lm.trainable_state().items()}
+    step, calls = env_servers.FailoverEnv.step, []
+    with server_process([ENV]) as (proc_b, url_b):
+
+        def step_then_kill(self, action):
+            out = step(self, action)
+            calls.append(self.url)
+            if len(calls) == 11:  # env 1 (server B) is in its third episode, two of them reset without a seed
+                proc_b.kill()
+            return out
+
+        monkeypatch.setattr(env_servers.FailoverEnv, "step", step_then_kill)
+        _, rows = _run(lm, state, _cfg(tmp_path / "remote", env_urls=[server_a[1], url_b], **ppo))
+    assert len(local_rows) >= 6 and rows == local_rows
+    assert all(torch.equal(local_weights[k], v) for k, v in lm.trainable_state().items())
+    a, b = json.loads((tmp_path / "remote" / "servers.json").read_text())["servers"]
+    assert b["dead"] and b["failovers"] == 1 and a["replayed_steps"] >= 4
+    assert a["env_steps"] + b["env_steps"] == 16
