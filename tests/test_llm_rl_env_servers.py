@@ -195,3 +195,16 @@ def test_ppo_envs_on_servers_survive_a_kill_after_unseeded_resets(lm_and_state, 
     a, b = json.loads((tmp_path / "remote" / "servers.json").read_text())["servers"]
     assert b["dead"] and b["failovers"] == 1 and a["replayed_steps"] >= 4
     assert a["env_steps"] + b["env_steps"] == 16
+
+
+def test_a_run_resumes_on_other_servers_but_not_with_another_task():
+    import dataclasses
+
+    from echorl_agent.llm_rl.checkpoint import check_config
+
+    saved = json.loads(json.dumps(dataclasses.asdict(_cfg("runs/x", env_urls=["http://a:1", "http://b:2"])),
+                                  default=str))
+    check_config(saved, _cfg("runs/x", env_urls=["http://c:3"], env_step_timeout_s=5.0), "runs/x/checkpoint")
+    check_config(saved, _cfg("runs/x"), "runs/x/checkpoint")  # back in-process: the same episodes
+    with pytest.raises(ValueError, match="env_id differs"):
+        check_config(saved, _cfg("runs/x", env_id="EchoRL/MiniGrid-Empty-5x5-v0"), "runs/x/checkpoint")

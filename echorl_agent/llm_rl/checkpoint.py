@@ -24,7 +24,8 @@ checkpoint goes to ``checkpoint.old/`` for the instant between them and is then 
 complete checkpoint: ``checkpoint/``, or ``checkpoint.old/`` (which a resume then uses, with a warning).
 
 A load verifies every file against ``checkpoint.json`` before anything changes, and refuses a run whose config
-differs from the checkpoint's in anything but ``train_steps``, ``checkpoint_every``, ``out`` and ``progress``.
+differs from the checkpoint's in anything but :data:`RESUMABLE_FIELDS` (budget, checkpoint period, output,
+progress, held-out evaluation, env servers).
 """
 
 from __future__ import annotations
@@ -51,8 +52,10 @@ __all__ = ["CHECKPOINT", "RESUMABLE_FIELDS", "check_config", "kind_of", "load_gi
 
 CHECKPOINT = "checkpoint"
 """The checkpoint folder's name inside the output folder."""
-RESUMABLE_FIELDS = ("train_steps", "checkpoint_every", "out", "progress", "eval_episodes", "eval_every")
-"""Config fields a resumed run may change (a longer budget, another checkpoint period)."""
+RESUMABLE_FIELDS = ("train_steps", "checkpoint_every", "out", "progress", "eval_episodes", "eval_every", "env_urls",
+                    "env_step_timeout_s")
+"""Config fields a resumed run may change (a longer budget, another checkpoint period, other env servers: where an
+env runs does not change its episodes)."""
 _FORMAT = "echorl-llm-checkpoint/1"
 _MANIFEST = "checkpoint.json"
 _UNHASHED = ("replay.bin",)
