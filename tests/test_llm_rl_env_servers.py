@@ -82,6 +82,12 @@ def test_two_servers_give_the_in_process_trajectories_and_curve(lm_and_state, se
     # 4 envs: 0 and 2 on the first server, 1 and 3 on the second; every training step counted on one of them
     assert sum(s["env_steps"] for s in servers["servers"]) == trainer.num_timesteps
     assert all(s["env_steps"] > 0 and s["env_steps_per_s"] > 0 and not s["dead"] for s in servers["servers"])
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()  # the last iteration's per-server rate is the run's (nothing stepped after it)
+    last = [acc.Scalars(f"servers/{n}_env_steps_per_s")[-1].value for n in (0, 1)]
+    assert last == pytest.approx([s["env_steps_per_s"] for s in servers["servers"]], rel=1e-5)
 
 
 @pytest.mark.slow

@@ -682,6 +682,8 @@ def _train_gigpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = N
                          ("env_steps_per_s", "time/env_steps_per_s"), ("rollout_s", "time/rollout_s"),
                          ("learner_s", "time/learner_s")):
             writer.add_scalar(tag, s[key], step)
+        for n, server in enumerate(servers.stats.values() if servers is not None else ()):  # --env-url i
+            writer.add_scalar(f"servers/{n}_env_steps_per_s", server.row()["env_steps_per_s"], step)
 
     heldout: list[dict] = []
 
