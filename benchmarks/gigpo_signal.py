@@ -50,7 +50,7 @@ import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-import echorl_agent.llm_rl.gigpo as gigpo_mod  # noqa: E402
+import echorl_agent.llm_rl.algorithms.gigpo.trainer as gigpo_mod  # noqa: E402
 from benchmarks.claims import append_jsonl, claim, drop_rows  # noqa: E402
 from benchmarks.summarize_study import load_groups, load_rows  # noqa: E402
 from echorl_agent.eval.runner import cpu_name  # noqa: E402

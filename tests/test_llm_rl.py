@@ -304,7 +304,7 @@ def test_lora_adapter_reloads_on_a_plain_hf_model(fresh, tmp_path):
 
 
 def test_behaviour_cloning_overfits_a_fixed_batch(fresh):
-    from echorl_agent.llm_rl.bc import behaviour_clone, collect_expert_states
+    from echorl_agent.llm_rl.algorithms.bc import behaviour_clone, collect_expert_states
 
     policy, _ = make_policy(fresh)
     data = collect_expert_states(lambda: make_env(history=0), episodes=1, seed=0)
@@ -329,7 +329,7 @@ def test_bad_input_names_the_field(lm):
         LLMPolicyConfig(train_layers=0)
     with pytest.raises(ValueError, match="engine_weight_dtype.*'int9'"):
         LLMPolicyConfig(engine_weight_dtype="int9")
-    from echorl_agent.llm_rl.grpo import GRPOConfig
+    from echorl_agent.llm_rl.algorithms.grpo import GRPOConfig
 
     with pytest.raises(ValueError, match="sampler=.*'gumbel'"):
         GRPOConfig(sampler="gumbel")
@@ -338,7 +338,7 @@ def test_bad_input_names_the_field(lm):
 
 
 def test_grpo_group_shares_the_prompt_kv_and_update_moves_the_engine(fresh):
-    from echorl_agent.llm_rl.grpo import GRPOConfig, GRPOTrainer
+    from echorl_agent.llm_rl.algorithms.grpo import GRPOConfig, GRPOTrainer
 
     cfg = GRPOConfig(env_kwargs={"dataset_kwargs": {"min_terms": 2, "max_terms": 2, "min_digits": 1,
                                                     "max_digits": 1}, "max_attempts": 1},
@@ -380,7 +380,7 @@ def test_grpo_on_the_int8_engine_samples_what_the_learner_computes():
     import dataclasses
 
     from echorl_agent.llm_rl.config import LLMPolicyConfig
-    from echorl_agent.llm_rl.grpo import GRPOConfig, GRPOTrainer
+    from echorl_agent.llm_rl.algorithms.grpo import GRPOConfig, GRPOTrainer
     from echorl_agent.llm_rl.lm import TrainableLM
 
     torch.set_num_threads(1)
@@ -425,7 +425,7 @@ def test_grpo_on_the_int8_engine_with_repacked_trained_layers():
     """``engine_float32_trained_layers=False``: the trained layers are re-packed after each update; their weights
     leave the GGUF grid, so the learner and the engine disagree a little (measured ~1e-2) and the IS weights see it."""
     from echorl_agent.llm_rl.config import LLMPolicyConfig
-    from echorl_agent.llm_rl.grpo import GRPOConfig, GRPOTrainer
+    from echorl_agent.llm_rl.algorithms.grpo import GRPOConfig, GRPOTrainer
     from echorl_agent.llm_rl.lm import TrainableLM
 
     torch.set_num_threads(1)

@@ -71,22 +71,22 @@ AGENTS: dict[str, AgentSpec] = {
         AgentSpec("echorl", "LLM + latent plan + KV-aware engine + experience", "echorl_agent.agents.llm:make_echorl",
                   ("transformers", "echorl_agent.agents.chat"), "llm"),
         AgentSpec("llm-frozen", "SmolLM2 in LLMPolicy as pretrained, no update: the start of llm-bc and llm-gigpo "
-                  "(same prompt and scoring; greedy or sampled)", "echorl_agent.eval.llm_rl_agents:make_llm_frozen",
+                  "(same prompt and scoring; greedy or sampled)", "echorl_agent.agents.llm_rl:make_llm_frozen",
                   ("peft", "echorl_agent.llm_rl.policy"), "llm", learned=True),
         AgentSpec("llm-bc", "SmolLM2 behaviour-cloned on the expert (LoRA, LLMPolicy)",
-                  "echorl_agent.eval.llm_rl_agents:make_llm_bc", ("peft", "echorl_agent.llm_rl.policy"), "sb3", learned=True),
+                  "echorl_agent.agents.llm_rl:make_llm_bc", ("peft", "echorl_agent.llm_rl.policy"), "sb3", learned=True),
         AgentSpec("llm-ppo", "SmolLM2 trained by PPO (LLMPolicy: LoRA, engine rollouts, activation reuse)",
-                  "echorl_agent.eval.llm_rl_agents:make_llm_ppo", ("peft", "echorl_agent.llm_rl.policy"), "sb3", learned=True),
+                  "echorl_agent.agents.llm_rl:make_llm_ppo", ("peft", "echorl_agent.llm_rl.policy"), "sb3", learned=True),
         AgentSpec("llm-echoppo", "SmolLM2, BC warm start + EchoPPO with the latent plan (soft tokens, plan KL)",
-                  "echorl_agent.eval.llm_rl_agents:make_llm_echoppo", ("peft", "echorl_agent.llm_rl.policy"), "sb3", learned=True),
+                  "echorl_agent.agents.llm_rl:make_llm_echoppo", ("peft", "echorl_agent.llm_rl.policy"), "sb3", learned=True),
         AgentSpec("llm-gigpo", "SmolLM2 trained by GiGPO (critic-free group RL: K episodes per seed, anchor-state "
-                  "step advantages; bc_warm_start option)", "echorl_agent.eval.llm_rl_agents:make_llm_gigpo",
-                  ("peft", "echorl_agent.llm_rl.gigpo"), "sb3", learned=True),
+                  "step advantages; bc_warm_start option)", "echorl_agent.agents.llm_rl:make_llm_gigpo",
+                  ("peft", "echorl_agent.llm_rl.algorithms.gigpo"), "sb3", learned=True),
         AgentSpec("llm-echorl", "SmolLM2 trained by EchoRL on the LM: GiGPO + latent plan tokens (plan KL) + hot/cold "
-                  "prioritized replay of LLM transitions (echorl_learner=ppo option: echoppo + the replay)", "echorl_agent.eval.llm_rl_agents:make_llm_echorl",
-                  ("peft", "echorl_agent.llm_rl.gigpo", "echorl_agent.replay.llm"), "sb3", learned=True),
+                  "prioritized replay of LLM transitions (echorl_learner=ppo option: echoppo + the replay)", "echorl_agent.agents.llm_rl:make_llm_echorl",
+                  ("peft", "echorl_agent.llm_rl.algorithms.gigpo", "echorl_agent.replay.llm"), "sb3", learned=True),
         AgentSpec("llm-grpo", "SmolLM2 trained by GRPO on free-text envs (oracle warm start, group sampling)",
-                  "echorl_agent.eval.llm_rl_agents:make_llm_grpo", ("peft", "echorl_agent.llm_rl.grpo"), "sb3", learned=True),
+                  "echorl_agent.agents.llm_rl:make_llm_grpo", ("peft", "echorl_agent.llm_rl.algorithms.grpo"), "sb3", learned=True),
     ]
 }
 

@@ -3,7 +3,7 @@
 * :class:`LLMPolicy` -- pi(a|s, tau) over admissible actions scored by the LM (+ value head, + latent plan);
 * :class:`LLMPPO` -- ``LLMPPO("LLMPolicy", env)``: PPO/EchoPPO for the LM, rollouts on the KV-aware engine, learner reusing
   the rollout's frozen-layer activations, truncated importance weights, weight sync;
-* behaviour cloning (:mod:`echorl_agent.llm_rl.bc`) and GRPO for free-text envs (:mod:`echorl_agent.llm_rl.grpo`).
+* behaviour cloning (:mod:`echorl_agent.llm_rl.algorithms.bc`) and GRPO for free-text envs (:mod:`echorl_agent.llm_rl.algorithms.grpo`).
 
 Heavy dependencies (transformers, peft) load on first attribute access.
 """
@@ -15,13 +15,15 @@ from typing import Any
 
 _EXPORTS = {
     "LLMPolicy": "policy",
-    "LLMPPO": "ppo",
+    "LLMPPO": "algorithms.ppo",
     "LLMPolicyConfig": "config",
     "TrainableLM": "lm",
-    "behaviour_clone": "bc",
-    "collect_expert_states": "bc",
-    "GRPOConfig": "grpo",
-    "GRPOTrainer": "grpo",
+    "behaviour_clone": "algorithms.bc",
+    "collect_expert_states": "algorithms.bc",
+    "GRPOConfig": "algorithms.grpo",
+    "GRPOTrainer": "algorithms.grpo",
+    "GiGPOConfig": "algorithms.gigpo",
+    "GiGPOTrainer": "algorithms.gigpo",
 }
 
 __all__ = sorted(_EXPORTS)

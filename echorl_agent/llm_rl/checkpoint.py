@@ -268,7 +268,7 @@ def _load_replay(replay: Any, checkpoint: tuple[Path, dict[str, Any]]) -> None:
 
 # ------------------------------------------------------------------ GiGPO / echorl
 def save_gigpo(trainer: Any, cfg: Any, out: str | Path) -> Path:
-    """Write ``<out>/checkpoint/`` for a :class:`~echorl_agent.llm_rl.gigpo.GiGPOTrainer` run of ``cfg``, then empty
+    """Write ``<out>/checkpoint/`` for a :class:`~echorl_agent.llm_rl.algorithms.gigpo.GiGPOTrainer` run of ``cfg``, then empty
     the engine's prefix cache (keeping its weight version), as a resumed run's is.
 
     A run resumed from it computes exactly what the uninterrupted run computes after the checkpoint: same weights
@@ -314,7 +314,7 @@ def load_gigpo(trainer: Any, checkpoint: tuple[Path, dict[str, Any]]) -> None:
 
 # ------------------------------------------------------------------ GRPO (free-text envs)
 def save_grpo(trainer: Any, cfg: Any, out: str | Path, warm_losses: list[float]) -> Path:
-    """Write ``<out>/checkpoint/`` for a :class:`~echorl_agent.llm_rl.grpo.GRPOTrainer` run of ``cfg`` between two
+    """Write ``<out>/checkpoint/`` for a :class:`~echorl_agent.llm_rl.algorithms.grpo.GRPOTrainer` run of ``cfg`` between two
     GRPO steps, then empty the engine's prefix cache (keeping its weight version), as a resumed run's is.
 
     A run resumed from it computes what the uninterrupted run computes after the checkpoint: same weights (bit for
@@ -340,7 +340,7 @@ def save_grpo(trainer: Any, cfg: Any, out: str | Path, warm_losses: list[float])
 
 
 def load_grpo(trainer: Any, checkpoint: tuple[Path, dict[str, Any]]) -> list[float]:
-    """Continue ``trainer`` (a fresh :class:`~echorl_agent.llm_rl.grpo.GRPOTrainer`, no warm start) from
+    """Continue ``trainer`` (a fresh :class:`~echorl_agent.llm_rl.algorithms.grpo.GRPOTrainer`, no warm start) from
     ``checkpoint`` (:func:`open_checkpoint`'s result); returns the warm start's losses of the original run.
 
     Raises:
@@ -362,7 +362,7 @@ def load_grpo(trainer: Any, checkpoint: tuple[Path, dict[str, Any]]) -> list[flo
 
 # ------------------------------------------------------------------ PPO methods (SB3)
 def save_ppo(model: Any, curve: Any, cfg: Any, out: str | Path) -> Path:
-    """Write ``<out>/checkpoint/`` for an :class:`~echorl_agent.llm_rl.ppo.LLMPPO` run, between two rollouts.
+    """Write ``<out>/checkpoint/`` for an :class:`~echorl_agent.llm_rl.algorithms.ppo.LLMPPO` run, between two rollouts.
 
     What is saved: SB3's ``model.zip`` (policy and adapter weights, optimizer, ``num_timesteps``, update count), the
     adapter in peft's format, the curve rows and the global RNG states, and with replay (``echorl`` with the PPO

@@ -2,7 +2,7 @@
 
 Methods (choice envs): ``bc`` (behaviour cloning on the expert), ``ppo`` (LLM-PPO from the pretrained LM),
 ``bc+ppo`` (BC warm start, then PPO), ``echoppo`` (BC warm start, then PPO with the latent plan and its KL term;
-``plan_tokens`` > 0), ``gigpo`` (critic-free group RL from the pretrained LM, :mod:`echorl_agent.llm_rl.gigpo`),
+``plan_tokens`` > 0), ``gigpo`` (critic-free group RL from the pretrained LM, :mod:`echorl_agent.llm_rl.algorithms.gigpo`),
 ``bc+gigpo`` (BC warm start, then GiGPO), ``echorl`` (EchoRL on the LM: GiGPO + latent plan tokens with their KL
 term + hot/cold prioritized replay of LLM transitions; ablate with ``plan_tokens=0`` or ``replay={"off": True}``;
 ``echorl_learner="ppo"``: echoppo -- BC warm start, PPO, plan tokens and KL -- plus the same replay). Free-text envs: ``grpo`` (oracle-answer warm start, then GRPO). Used by
@@ -118,9 +118,9 @@ class LLMTrainConfig:
     policy_kwargs: dict[str, Any] = field(default_factory=dict)
     """:class:`~echorl_agent.llm_rl.config.LLMPolicyConfig` / PlanningConfig fields."""
     grpo_kwargs: dict[str, Any] = field(default_factory=dict)
-    """:class:`~echorl_agent.llm_rl.grpo.GRPOConfig` fields (``grpo``)."""
+    """:class:`~echorl_agent.llm_rl.algorithms.grpo.GRPOConfig` fields (``grpo``)."""
     gigpo_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Learner fields of :class:`~echorl_agent.llm_rl.gigpo.GiGPOConfig` (:data:`GIGPO_LEARNER_FIELDS`: ``epochs``,
+    """Learner fields of :class:`~echorl_agent.llm_rl.algorithms.gigpo.GiGPOConfig` (:data:`GIGPO_LEARNER_FIELDS`: ``epochs``,
     ``minibatch_size``, ``clip_range``, ``ent_coef``, ``normalize``, ``max_grad_norm``, ``micro_batch``, ``ref_kl_coef``,
     ``target_kl``) for the
     GiGPO methods (``gigpo``, ``bc+gigpo``, ``echorl``); the rest of GiGPOConfig comes from the fields above."""
@@ -330,7 +330,7 @@ def _train_ppo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any, ev: 
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     from echorl_agent.llm_rl import checkpoint as ckpt
-    from echorl_agent.llm_rl.ppo import LLMPPO
+    from echorl_agent.llm_rl.algorithms.ppo import LLMPPO
 
     pk = dict(cfg.policy_kwargs)
     if cfg.method in ("echoppo", "echorl"):  # echorl with the PPO learner: echoppo + replay
@@ -491,10 +491,10 @@ def _finished(cfg: LLMTrainConfig, timesteps: int, stacklevel: int = 3) -> None:
 
 
 def grpo_config(cfg: LLMTrainConfig):
-    """The :class:`~echorl_agent.llm_rl.grpo.GRPOConfig` method ``grpo`` of ``cfg`` trains with: ``grpo_kwargs``
+    """The :class:`~echorl_agent.llm_rl.algorithms.grpo.GRPOConfig` method ``grpo`` of ``cfg`` trains with: ``grpo_kwargs``
     with the env, its options and the seed of ``cfg``, and ``policy_kwargs`` as the LM."""
     from echorl_agent.llm_rl.config import LLMPolicyConfig
-    from echorl_agent.llm_rl.grpo import GRPOConfig
+    from echorl_agent.llm_rl.algorithms.grpo import GRPOConfig
 
     gk = dict(cfg.grpo_kwargs)
     gk.setdefault("env_id", cfg.env_id)
@@ -508,7 +508,7 @@ def grpo_config(cfg: LLMTrainConfig):
 def _train_grpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = None, ev: Any = None,
                 prog: RunProgress | None = None):
     from echorl_agent.llm_rl import checkpoint as ckpt
-    from echorl_agent.llm_rl.grpo import GRPOTrainer
+    from echorl_agent.llm_rl.algorithms.grpo import GRPOTrainer
 
     trainer = GRPOTrainer(grpo_config(cfg), lm=lm)
     per_step = trainer.cfg.group_size * trainer.cfg.prompts_per_step
@@ -554,7 +554,7 @@ def _train_grpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = No
 
 
 def _bc_warm_start(cfg: LLMTrainConfig, policy: Any, out: Path | None, prog: RunProgress | None = None) -> None:
-    from echorl_agent.llm_rl.bc import behaviour_clone, collect_expert_states
+    from echorl_agent.llm_rl.algorithms.bc import behaviour_clone, collect_expert_states
 
     data = collect_expert_states(lambda: make_llm_env(cfg.env_id, cfg.history, cfg.max_episode_steps,
                                                       env_kwargs=cfg.env_kwargs),
@@ -577,9 +577,9 @@ def _bc_warm_start(cfg: LLMTrainConfig, policy: Any, out: Path | None, prog: Run
 
 
 def gigpo_config(cfg: LLMTrainConfig):
-    """The :class:`~echorl_agent.llm_rl.gigpo.GiGPOConfig` a GiGPO method (``gigpo``, ``bc+gigpo``, ``echorl``) of
+    """The :class:`~echorl_agent.llm_rl.algorithms.gigpo.GiGPOConfig` a GiGPO method (``gigpo``, ``bc+gigpo``, ``echorl``) of
     ``cfg`` trains with, and the policy keyword arguments (``echorl`` adds 2 plan tokens and replay by default)."""
-    from echorl_agent.llm_rl.gigpo import GiGPOConfig
+    from echorl_agent.llm_rl.algorithms.gigpo import GiGPOConfig
 
     pk = dict(cfg.policy_kwargs)
     replay, kl_coef = None, 0.0
@@ -599,7 +599,7 @@ def gigpo_config(cfg: LLMTrainConfig):
 def _train_gigpo(cfg: LLMTrainConfig, out: Path | None, lm: Any, opened: Any = None, ev: Any = None,
                  prog: RunProgress | None = None):
     from echorl_agent.llm_rl import checkpoint as ckpt
-    from echorl_agent.llm_rl.gigpo import GiGPOTrainer
+    from echorl_agent.llm_rl.algorithms.gigpo import GiGPOTrainer
 
     gcfg, pk = gigpo_config(cfg)
     policy = None

@@ -12,7 +12,7 @@
 * with ``replay`` (EchoRL's hot/cold replay, ``echorl`` with the PPO learner): each update mixes ``replay_ratio``
   replayed LLM transitions per fresh one, weighted by their prioritized-replay weight times
   ``min(pi_old / mu, C)``, and the rollout's transitions then enter the buffer
-  (:mod:`echorl_agent.llm_rl.ppo_replay`; ``train/replayed``, ``train/replay_items``, ``train/replay_hit_rate``,
+  (:mod:`echorl_agent.llm_rl.algorithms.ppo.replay`; ``train/replayed``, ``train/replay_items``, ``train/replay_hit_rate``,
   ``train/replay_mb_per_1000``, ``train/replay_is_weight_mean``).
 """
 
@@ -25,7 +25,7 @@ import torch as th
 
 from echorl_agent.algorithms.echo_ppo import EchoPPO
 from echorl_agent.llm_rl.policy import LLMPolicy
-from echorl_agent.llm_rl.ppo_replay import PPOReplay, ReplayMinibatch, fresh_transitions
+from echorl_agent.llm_rl.algorithms.ppo.replay import PPOReplay, ReplayMinibatch, fresh_transitions
 from echorl_agent.replay.llm import LLMReplayBuffer
 
 __all__ = ["LLMPPO"]
