@@ -104,8 +104,8 @@ def round_seeds(args: argparse.Namespace, r: int) -> list[int]:
 
 
 def ours_config(args: argparse.Namespace) -> Any:
-    from echorl_agent.llm_rl.config import LLMPolicyConfig
     from echorl_agent.llm_rl.algorithms.gigpo import GiGPOConfig
+    from echorl_agent.llm_rl.config import LLMPolicyConfig
 
     return GiGPOConfig(env_id=ENV_ID, groups=GROUPS, group_size=K, history=0, max_episode_steps=MAX_STEPS,
                        learning_rate=1e-4, seed=args.seed,

@@ -127,8 +127,8 @@ def reward(env: Any, task_seed: int, text: str) -> float:
 
 
 def ours_config(args: argparse.Namespace, variant: tuple[str, str] = ("float32", "multinomial")) -> Any:
-    from echorl_agent.llm_rl.config import LLMPolicyConfig
     from echorl_agent.llm_rl.algorithms.grpo import GRPOConfig
+    from echorl_agent.llm_rl.config import LLMPolicyConfig
 
     dtype, sampler = variant
     return GRPOConfig(env_id=ENV_ID, group_size=args.group, prompts_per_step=1, max_tokens=args.max_tokens,

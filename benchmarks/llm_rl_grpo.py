@@ -56,8 +56,8 @@ def strict_answer(text: str, answer: str) -> bool:
 
 def grpo_config(args: argparse.Namespace, seed: int):
     """The :class:`GRPOConfig` of one seed (what the shipped recipe ``arithmetic-grpo`` is checked against)."""
-    from echorl_agent.llm_rl.config import LLMPolicyConfig
     from echorl_agent.llm_rl.algorithms.grpo import GRPOConfig
+    from echorl_agent.llm_rl.config import LLMPolicyConfig
 
     return GRPOConfig(env_kwargs=EASY, group_size=args.group, prompts_per_step=args.prompts, max_tokens=8,
                       lr=args.lr, seed=seed, sampler=args.sampler,

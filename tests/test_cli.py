@@ -63,7 +63,7 @@ def test_every_option_has_help_and_defaults_are_shown(capsys):
 
 def test_train_llm_methods_and_list_families_come_from_the_registries(capsys):
     import echorl_envs
-    from echorl_agent.llm_rl.train import METHODS
+    from echorl_agent.llm_rl.algorithms.registry import METHODS
 
     subs = subparsers()
     method = next(a for a in subs["train-llm"]._actions if a.dest == "method")

@@ -379,8 +379,8 @@ def test_grpo_on_the_int8_engine_samples_what_the_learner_computes():
     engine: the learner's log-probs equal the engine's sampling log-probs before and after an update."""
     import dataclasses
 
-    from echorl_agent.llm_rl.config import LLMPolicyConfig
     from echorl_agent.llm_rl.algorithms.grpo import GRPOConfig, GRPOTrainer
+    from echorl_agent.llm_rl.config import LLMPolicyConfig
     from echorl_agent.llm_rl.lm import TrainableLM
 
     torch.set_num_threads(1)
@@ -424,8 +424,8 @@ def test_grpo_on_the_int8_engine_samples_what_the_learner_computes():
 def test_grpo_on_the_int8_engine_with_repacked_trained_layers():
     """``engine_float32_trained_layers=False``: the trained layers are re-packed after each update; their weights
     leave the GGUF grid, so the learner and the engine disagree a little (measured ~1e-2) and the IS weights see it."""
-    from echorl_agent.llm_rl.config import LLMPolicyConfig
     from echorl_agent.llm_rl.algorithms.grpo import GRPOConfig, GRPOTrainer
+    from echorl_agent.llm_rl.config import LLMPolicyConfig
     from echorl_agent.llm_rl.lm import TrainableLM
 
     torch.set_num_threads(1)

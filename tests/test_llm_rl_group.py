@@ -241,7 +241,8 @@ def test_group_rollout_shares_the_start_and_detects_unreproducible_seeds(policy)
 
 
 def test_train_config_rejects_bad_input():
-    from echorl_agent.llm_rl.train import LLMTrainConfig, gigpo_config
+    from echorl_agent.llm_rl.algorithms.gigpo import gigpo_config
+    from echorl_agent.llm_rl.train import LLMTrainConfig
 
     with pytest.raises(ValueError, match="free text|does not fit"):
         LLMTrainConfig(env_id="EchoRL/Arithmetic-v0", method="gigpo")
@@ -290,7 +291,8 @@ def test_train_config_rejects_bad_input():
 
 
 def test_gigpo_learner_options_reach_the_gigpo_config():
-    from echorl_agent.llm_rl.train import LLMTrainConfig, gigpo_config
+    from echorl_agent.llm_rl.algorithms.gigpo import gigpo_config
+    from echorl_agent.llm_rl.train import LLMTrainConfig
 
     default, _ = gigpo_config(LLMTrainConfig(env_id=ENV, method="bc+gigpo", n_envs=8, group_size=4))
     assert (default.epochs, default.minibatch_size, default.ent_coef, default.groups) == (1, None, 0.0, 2)

@@ -207,7 +207,8 @@ def test_buffer_fills_from_ppo_rollouts_and_updates_mix_replayed_items(policy, r
 
 def test_config_cli_and_checkpoint_kind_of_the_learner(tmp_path, capsys):
     from echorl_agent import cli
-    from echorl_agent.llm_rl.checkpoint import check_config, kind_of
+    from echorl_agent.llm_rl.algorithms.registry import kind_of
+    from echorl_agent.llm_rl.checkpoint import check_config
     from echorl_agent.llm_rl.train import LLMTrainConfig
 
     with pytest.raises(ValueError, match=r"echorl_learner must be one of \('gigpo', 'ppo'\), got echorl_learner='grpo'"):

@@ -3,6 +3,7 @@ episode- and anchor-state step advantages. Methods ``gigpo`` and ``bc+gigpo`` (a
 
 from __future__ import annotations
 
-from echorl_agent.llm_rl.algorithms.gigpo.trainer import GiGPOConfig, GiGPOTrainer
+from echorl_agent.llm_rl.algorithms.gigpo.config import GiGPOConfig, gigpo_config
+from echorl_agent.llm_rl.algorithms.gigpo.trainer import GiGPOTrainer
 
-__all__ = ["GiGPOConfig", "GiGPOTrainer"]
+__all__ = ["GiGPOConfig", "GiGPOTrainer", "gigpo_config"]

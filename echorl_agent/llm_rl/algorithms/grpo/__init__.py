@@ -3,6 +3,7 @@ rewards, the clipped token-level surrogate. Method ``grpo`` (oracle-answer warm 
 
 from __future__ import annotations
 
-from echorl_agent.llm_rl.algorithms.grpo.trainer import GRPOConfig, GRPOTrainer, Group
+from echorl_agent.llm_rl.algorithms.grpo.config import ANSWER_SYSTEM, GRPOConfig, grpo_config
+from echorl_agent.llm_rl.algorithms.grpo.trainer import Group, GRPOTrainer
 
-__all__ = ["GRPOConfig", "GRPOTrainer", "Group"]
+__all__ = ["ANSWER_SYSTEM", "GRPOConfig", "GRPOTrainer", "Group", "grpo_config"]

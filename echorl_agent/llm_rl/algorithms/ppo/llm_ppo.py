@@ -24,8 +24,8 @@ from typing import Any
 import torch as th
 
 from echorl_agent.algorithms.echo_ppo import EchoPPO
-from echorl_agent.llm_rl.policy import LLMPolicy
 from echorl_agent.llm_rl.algorithms.ppo.replay import PPOReplay, ReplayMinibatch, fresh_transitions
+from echorl_agent.llm_rl.policy import LLMPolicy
 from echorl_agent.replay.llm import LLMReplayBuffer
 
 __all__ = ["LLMPPO"]
@@ -89,7 +89,7 @@ class LLMPPO(EchoPPO):
         self.policy.clear_store()
 
     def _excluded_save_params(self) -> list[str]:
-        # the replay buffer has its own checksummed file (checkpoint.save_ppo writes it)
+        # the replay buffer has its own checksummed file (algorithms.ppo.checkpoint.save_ppo writes it)
         return [*super()._excluded_save_params(), "replay"]
 
     def save(self, path: Any, exclude: Any = None, include: Any = None) -> None:
