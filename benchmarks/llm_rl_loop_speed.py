@@ -185,7 +185,7 @@ def glam_compare(transitions: int, seed: int) -> dict:
     torch.set_num_threads(int(os.environ.get("TORCH_NUM_THREADS", "1")))
     from stable_baselines3.common.utils import ConstantSchedule
 
-    from echorl_agent.llm_rl.algorithms.gigpo import make_choice_env
+    from echorl_agent.llm_rl.rollout import make_choice_env
     from echorl_agent.llm_rl.policy import LLMPolicy
 
     env = make_choice_env(ENV, history=2)

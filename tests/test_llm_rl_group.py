@@ -194,7 +194,7 @@ def test_learner_micro_batches_keep_prefix_segments_whole():
 
 
 def test_truncated_final_state_gets_a_value_only_record(policy):
-    from echorl_agent.llm_rl.algorithms.gigpo import make_choice_env
+    from echorl_agent.llm_rl.rollout import make_choice_env
 
     env = make_choice_env(ENV, history=2, env_kwargs={"env_kwargs": {"max_steps": 2}})  # minigrid truncates
     obs, _ = env.reset(seed=3)
@@ -207,8 +207,7 @@ def test_truncated_final_state_gets_a_value_only_record(policy):
 
 
 def test_group_rollout_shares_the_start_and_detects_unreproducible_seeds(policy):
-    from echorl_agent.llm_rl.algorithms.gigpo import make_choice_env
-    from echorl_agent.llm_rl.rollout import collect_groups
+    from echorl_agent.llm_rl.rollout import collect_groups, make_choice_env
 
     envs = [make_choice_env(ENV, history=2, max_episode_steps=4) for _ in range(4)]
     before = policy.lm.engine.stats.num_computed_tokens
@@ -501,9 +500,10 @@ def test_echorl_on_the_lm_replays_llm_transitions_with_plan_kl(policy):
     # prioritized with their activations, and are learned from together with fresh ones under the plan KL term
     from stable_baselines3.common.utils import ConstantSchedule
 
-    from echorl_agent.llm_rl.algorithms.gigpo import GiGPOConfig, GiGPOTrainer, make_choice_env
+    from echorl_agent.llm_rl.algorithms.gigpo import GiGPOConfig, GiGPOTrainer
     from echorl_agent.llm_rl.learner import Sample, update_policy
     from echorl_agent.llm_rl.policy import LLMPolicy
+    from echorl_agent.llm_rl.rollout import make_choice_env
 
     env = make_choice_env(ENV, history=2, max_episode_steps=6)
     planned = LLMPolicy(env.observation_space, env.action_space, ConstantSchedule(1e-3), lm=policy.lm, lora_rank=4,

@@ -6,7 +6,8 @@ Outputs: ``curve.csv``, ``gigpo.csv`` (one row per iteration), ``adapter/`` (pef
 ``rollout/*``, ``time/*``), ``bc.json`` (a BC warm start), ``checkpoint/``.
 
 A subclass swaps the learner's maths by naming another :attr:`GiGPORun.trainer_class` (a :class:`GiGPOTrainer`
-subclass, e.g. other advantages) and keeps the loop, the logs and exact resumes.
+subclass, e.g. other advantages; :meth:`GiGPORun.make_trainer` hands it the run's options) and keeps the loop, the
+logs and exact resumes (``tests/test_llm_rl_plugin_method.py``: REINFORCE in a few lines).
 """
 
 from __future__ import annotations
@@ -71,7 +72,13 @@ class GiGPORun:
             env = make_choice_env(run.env_id, run.history, run.max_episode_steps, run.env_kwargs)
             policy = LLMPolicy(env.observation_space, env.action_space, ConstantSchedule(run.learning_rate), lm=lm,
                                **pk)
-        return cls(run, method, cls.trainer_class(gcfg, policy))
+        return cls(run, method, cls.make_trainer(gcfg, policy, run))
+
+    @classmethod
+    def make_trainer(cls, config: Any, policy: Any, run: Any) -> GiGPOTrainer:
+        """The trainer of the run (``policy`` None: a fresh one from ``config.lm``); a subclass may set its own
+        options on it (from ``run.method_kwargs``)."""
+        return cls.trainer_class(config, policy)
 
     @property
     def num_timesteps(self) -> int:

@@ -35,7 +35,7 @@ from echorl_agent.llm_rl.learner import Sample, trainable_snapshot, update_polic
 from echorl_agent.llm_rl.policy import LLMPolicy, StepRecord
 from echorl_agent.llm_rl.rollout import Episode, collect_groups, make_choice_env
 
-__all__ = ["GiGPOConfig", "GiGPOTrainer", "make_choice_env"]
+__all__ = ["GiGPOTrainer"]
 
 log = logging.getLogger(__name__)
 

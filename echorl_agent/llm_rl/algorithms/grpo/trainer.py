@@ -29,11 +29,11 @@ import torch
 
 import echorl_envs  # noqa: F401 - registers the EchoRL/* ids the trainer makes
 from echorl_agent.llm.engine.config import GenerationResult, SamplingParams
-from echorl_agent.llm_rl.algorithms.grpo.config import ANSWER_SYSTEM, GRPOConfig
+from echorl_agent.llm_rl.algorithms.grpo.config import GRPOConfig
 from echorl_agent.llm_rl.forward import candidate_token_logprobs, output_rows, pack, run_layers
 from echorl_agent.llm_rl.lm import TrainableLM
 
-__all__ = ["ANSWER_SYSTEM", "GRPOConfig", "GRPOTrainer", "Group"]
+__all__ = ["GRPOTrainer", "Group"]
 
 log = logging.getLogger(__name__)
 
