@@ -62,7 +62,7 @@ from echorl_agent.llm_rl.algorithms.gigpo import gigpo_config  # noqa: E402
 from echorl_agent.llm_rl.algorithms.gigpo.checkpoint import load_gigpo, save_gigpo  # noqa: E402
 from echorl_agent.llm_rl.heldout import held_out_seeds, play  # noqa: E402
 from echorl_agent.llm_rl.train import LLMTrainConfig  # noqa: E402
-from echorl_envs.wrappers.llm import decode_llm_obs  # noqa: E402
+from echorl_envs.wrappers.llm import decode_llm_obs, encode_llm_obs  # noqa: E402
 
 POLICY = {"length_norm": True, "show_admissible": False, "lora_rank": 8, "train_layers": 2}
 
@@ -72,17 +72,18 @@ def _where(info: dict) -> str:
 
 
 class ExpertTrace(gym.Wrapper):
-    """Keeps the episode's observation rows, the expert's action text at each of them, and where the agent was
-    (position, direction, carried object: with the seed, the exact state of a BabyAI GoTo task)."""
+    """Keeps the episode's observation rows (as bytes, the probe files' format; GiGPO's envs give dicts), the
+    expert's action text at each of them, and where the agent was (position, direction, carried object: with the
+    seed, the exact state of a BabyAI GoTo task)."""
 
     def reset(self, **kwargs):
         obs, info = self.env.reset(**kwargs)
-        self.rows, self.experts, self.where = [obs], [info.get("expert_action")], [_where(info)]
+        self.rows, self.experts, self.where = [encode_llm_obs(obs)], [info.get("expert_action")], [_where(info)]
         return obs, info
 
     def step(self, action):
         obs, r, term, trunc, info = self.env.step(action)
-        self.rows.append(obs)
+        self.rows.append(encode_llm_obs(obs))
         self.experts.append(info.get("expert_action"))
         self.where.append(_where(info))
         return obs, r, term, trunc, info

@@ -15,7 +15,7 @@ pytest.importorskip("peft")
 pytest.importorskip("transformers")
 
 import echorl_envs  # noqa: E402,F401
-from echorl_envs.wrappers.llm import LLMObservationWrapper, decode_llm_obs  # noqa: E402
+from echorl_envs.wrappers.llm import LLMObservationWrapper, decode_llm_obs, encode_llm_obs  # noqa: E402
 
 ENV = "EchoRL/MiniGrid-Empty-5x5-v0"
 
@@ -34,6 +34,26 @@ def lm():
 
 def make_env(history: int = 1, steps: int = 12) -> LLMObservationWrapper:
     return LLMObservationWrapper(gym.make(ENV, max_episode_steps=steps), history=history, max_actions=8)
+
+
+def test_unencoded_observations_are_the_states_the_bytes_encode():
+    # GiGPO's envs (encode=False) hand the policy the dicts themselves: the same states, fitted to max_bytes alike
+    # (600 bytes: the history is trimmed and the observation text cut), so its prompts are the byte path's
+    as_bytes = LLMObservationWrapper(gym.make(ENV, max_episode_steps=8), history=3, max_actions=8, max_bytes=600)
+    as_dict = LLMObservationWrapper(gym.make(ENV, max_episode_steps=8), history=3, max_actions=8, max_bytes=600,
+                                    encode=False)
+    row, _ = as_bytes.reset(seed=4)
+    state, _ = as_dict.reset(seed=4)
+    trimmed = 0
+    for t in range(6):
+        assert isinstance(state, dict) and row.dtype == np.uint8
+        decoded = decode_llm_obs(row)
+        assert {**decoded, "episode": ""} == {**state, "episode": ""}  # episode ids count per wrapper
+        assert np.array_equal(encode_llm_obs(decoded, 600), row) and decode_llm_obs(state) is state
+        trimmed += len(decoded["history"]) < min(t, 3)
+        row, *_ = as_bytes.step(t % 3)
+        state, *_ = as_dict.step(t % 3)
+    assert trimmed  # the fitting to max_bytes was exercised
 
 
 def make_policy(lm, **kw):

@@ -54,7 +54,9 @@ class GiGPOTrainer:
         self.cfg = config or GiGPOConfig()
         cfg = self.cfg
         n = cfg.groups * cfg.group_size
-        self.envs = [make_choice_env(cfg.env_id, cfg.history, cfg.max_episode_steps, cfg.env_kwargs) for _ in range(n)]
+        # observations stay dicts: no SB3 buffer stores them, so they never round-trip through JSON bytes
+        self.envs = [make_choice_env(cfg.env_id, cfg.history, cfg.max_episode_steps, cfg.env_kwargs, encode=False)
+                     for _ in range(n)]
         if policy is None:
             kw = dataclasses.asdict(cfg.lm)
             kw["planning"] = cfg.lm.planning
