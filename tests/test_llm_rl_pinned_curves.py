@@ -80,7 +80,7 @@ def test_gigpo_run_gives_its_pinned_curve_and_losses(tmp_path):
     trainer = _train(env_id="EchoRL/MiniGrid-Empty-Random-5x5-v0", method="gigpo", train_steps=16, n_envs=2,
                      group_size=2, history=1, max_episode_steps=4, learning_rate=1e-2, seed=21,
                      policy_kwargs={"lora_rank": 4, "max_kv_tokens": 8192}, checkpoint_every=0, out=str(tmp_path))
-    curve = [(int(r["timesteps"]), float(r["success_rate"]), float(r["return"])) for r in _rows(tmp_path / "curve.csv")]
+    curve = [(int(r["timesteps"]), float(r["success_rate"]), float(r["episode_return"])) for r in _rows(tmp_path / "curve.csv")]
     rows = [{k: float(v) for k, v in r.items() if k not in TIMING} for r in _rows(tmp_path / "gigpo.csv")]
     weights = _weight_sum(trainer.policy.lm.trainable_parameters())
     _report("GIGPO_CURVE", curve)
@@ -107,7 +107,7 @@ def test_bc_ppo_run_gives_its_pinned_curve_and_weights(tmp_path):
                    batch_size=4, n_epochs=1, bc_episodes=1, bc_epochs=1, history=1, max_episode_steps=4,
                    learning_rate=1e-2, seed=3, policy_kwargs={"lora_rank": 4, "max_kv_tokens": 8192},
                    checkpoint_every=0, out=str(tmp_path))
-    curve = [(int(r["timesteps"]), float(r["success_rate"]), float(r["return"])) for r in _rows(tmp_path / "curve.csv")]
+    curve = [(int(r["timesteps"]), float(r["success_rate"]), float(r["episode_return"])) for r in _rows(tmp_path / "curve.csv")]
     bc = json.loads((tmp_path / "bc.json").read_text())["losses"]
     weights = _weight_sum(p for p in model.policy.parameters() if p.requires_grad)
     _report("PPO_CURVE", curve)
