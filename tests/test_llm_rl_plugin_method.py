@@ -139,6 +139,7 @@ def test_a_registered_method_trains_resumes_and_benches(registered, tmp_path, ca
     base = ["train-llm", "--task", ENV, "--method", "reinforce", "--discount", "0.9", "--n-envs", "2",
             "--group-size", "2", "--history", "1", "--max-steps", "4", "--learning-rate", "1e-2", "--seed", "21",
             "--policy-kwargs", '{"lora_rank": 4, "max_kv_tokens": 8192}', "--checkpoint-every", "0", "--quiet",
+            "--eval-episodes", "0",
             "--out", str(out)]
     assert cli.main([*base, "--train-steps", "8"]) == 0
     manifest = json.loads((out / "checkpoint" / "checkpoint.json").read_text())

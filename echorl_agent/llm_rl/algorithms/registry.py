@@ -121,6 +121,9 @@ class Method:
     agent_description: str = ""
     bc_variant: str | None = None
     """The method the bench agent trains with its ``bc_warm_start=True`` option (``llm-ppo`` -> ``bc+ppo``)."""
+    recipe: str | None = None
+    """Its best shipped recipe (``echorl_agent/llm_rl/recipes/<name>.yaml``), whose learner settings are the
+    method's ``echorl train-llm`` defaults when no recipe is named (:func:`~echorl_agent.llm_rl.recipes.resolve_config`)."""
 
     def learner_for(self, run: Any = None) -> Learner:
         """The learner a run of this method trains with."""
@@ -246,18 +249,19 @@ def option_table(exclude: set[str] | frozenset[str] = frozenset()) -> dict[str, 
 
 # ------------------------------------------------------------------ the built-in methods
 register(Method("bc", PPO, "behaviour cloning on the expert (LoRA, LLMPolicy)", warm_start="bc", rl=False,
-                agent="llm-bc", agent_description="SmolLM2 behaviour-cloned on the expert (LoRA, LLMPolicy)"))
+                recipe="minigrid-bc", agent="llm-bc", agent_description="SmolLM2 behaviour-cloned on the expert (LoRA, LLMPolicy)"))
 register(Method("ppo", PPO, "LLM-PPO from the pretrained LM", agent="llm-ppo",
                 agent_description="SmolLM2 trained by PPO (LLMPolicy: LoRA, engine rollouts, activation reuse; "
                 "bc_warm_start option)", bc_variant="bc+ppo"))
-register(Method("bc+ppo", PPO, "BC warm start, then PPO", warm_start="bc"))
+register(Method("bc+ppo", PPO, "BC warm start, then PPO", warm_start="bc", recipe="gotolocal-ppo"))
 register(Method("echoppo", PPO, "BC warm start, then PPO with the latent plan and its KL term", warm_start="bc",
                 plan=True, agent="llm-echoppo",
                 agent_description="SmolLM2, BC warm start + EchoPPO with the latent plan (soft tokens, plan KL)"))
-register(Method("gigpo", GIGPO, "critic-free group RL from the pretrained LM (K episodes per seed)", agent="llm-gigpo",
+register(Method("gigpo", GIGPO, "critic-free group RL from the pretrained LM (K episodes per seed)",
+                recipe="gotolocal-rl", agent="llm-gigpo",
                 agent_description="SmolLM2 trained by GiGPO (critic-free group RL: K episodes per seed, anchor-state "
                 "step advantages; bc_warm_start option)", bc_variant="bc+gigpo"))
-register(Method("bc+gigpo", GIGPO, "BC warm start, then GiGPO", warm_start="bc"))
+register(Method("bc+gigpo", GIGPO, "BC warm start, then GiGPO", warm_start="bc", recipe="gotolocal-sft-rl"))
 register(Method("echorl", {"gigpo": GIGPO, "ppo": PPO},
                 "EchoRL on the LM: GiGPO + latent plan tokens (plan KL) + hot/cold prioritized replay of LLM "
                 "transitions (echorl_learner=ppo: echoppo + the replay)", warm_start="bc_warm_start", plan=True,
@@ -265,5 +269,5 @@ register(Method("echorl", {"gigpo": GIGPO, "ppo": PPO},
                 agent_description="SmolLM2 trained by EchoRL on the LM: GiGPO + latent plan tokens (plan KL) + hot/cold "
                 "prioritized replay of LLM transitions (echorl_learner=ppo option: echoppo + the replay)"))
 register(Method("grpo", GRPO, "free-text envs: oracle-answer warm start, then GRPO", warm_start="oracle",
-                agent="llm-grpo",
+                recipe="arithmetic-grpo", agent="llm-grpo",
                 agent_description="SmolLM2 trained by GRPO on free-text envs (oracle warm start, group sampling)"))
