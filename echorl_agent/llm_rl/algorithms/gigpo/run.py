@@ -72,7 +72,7 @@ class GiGPORun:
             env = make_choice_env(run.env_id, run.history, run.max_episode_steps, run.env_kwargs)
             policy = LLMPolicy(env.observation_space, env.action_space, ConstantSchedule(run.learning_rate), lm=lm,
                                **pk)
-        return cls(run, method, cls.make_trainer(gcfg, policy, run))
+        return cls(run, method, cls.make_trainer(gcfg, policy, run), progress, heldout)
 
     @classmethod
     def make_trainer(cls, config: Any, policy: Any, run: Any) -> GiGPOTrainer:
