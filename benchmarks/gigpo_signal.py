@@ -58,8 +58,8 @@ from echorl_agent.eval.stats import read_jsonl  # noqa: E402
 from echorl_agent.llm_rl import checkpoint as ckpt  # noqa: E402
 from echorl_agent.llm_rl.advantage import gigpo_advantages  # noqa: E402
 from echorl_agent.llm_rl.algorithms.bc.warm_start import bc_warm_start  # noqa: E402
-from echorl_agent.llm_rl.algorithms.gigpo import gigpo_config  # noqa: E402
 from echorl_agent.llm_rl.algorithms.gigpo.checkpoint import load_gigpo, save_gigpo  # noqa: E402
+from echorl_agent.llm_rl.algorithms.gigpo.config import gigpo_config  # noqa: E402
 from echorl_agent.llm_rl.heldout import held_out_seeds, play  # noqa: E402
 from echorl_agent.llm_rl.train import LLMTrainConfig  # noqa: E402
 from echorl_envs.wrappers.llm import decode_llm_obs, encode_llm_obs  # noqa: E402

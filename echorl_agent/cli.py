@@ -382,7 +382,7 @@ def cmd_recipes(args: argparse.Namespace) -> int:
 def add_train_llm_arguments(s: argparse.ArgumentParser) -> None:
     """The train-llm flags: every one defaults to None (its help names the default) so that only flags given on the
     command line override a recipe."""
-    from echorl_agent.llm_rl.algorithms.echorl import ECHORL_LEARNERS
+    from echorl_agent.llm_rl.algorithms.echorl.config import ECHORL_LEARNERS
     from echorl_agent.llm_rl.algorithms.registry import method_names
 
     s.add_argument("--recipe", help="a shipped recipe (see `echorl recipes`); flags given override its fields")

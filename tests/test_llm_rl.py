@@ -324,7 +324,7 @@ def test_lora_adapter_reloads_on_a_plain_hf_model(fresh, tmp_path):
 
 
 def test_behaviour_cloning_overfits_a_fixed_batch(fresh):
-    from echorl_agent.llm_rl.algorithms.bc import behaviour_clone, collect_expert_states
+    from echorl_agent.llm_rl.algorithms.bc.clone import behaviour_clone, collect_expert_states
 
     policy, _ = make_policy(fresh)
     data = collect_expert_states(lambda: make_env(history=0), episodes=1, seed=0)
@@ -349,7 +349,7 @@ def test_bad_input_names_the_field(lm):
         LLMPolicyConfig(train_layers=0)
     with pytest.raises(ValueError, match="engine_weight_dtype.*'int9'"):
         LLMPolicyConfig(engine_weight_dtype="int9")
-    from echorl_agent.llm_rl.algorithms.grpo import GRPOConfig
+    from echorl_agent.llm_rl.algorithms.grpo.config import GRPOConfig
 
     with pytest.raises(ValueError, match="sampler=.*'gumbel'"):
         GRPOConfig(sampler="gumbel")
@@ -358,7 +358,8 @@ def test_bad_input_names_the_field(lm):
 
 
 def test_grpo_group_shares_the_prompt_kv_and_update_moves_the_engine(fresh):
-    from echorl_agent.llm_rl.algorithms.grpo import GRPOConfig, GRPOTrainer
+    from echorl_agent.llm_rl.algorithms.grpo.config import GRPOConfig
+    from echorl_agent.llm_rl.algorithms.grpo.trainer import GRPOTrainer
 
     cfg = GRPOConfig(env_kwargs={"dataset_kwargs": {"min_terms": 2, "max_terms": 2, "min_digits": 1,
                                                     "max_digits": 1}, "max_attempts": 1},
@@ -399,7 +400,8 @@ def test_grpo_on_the_int8_engine_samples_what_the_learner_computes():
     engine: the learner's log-probs equal the engine's sampling log-probs before and after an update."""
     import dataclasses
 
-    from echorl_agent.llm_rl.algorithms.grpo import GRPOConfig, GRPOTrainer
+    from echorl_agent.llm_rl.algorithms.grpo.config import GRPOConfig
+    from echorl_agent.llm_rl.algorithms.grpo.trainer import GRPOTrainer
     from echorl_agent.llm_rl.config import LLMPolicyConfig
     from echorl_agent.llm_rl.lm import TrainableLM
 
@@ -444,7 +446,8 @@ def test_grpo_on_the_int8_engine_samples_what_the_learner_computes():
 def test_grpo_on_the_int8_engine_with_repacked_trained_layers():
     """``engine_float32_trained_layers=False``: the trained layers are re-packed after each update; their weights
     leave the GGUF grid, so the learner and the engine disagree a little (measured ~1e-2) and the IS weights see it."""
-    from echorl_agent.llm_rl.algorithms.grpo import GRPOConfig, GRPOTrainer
+    from echorl_agent.llm_rl.algorithms.grpo.config import GRPOConfig
+    from echorl_agent.llm_rl.algorithms.grpo.trainer import GRPOTrainer
     from echorl_agent.llm_rl.config import LLMPolicyConfig
     from echorl_agent.llm_rl.lm import TrainableLM
 

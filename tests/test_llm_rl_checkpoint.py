@@ -115,7 +115,7 @@ def test_resuming_a_finished_run_does_nothing_and_says_so(finished):
 
 
 def test_load_trained_gives_a_finished_runs_model_back_without_training_or_writing(finished, tmp_path):
-    from echorl_agent.llm_rl.algorithms.gigpo import GiGPOTrainer
+    from echorl_agent.llm_rl.algorithms.gigpo.trainer import GiGPOTrainer
     from echorl_agent.llm_rl.train import load_trained
 
     out, _, weights, _, lm = finished
@@ -138,7 +138,7 @@ def test_load_trained_gives_a_finished_runs_model_back_without_training_or_writi
 
 
 def test_load_trained_gives_a_bc_run_back_as_the_ppo_model_it_saved(lm_and_state, tmp_path):
-    from echorl_agent.llm_rl.algorithms.ppo import LLMPPO
+    from echorl_agent.llm_rl.algorithms.ppo.llm_ppo import LLMPPO
     from echorl_agent.llm_rl.train import load_trained
 
     lm, state = lm_and_state

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 import torch
 
-from echorl_agent.llm_rl.algorithms.gigpo import GiGPOTrainer
 from echorl_agent.llm_rl.algorithms.gigpo.run import GiGPORun
+from echorl_agent.llm_rl.algorithms.gigpo.trainer import GiGPOTrainer
 from echorl_agent.llm_rl.algorithms.registry import Learner, Method, register, unregister
 
 ENV = "EchoRL/MiniGrid-Empty-Random-5x5-v0"

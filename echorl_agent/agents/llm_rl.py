@@ -23,7 +23,7 @@ __all__ = ["LLMChoiceAgent", "LLMGRPOAgent", "agent_entries", "make_llm_agent", 
 
 
 class LLMChoiceAgent(Agent):
-    """An :class:`~echorl_agent.llm_rl.algorithms.ppo.LLMPPO` model (BC, PPO or EchoPPO-trained) acting over admissible actions."""
+    """An :class:`~echorl_agent.llm_rl.algorithms.ppo.llm_ppo.LLMPPO` model (BC, PPO or EchoPPO-trained) acting over admissible actions."""
 
     def __init__(self, name: str, env_id: str, method: str, train_steps: int = 256, seed: int = 0,
                  log_dir: str | None = None, deterministic: bool = True, history: int = 0,

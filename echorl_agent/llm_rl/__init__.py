@@ -22,15 +22,15 @@ from typing import Any
 
 _EXPORTS = {
     "LLMPolicy": "policy",
-    "LLMPPO": "algorithms.ppo",
+    "LLMPPO": "algorithms.ppo.llm_ppo",
     "LLMPolicyConfig": "config",
     "TrainableLM": "lm",
-    "behaviour_clone": "algorithms.bc",
-    "collect_expert_states": "algorithms.bc",
-    "GRPOConfig": "algorithms.grpo",
-    "GRPOTrainer": "algorithms.grpo",
-    "GiGPOConfig": "algorithms.gigpo",
-    "GiGPOTrainer": "algorithms.gigpo",
+    "behaviour_clone": "algorithms.bc.clone",
+    "collect_expert_states": "algorithms.bc.clone",
+    "GRPOConfig": "algorithms.grpo.config",
+    "GRPOTrainer": "algorithms.grpo.trainer",
+    "GiGPOConfig": "algorithms.gigpo.config",
+    "GiGPOTrainer": "algorithms.gigpo.trainer",
 }
 
 __all__ = sorted(_EXPORTS)

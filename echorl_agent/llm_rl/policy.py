@@ -11,7 +11,7 @@ layers' activations of every prompt and candidate token. The learner (:meth:`eva
 from those activations and runs only the trained top layers (:mod:`echorl_agent.llm_rl.forward`), with the prompt
 computed once for all candidates. Observations come from :class:`~echorl_envs.wrappers.llm.LLMObservationWrapper`.
 
-Use it with :class:`~echorl_agent.llm_rl.algorithms.ppo.LLMPPO` (``LLMPPO("LLMPolicy", env, policy_kwargs={...})``), or with SB3's ``PPO`` (``evaluate_actions`` is provided).
+Use it with :class:`~echorl_agent.llm_rl.algorithms.ppo.llm_ppo.LLMPPO` (``LLMPPO("LLMPolicy", env, policy_kwargs={...})``), or with SB3's ``PPO`` (``evaluate_actions`` is provided).
 """
 
 from __future__ import annotations

@@ -214,7 +214,7 @@ def describe(cfg: Any) -> str:
     elif cfg.learner != "grpo":  # a registered method's learner
         parts.append(f"{cfg.method} RL for about {cfg.train_steps:,} env steps ({cfg.learner} learner)")
     else:
-        from echorl_agent.llm_rl.algorithms.grpo import GRPOConfig
+        from echorl_agent.llm_rl.algorithms.grpo.config import GRPOConfig
 
         g = {**{f: getattr(GRPOConfig, f) for f in ("group_size", "prompts_per_step")}, **cfg.grpo_kwargs}
         per = g["group_size"] * g["prompts_per_step"]

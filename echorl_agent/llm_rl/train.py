@@ -97,9 +97,9 @@ class LLMTrainConfig:
     policy_kwargs: dict[str, Any] = field(default_factory=dict)
     """:class:`~echorl_agent.llm_rl.config.LLMPolicyConfig` / PlanningConfig fields."""
     grpo_kwargs: dict[str, Any] = field(default_factory=dict)
-    """:class:`~echorl_agent.llm_rl.algorithms.grpo.GRPOConfig` fields (``grpo``)."""
+    """:class:`~echorl_agent.llm_rl.algorithms.grpo.config.GRPOConfig` fields (``grpo``)."""
     gigpo_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Learner fields of :class:`~echorl_agent.llm_rl.algorithms.gigpo.GiGPOConfig` (``registry.GIGPO.options``: ``epochs``,
+    """Learner fields of :class:`~echorl_agent.llm_rl.algorithms.gigpo.config.GiGPOConfig` (``registry.GIGPO.options``: ``epochs``,
     ``minibatch_size``, ``clip_range``, ``ent_coef``, ``normalize``, ``max_grad_norm``, ``micro_batch``, ``ref_kl_coef``,
     ``target_kl``) for the
     GiGPO methods (``gigpo``, ``bc+gigpo``, ``echorl``); the rest of GiGPOConfig comes from the fields above."""
@@ -248,9 +248,9 @@ def make_llm_env(env_id: str, history: int, max_episode_steps: int | None = None
 
 def train_llm(cfg: LLMTrainConfig, lm: Any = None, resume: bool = False):
     """Train as ``cfg`` says with the method's trainer (see the module docstring); returns its model: an
-    :class:`~echorl_agent.llm_rl.algorithms.ppo.LLMPPO` (``bc`` and the PPO methods), a
-    :class:`~echorl_agent.llm_rl.algorithms.gigpo.GiGPOTrainer`, a
-    :class:`~echorl_agent.llm_rl.algorithms.grpo.GRPOTrainer`, or a registered method's.
+    :class:`~echorl_agent.llm_rl.algorithms.ppo.llm_ppo.LLMPPO` (``bc`` and the PPO methods), a
+    :class:`~echorl_agent.llm_rl.algorithms.gigpo.trainer.GiGPOTrainer`, a
+    :class:`~echorl_agent.llm_rl.algorithms.grpo.trainer.GRPOTrainer`, or a registered method's.
 
     Args:
         cfg: what to run.

@@ -87,14 +87,14 @@ _RUN_OWNED = frozenset({"env_id", "env_kwargs", "seed", "lm", "history", "max_ep
 _A = "echorl_agent.llm_rl.algorithms"
 PPO = Learner("ppo", f"{_A}.ppo.trainer:PPORun", f"{_A}.ppo.config:PPOConfig",
               ("clip_range", "target_kl", "gae_lambda", "vf_coef", "max_grad_norm"), "ppo_kwargs", title="PPO")
-"""LLM-PPO / EchoPPO (:class:`~echorl_agent.llm_rl.algorithms.ppo.LLMPPO`, an SB3 model)."""
+"""LLM-PPO / EchoPPO (:class:`~echorl_agent.llm_rl.algorithms.ppo.llm_ppo.LLMPPO`, an SB3 model)."""
 GIGPO = Learner("gigpo", f"{_A}.gigpo.run:GiGPORun", f"{_A}.gigpo.config:GiGPOConfig",
                 ("epochs", "minibatch_size", "clip_range", "ent_coef", "normalize", "max_grad_norm", "micro_batch",
                  "ref_kl_coef", "target_kl", "sample_weighting", "center_advantages", "positive_advantages"),
                 "gigpo_kwargs", bench_options={"n_envs": 8}, title="GiGPO")
-"""GiGPO (:class:`~echorl_agent.llm_rl.algorithms.gigpo.GiGPOTrainer`): critic-free groups of K episodes."""
+"""GiGPO (:class:`~echorl_agent.llm_rl.algorithms.gigpo.trainer.GiGPOTrainer`): critic-free groups of K episodes."""
 GRPO = Learner("grpo", f"{_A}.grpo.run:GRPORun", f"{_A}.grpo.config:GRPOConfig", None, "grpo_kwargs", "text", title="GRPO")
-"""GRPO on free-text envs (:class:`~echorl_agent.llm_rl.algorithms.grpo.GRPOTrainer`)."""
+"""GRPO on free-text envs (:class:`~echorl_agent.llm_rl.algorithms.grpo.trainer.GRPOTrainer`)."""
 
 
 @dataclass(frozen=True)

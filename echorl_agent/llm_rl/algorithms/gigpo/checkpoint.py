@@ -23,7 +23,7 @@ __all__ = ["load_gigpo", "save_gigpo"]
 
 # ------------------------------------------------------------------ GiGPO / echorl
 def save_gigpo(trainer: Any, cfg: Any, out: str | Path) -> Path:
-    """Write ``<out>/checkpoint/`` for a :class:`~echorl_agent.llm_rl.algorithms.gigpo.GiGPOTrainer` run of ``cfg``, then empty
+    """Write ``<out>/checkpoint/`` for a :class:`~echorl_agent.llm_rl.algorithms.gigpo.trainer.GiGPOTrainer` run of ``cfg``, then empty
     the engine's prefix cache (keeping its weight version), as a resumed run's is.
 
     A run resumed from it computes exactly what the uninterrupted run computes after the checkpoint: same weights

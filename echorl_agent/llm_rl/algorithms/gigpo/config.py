@@ -1,4 +1,4 @@
-"""Hyperparameters of GiGPO (:class:`~echorl_agent.llm_rl.algorithms.gigpo.GiGPOTrainer`), and how a
+"""Hyperparameters of GiGPO (:class:`~echorl_agent.llm_rl.algorithms.gigpo.trainer.GiGPOTrainer`), and how a
 ``train-llm`` run's config maps onto them (:func:`gigpo_config`)."""
 
 from __future__ import annotations

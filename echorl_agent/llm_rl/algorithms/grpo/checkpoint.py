@@ -21,7 +21,7 @@ __all__ = ["load_grpo", "save_grpo"]
 
 # ------------------------------------------------------------------ GRPO (free-text envs)
 def save_grpo(trainer: Any, cfg: Any, out: str | Path, warm_losses: list[float]) -> Path:
-    """Write ``<out>/checkpoint/`` for a :class:`~echorl_agent.llm_rl.algorithms.grpo.GRPOTrainer` run of ``cfg`` between two
+    """Write ``<out>/checkpoint/`` for a :class:`~echorl_agent.llm_rl.algorithms.grpo.trainer.GRPOTrainer` run of ``cfg`` between two
     GRPO steps, then empty the engine's prefix cache (keeping its weight version), as a resumed run's is.
 
     A run resumed from it computes what the uninterrupted run computes after the checkpoint: same weights (bit for
@@ -47,7 +47,7 @@ def save_grpo(trainer: Any, cfg: Any, out: str | Path, warm_losses: list[float])
 
 
 def load_grpo(trainer: Any, checkpoint: tuple[Path, dict[str, Any]]) -> list[float]:
-    """Continue ``trainer`` (a fresh :class:`~echorl_agent.llm_rl.algorithms.grpo.GRPOTrainer`, no warm start) from
+    """Continue ``trainer`` (a fresh :class:`~echorl_agent.llm_rl.algorithms.grpo.trainer.GRPOTrainer`, no warm start) from
     ``checkpoint`` (:func:`open_checkpoint`'s result); returns the warm start's losses of the original run.
 
     Raises:

@@ -1,4 +1,4 @@
-"""Hyperparameters of GRPO on free-text envs (:class:`~echorl_agent.llm_rl.algorithms.grpo.GRPOTrainer`)."""
+"""Hyperparameters of GRPO on free-text envs (:class:`~echorl_agent.llm_rl.algorithms.grpo.trainer.GRPOTrainer`)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ temperature 1. The group shares the prompt's KV: the prompt is prefilled once an
 prefix cache to every sample. Each completion is judged by the env itself (a fresh reset of the same task, one
 ``step``), the advantage is the group-normalised reward ``(r - mean) / (std + eps)`` (GRPO, Shao et al. 2024), and the
 learner maximises the clipped token-level surrogate with truncated importance weights
-``min(pi_learner_old / pi_rollout, C)`` -- the same learner/rollout split as :class:`~echorl_agent.llm_rl.algorithms.ppo.LLMPPO`:
+``min(pi_learner_old / pi_rollout, C)`` -- the same learner/rollout split as :class:`~echorl_agent.llm_rl.algorithms.ppo.llm_ppo.LLMPPO`:
 the learner starts from the activations the engine captured while sampling and runs only the trained top layers.
 Groups whose rewards are all equal carry no signal; their fraction is reported (``frac_zero_std``).
 

@@ -1,8 +1,6 @@
 """PPO / EchoPPO for the LM policy (:class:`LLMPPO`, an SB3 model) and its EchoRL replay mixing. Methods ``ppo``,
-``bc+ppo``, ``echoppo`` (and ``echorl`` with ``echorl_learner="ppo"``)."""
+``bc+ppo``, ``echoppo`` (and ``echorl`` with ``echorl_learner="ppo"``).
 
-from __future__ import annotations
-
-from echorl_agent.llm_rl.algorithms.ppo.llm_ppo import LLMPPO
-
-__all__ = ["LLMPPO"]
+Modules: ``config`` (PPOConfig), ``llm_ppo`` (LLMPPO), ``replay`` (PPOReplay), ``trainer`` (PPORun), ``checkpoint``.
+The public names are exported from :mod:`echorl_agent.llm_rl` (one home each).
+"""

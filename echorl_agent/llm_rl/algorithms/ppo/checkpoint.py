@@ -22,7 +22,7 @@ __all__ = ["load_ppo", "ppo_checkpoint_callback", "save_ppo"]
 
 # ------------------------------------------------------------------ PPO methods (SB3)
 def save_ppo(model: Any, curve: Any, cfg: Any, out: str | Path) -> Path:
-    """Write ``<out>/checkpoint/`` for an :class:`~echorl_agent.llm_rl.algorithms.ppo.LLMPPO` run, between two rollouts.
+    """Write ``<out>/checkpoint/`` for an :class:`~echorl_agent.llm_rl.algorithms.ppo.llm_ppo.LLMPPO` run, between two rollouts.
 
     What is saved: SB3's ``model.zip`` (policy and adapter weights, optimizer, ``num_timesteps``, update count), the
     adapter in peft's format, the curve rows and the global RNG states, and with replay (``echorl`` with the PPO

@@ -1,4 +1,4 @@
-"""Hyperparameters of the PPO learner (:class:`~echorl_agent.llm_rl.algorithms.ppo.LLMPPO`; SB3's meanings)."""
+"""Hyperparameters of the PPO learner (:class:`~echorl_agent.llm_rl.algorithms.ppo.llm_ppo.LLMPPO`; SB3's meanings)."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ __all__ = ["PPORun", "ppo_budget"]
 
 
 class PPORun:
-    """An :class:`~echorl_agent.llm_rl.algorithms.ppo.LLMPPO` run (see the module docstring)."""
+    """An :class:`~echorl_agent.llm_rl.algorithms.ppo.llm_ppo.LLMPPO` run (see the module docstring)."""
 
     def __init__(self, run: Any, method: Any, model: Any, vec: Any, curve: EpisodeCurve, progress: Any = None,
                  heldout: Any = None) -> None:
