@@ -430,7 +430,8 @@ def add_train_llm_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--ppo-kwargs", type=json_object('{"target_kl": 0.02}'),
                    help='JSON PPO options (ppo, bc+ppo, echoppo, echorl --echorl-learner ppo): clip_range, '
                    'target_kl, gae_lambda, vf_coef, max_grad_norm, e.g. \'{"target_kl": 0.02}\'')
-    s.add_argument("--method-kwargs", help="JSON options of a method registered after the built-in ones (its Config's "
+    s.add_argument("--method-kwargs", type=json_object('{"discount": 0.9}'),
+                   help="JSON options of a method registered after the built-in ones (its Config's "
                    "fields; each also has its own flag below)")
     s.add_argument("--eval-episodes", type=int,
                    help="held-out instances per mode (sampled and greedy) played before and after training, seeds "
