@@ -1,7 +1,7 @@
 """Same numbers from the same seeds: short ``train_llm`` runs of GiGPO, BC + PPO and GRPO (the last two marked slow) pinned to the values they
 gave before the methods moved into ``echorl_agent/llm_rl/algorithms/`` (issue 87).
 
-The pinned values were measured on the development host (2-core AMD EPYC, float32, one torch thread) with the code
+The pinned values were measured on the development host (2-core Intel Xeon, float32, one torch thread) with the code
 of commit d09effd. The tolerance (1e-4 relative, 1e-5 absolute on losses and weight sums) absorbs float32 summation-order differences between CPUs; a real change
 of behaviour -- another seed stream, another advantage, a step more or less -- moves these numbers by far more
 (a different action sample changes the episode rows outright). Set ``ECHORL_PRINT_PINNED=1`` to print the values
