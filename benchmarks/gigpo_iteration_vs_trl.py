@@ -22,7 +22,7 @@ every group would have zero reward variance. Both sides therefore first learn fr
 model copy by SFT on the expert's tool calls (LoRA r=16 on every layer, merged; cached in ``<echorl cache>/bench/``),
 ours by behaviour cloning (its own LoRA). ``--warm-start-episodes 0`` runs both as they ship.
 
-Ours: :class:`~echorl_agent.llm_rl.gigpo.GiGPOTrainer` as the ``gigpo-2x4-lean`` loop of ``llm_rl_loop_speed.py``
+Ours: :class:`~echorl_agent.llm_rl.algorithms.gigpo.trainer.GiGPOTrainer` as the ``gigpo-2x4-lean`` loop of ``llm_rl_loop_speed.py``
 but with history 0 (2 groups x K=4, ``show_admissible=False``); one ``iteration()`` = 8 episodes of rollouts +
 advantages + the update + the weight sync to the engine.
 
@@ -104,8 +104,8 @@ def round_seeds(args: argparse.Namespace, r: int) -> list[int]:
 
 
 def ours_config(args: argparse.Namespace) -> Any:
+    from echorl_agent.llm_rl.algorithms.gigpo.config import GiGPOConfig
     from echorl_agent.llm_rl.config import LLMPolicyConfig
-    from echorl_agent.llm_rl.gigpo import GiGPOConfig
 
     return GiGPOConfig(env_id=ENV_ID, groups=GROUPS, group_size=K, history=0, max_episode_steps=MAX_STEPS,
                        learning_rate=1e-4, seed=args.seed,
@@ -193,7 +193,7 @@ def sft_tool_calls(model: Any, tokenizer: Any, episodes: int, epochs: int) -> tu
 def behaviour_clone_ours(ours: Any, episodes: int, epochs: int) -> dict[str, Any]:
     """Our warm start: behaviour cloning of the same expert episodes (:func:`expert_conversations`' seeds) at the
     warm-start lr, then the GiGPO lr again."""
-    from echorl_agent.llm_rl.bc import behaviour_clone, collect_expert_states
+    from echorl_agent.llm_rl.algorithms.bc.clone import behaviour_clone, collect_expert_states
     from echorl_agent.llm_rl.rollout import make_choice_env
 
     t = time.perf_counter()
@@ -242,7 +242,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     import echorl_envs  # noqa: F401  (registers the envs)
     from echorl_agent.llm import load_model
-    from echorl_agent.llm_rl.gigpo import GiGPOTrainer
+    from echorl_agent.llm_rl.algorithms.gigpo.trainer import GiGPOTrainer
     from echorl_envs.integrations.trl import make_trl_dataset, prepare_tokenizer
 
     ours = GiGPOTrainer(ours_config(args))

@@ -18,7 +18,7 @@ episodes (``--eval-episodes`` per mode), the probe, GiGPO iterations (one JSON l
 update), the same held-out episodes again; ``--summary`` pairs after with before over seeds. A seed already done for
 a label is skipped. Raw rows go to ``--out`` (under ``runs/``, ignored: every episode's actions); a study keeps their
 compact summary in git (``benchmarks/summarize_study.py``), which ``--summary`` reads the same way. A run checkpoints after every iteration into ``<out>.<label>-seed<seed>.ckpt/`` (the trainer's
-exact state, :func:`echorl_agent.llm_rl.checkpoint.save_gigpo`, with the probe states), so an interrupted seed
+exact state, :func:`echorl_agent.llm_rl.algorithms.gigpo.checkpoint.save_gigpo`, with the probe states), so an interrupted seed
 continues from its last iteration and computes what the uninterrupted run computes; the folder is removed when the
 seed is done. Example (the setting of docs/studies/gotolocal-bc-gigpo-1k.md)::
 
@@ -50,16 +50,19 @@ import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-import echorl_agent.llm_rl.gigpo as gigpo_mod  # noqa: E402
+import echorl_agent.llm_rl.algorithms.gigpo.trainer as gigpo_mod  # noqa: E402
 from benchmarks.claims import append_jsonl, claim, drop_rows  # noqa: E402
 from benchmarks.summarize_study import load_groups, load_rows  # noqa: E402
 from echorl_agent.eval.runner import cpu_name  # noqa: E402
 from echorl_agent.eval.stats import read_jsonl  # noqa: E402
 from echorl_agent.llm_rl import checkpoint as ckpt  # noqa: E402
 from echorl_agent.llm_rl.advantage import gigpo_advantages  # noqa: E402
+from echorl_agent.llm_rl.algorithms.bc.warm_start import bc_warm_start  # noqa: E402
+from echorl_agent.llm_rl.algorithms.gigpo.checkpoint import load_gigpo, save_gigpo  # noqa: E402
+from echorl_agent.llm_rl.algorithms.gigpo.config import gigpo_config  # noqa: E402
 from echorl_agent.llm_rl.heldout import held_out_seeds, play  # noqa: E402
-from echorl_agent.llm_rl.train import LLMTrainConfig, _bc_warm_start, gigpo_config  # noqa: E402
-from echorl_envs.wrappers.llm import decode_llm_obs  # noqa: E402
+from echorl_agent.llm_rl.train import LLMTrainConfig  # noqa: E402
+from echorl_envs.wrappers.llm import decode_llm_obs, encode_llm_obs  # noqa: E402
 
 POLICY = {"length_norm": True, "show_admissible": False, "lora_rank": 8, "train_layers": 2}
 
@@ -69,17 +72,18 @@ def _where(info: dict) -> str:
 
 
 class ExpertTrace(gym.Wrapper):
-    """Keeps the episode's observation rows, the expert's action text at each of them, and where the agent was
-    (position, direction, carried object: with the seed, the exact state of a BabyAI GoTo task)."""
+    """Keeps the episode's observation rows (as bytes, the probe files' format; GiGPO's envs give dicts), the
+    expert's action text at each of them, and where the agent was (position, direction, carried object: with the
+    seed, the exact state of a BabyAI GoTo task)."""
 
     def reset(self, **kwargs):
         obs, info = self.env.reset(**kwargs)
-        self.rows, self.experts, self.where = [obs], [info.get("expert_action")], [_where(info)]
+        self.rows, self.experts, self.where = [encode_llm_obs(obs)], [info.get("expert_action")], [_where(info)]
         return obs, info
 
     def step(self, action):
         obs, r, term, trunc, info = self.env.step(action)
-        self.rows.append(obs)
+        self.rows.append(encode_llm_obs(obs))
         self.experts.append(info.get("expert_action"))
         self.where.append(_where(info))
         return obs, r, term, trunc, info
@@ -254,10 +258,10 @@ def run_seed(args, seed: int, resume: bool = False) -> None:
     if opened is not None:  # the weights after BC and every update so far, the generators, the probe states
         saved = np.load(folder / "probe.npz")
         rows, experts = list(saved["rows"]), [int(k) for k in saved["experts"]]
-        ckpt.load_gigpo(trainer, opened)
+        load_gigpo(trainer, opened)
     else:
         if args.bc_episodes:  # 0: GiGPO from the pretrained LM
-            _bc_warm_start(cfg, trainer.policy, None)
+            bc_warm_start(cfg, trainer.policy, None)
         rows, experts = start_probe(args, seed, trainer)
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
@@ -279,7 +283,7 @@ def run_seed(args, seed: int, resume: bool = False) -> None:
                "probe_n": len(rows)})
         print(f"seed {seed} it 0: probe p(expert) {p0:.3f}, argmax = expert {top0:.2f} ({len(rows)} states)",
               flush=True)
-        ckpt.save_gigpo(trainer, cfg, folder)
+        save_gigpo(trainer, cfg, folder)
     else:
         print(f"seed {seed}: resumed at iteration {trainer.num_iterations} ({trainer.num_timesteps} env steps)",
               flush=True)
@@ -306,7 +310,7 @@ def run_seed(args, seed: int, resume: bool = False) -> None:
               f"{s['success_rate']:.2f}, alignment {al['alignment']:+.2f} (A expert {al['adv_expert']:+.2f} "
               f"n={al['n_expert']}, other {al['adv_other']:+.2f} n={al['n_other']}), probe p(expert) {p:.3f}, "
               f"argmax {top:.2f}, {row['seconds']:.0f}s", flush=True)
-        ckpt.save_gigpo(trainer, cfg, folder)  # also empties the prefix cache, as a resumed run's is
+        save_gigpo(trainer, cfg, folder)  # also empties the prefix cache, as a resumed run's is
     if args.eval_episodes:
         for r in evaluate(trainer, seed, args.eval_episodes, "after"):
             write(r)

@@ -3,7 +3,7 @@
 The batch, identical on both sides:
 
 * the prompt: one ``EchoRL/Arithmetic-v0`` task (``--task-seed``) as a system + user chat (the system prompt is
-  :class:`~echorl_agent.llm_rl.grpo.GRPOTrainer`'s) rendered with SmolLM2's chat template -- the prompt ids are
+  :class:`~echorl_agent.llm_rl.algorithms.grpo.trainer.GRPOTrainer`'s) rendered with SmolLM2's chat template -- the prompt ids are
   checked equal on both sides every step;
 * ``--group`` completions of exactly ``--max-tokens`` tokens at temperature 1 (ours: the engine's ``ignore_eos``;
   TRL: ``max_completion_length`` + ``generation_kwargs={"min_new_tokens": ...}``, so EOS cannot end a completion);
@@ -127,8 +127,8 @@ def reward(env: Any, task_seed: int, text: str) -> float:
 
 
 def ours_config(args: argparse.Namespace, variant: tuple[str, str] = ("float32", "multinomial")) -> Any:
+    from echorl_agent.llm_rl.algorithms.grpo.config import GRPOConfig
     from echorl_agent.llm_rl.config import LLMPolicyConfig
-    from echorl_agent.llm_rl.grpo import GRPOConfig
 
     dtype, sampler = variant
     return GRPOConfig(env_id=ENV_ID, group_size=args.group, prompts_per_step=1, max_tokens=args.max_tokens,
@@ -177,7 +177,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     import echorl_envs  # noqa: F401  (registers the envs)
     from echorl_agent.llm import load_model
-    from echorl_agent.llm_rl.grpo import GRPOTrainer
+    from echorl_agent.llm_rl.algorithms.grpo.trainer import GRPOTrainer
 
     class BenchGRPOTrainer(GRPOTrainer):
         def judge(self, seed: int, text: str) -> float:  # the shared reward (env judgement + length bonus)

@@ -56,8 +56,8 @@ def strict_answer(text: str, answer: str) -> bool:
 
 def grpo_config(args: argparse.Namespace, seed: int):
     """The :class:`GRPOConfig` of one seed (what the shipped recipe ``arithmetic-grpo`` is checked against)."""
+    from echorl_agent.llm_rl.algorithms.grpo.config import GRPOConfig
     from echorl_agent.llm_rl.config import LLMPolicyConfig
-    from echorl_agent.llm_rl.grpo import GRPOConfig
 
     return GRPOConfig(env_kwargs=EASY, group_size=args.group, prompts_per_step=args.prompts, max_tokens=8,
                       lr=args.lr, seed=seed, sampler=args.sampler,
@@ -65,7 +65,7 @@ def grpo_config(args: argparse.Namespace, seed: int):
 
 
 def run_seed(seed: int, args: argparse.Namespace) -> dict:
-    from echorl_agent.llm_rl.grpo import GRPOTrainer
+    from echorl_agent.llm_rl.algorithms.grpo.trainer import GRPOTrainer
 
     torch.manual_seed(seed)
     tr = GRPOTrainer(grpo_config(args, seed))

@@ -185,8 +185,8 @@ def glam_compare(transitions: int, seed: int) -> dict:
     torch.set_num_threads(int(os.environ.get("TORCH_NUM_THREADS", "1")))
     from stable_baselines3.common.utils import ConstantSchedule
 
-    from echorl_agent.llm_rl.gigpo import make_choice_env
     from echorl_agent.llm_rl.policy import LLMPolicy
+    from echorl_agent.llm_rl.rollout import make_choice_env
 
     env = make_choice_env(ENV, history=2)
     policy = LLMPolicy(env.observation_space, env.action_space, ConstantSchedule(1e-4), lora_rank=8, train_layers=2)

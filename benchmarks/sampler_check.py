@@ -38,8 +38,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.tasks < 2 or args.samples < 1:
         ap.error(f"--tasks must be >= 2 and --samples >= 1, got {args.tasks}, {args.samples}")
     torch.set_num_threads(1)
+    from echorl_agent.llm_rl.algorithms.grpo.config import GRPOConfig
+    from echorl_agent.llm_rl.algorithms.grpo.trainer import GRPOTrainer
     from echorl_agent.llm_rl.config import LLMPolicyConfig
-    from echorl_agent.llm_rl.grpo import GRPOConfig, GRPOTrainer
 
     tr = GRPOTrainer(GRPOConfig(env_kwargs=EASY, max_tokens=8,
                                 lm=LLMPolicyConfig(lora_rank=8, train_layers=2, engine_weight_dtype=args.engine_dtype)))

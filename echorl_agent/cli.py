@@ -14,7 +14,7 @@
     echorl serve-env --task EchoRL/ALFWorld-v0 --task EchoRL/MiniGrid-DoorKey-5x5-v0 --port 8001 --max-sessions 8
 
 Every subcommand's ``--help`` shows its defaults; the agent, method and family lists in it are generated from the
-registries (:data:`echorl_agent.eval.agents.AGENTS`, :data:`echorl_agent.llm_rl.train.METHODS`,
+registries (:data:`echorl_agent.eval.agents.AGENTS`, :data:`echorl_agent.llm_rl.algorithms.registry.METHODS`,
 :data:`echorl_envs.ENVS`).
 """
 
@@ -250,9 +250,10 @@ TRAIN_FLAGS = {"task": "env_id", "method": "method", "train_steps": "train_steps
                "echorl_learner": "echorl_learner", "bc_warm_start": "bc_warm_start", "gamma": "gamma",
                "env_kwargs": "env_kwargs", "batch_size": "batch_size", "n_epochs": "n_epochs",
                "learning_rate": "learning_rate", "policy_kwargs": "policy_kwargs", "grpo_kwargs": "grpo_kwargs",
-               "gigpo_kwargs": "gigpo_kwargs", "ppo_kwargs": "ppo_kwargs", "checkpoint_every": "checkpoint_every",
-               "eval_episodes": "eval_episodes", "eval_every": "eval_every", "env_url": "env_urls"}
-JSON_FLAGS = ("env_kwargs", "policy_kwargs", "grpo_kwargs", "gigpo_kwargs", "ppo_kwargs")
+               "gigpo_kwargs": "gigpo_kwargs", "ppo_kwargs": "ppo_kwargs", "method_kwargs": "method_kwargs",
+               "checkpoint_every": "checkpoint_every", "eval_episodes": "eval_episodes", "eval_every": "eval_every",
+               "env_url": "env_urls"}
+JSON_FLAGS = ("env_kwargs", "policy_kwargs", "grpo_kwargs", "gigpo_kwargs", "ppo_kwargs", "method_kwargs")
 
 
 def _json_flag(dest: str, text: str) -> dict:
@@ -280,6 +281,7 @@ def train_overrides(args: argparse.Namespace) -> dict:
 
 def cmd_train_llm(args: argparse.Namespace) -> int:
     import echorl_envs
+    from echorl_agent.llm_rl.algorithms.options import given_options, method_options
     from echorl_agent.llm_rl.progress import describe, used
     from echorl_agent.llm_rl.recipes import resolve_config
     from echorl_agent.llm_rl.train import train_llm
@@ -290,6 +292,12 @@ def cmd_train_llm(args: argparse.Namespace) -> int:
     try:
         cfg, how = resolve_config({**overrides, "out": args.out, "progress": not args.quiet}, recipe=args.recipe,
                                   config_file=args.config)
+        routed = method_options(given_options(args), cfg)  # the generated flags, to the resolved learner's dict
+        if routed:
+            for name, opts in routed.items():
+                overrides[name] = {**overrides.get(name, {}), **opts}
+            cfg, how = resolve_config({**overrides, "out": args.out, "progress": not args.quiet},
+                                      recipe=args.recipe, config_file=args.config)
         if not args.quiet:
             print(f"[train-llm] {cfg.method} on {cfg.env_id}, seed {cfg.seed} ({how}): {describe(cfg)}",
                   file=sys.stderr, flush=True)
@@ -375,13 +383,14 @@ def cmd_recipes(args: argparse.Namespace) -> int:
 def add_train_llm_arguments(s: argparse.ArgumentParser) -> None:
     """The train-llm flags: every one defaults to None (its help names the default) so that only flags given on the
     command line override a recipe."""
-    from echorl_agent.llm_rl.train import ECHORL_LEARNERS, METHODS
+    from echorl_agent.llm_rl.algorithms.echorl.config import ECHORL_LEARNERS
+    from echorl_agent.llm_rl.algorithms.registry import method_names
 
     s.add_argument("--recipe", help="a shipped recipe (see `echorl recipes`); flags given override its fields")
     s.add_argument("--config", metavar="FILE", help="your own recipe: a YAML or TOML file of LLMTrainConfig fields "
                    "(or a recipe file with a config: section); flags given override it")
     s.add_argument("--task", help="environment id (default: the recipe's)")
-    s.add_argument("--method", choices=list(METHODS),
+    s.add_argument("--method", choices=list(method_names()),
                    help="gigpo / bc+gigpo: critic-free group RL (K episodes per seed); grpo: free-text envs "
                         "(default: the recipe's, else bc+ppo)")
     s.add_argument("--train-steps", type=int,
@@ -422,6 +431,9 @@ def add_train_llm_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--ppo-kwargs", type=json_object('{"target_kl": 0.02}'),
                    help='JSON PPO options (ppo, bc+ppo, echoppo, echorl --echorl-learner ppo): clip_range, '
                    'target_kl, gae_lambda, vf_coef, max_grad_norm, e.g. \'{"target_kl": 0.02}\'')
+    s.add_argument("--method-kwargs", type=json_object('{"discount": 0.9}'),
+                   help="JSON options of a method registered after the built-in ones (its Config's "
+                   "fields; each also has its own flag below)")
     s.add_argument("--eval-episodes", type=int,
                    help="held-out instances per mode (sampled and greedy) played before and after training, seeds "
                         "100000 + 1000 x seed + ep (free text: 500000 + ep); 0: no evaluation (default: the "
@@ -441,6 +453,12 @@ def add_train_llm_arguments(s: argparse.ArgumentParser) -> None:
                    help="continue the run in OUT from OUT/checkpoint/ (same options; --train-steps counts from the "
                         "run's start and may grow); a missing or corrupt checkpoint is an error")
     s.add_argument("--quiet", action="store_true", help="no progress bars and no progress lines")
+    import dataclasses
+
+    from echorl_agent.llm_rl.algorithms.options import add_method_options
+    from echorl_agent.llm_rl.train import LLMTrainConfig
+
+    add_method_options(s, exclude={a.dest for a in s._actions} | {f.name for f in dataclasses.fields(LLMTrainConfig)})
 
 
 def written_since(folder: Path, since: float) -> list[str]:
@@ -516,7 +534,7 @@ def _families() -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     from echorl_agent.eval.agents import EVAL_MODES, agent_names
-    from echorl_agent.llm_rl.train import METHODS
+    from echorl_agent.llm_rl.algorithms.registry import method_names
 
     p = argparse.ArgumentParser(prog="echorl", description="echorl: text environments and EchoRL agents.",
                                 epilog=__doc__.split("\n\n")[1], formatter_class=HelpFormatter)
@@ -587,7 +605,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_arguments(s)
     s.set_defaults(func=cmd_serve)
 
-    s = add("train-llm", "train the LLM itself by RL (LoRA): " + ", ".join(METHODS),
+    s = add("train-llm", "train the LLM itself by RL (LoRA): " + ", ".join(method_names()),
             description="Train the LLM itself (LoRA) and end with its held-out verdict (sampled and greedy success "
             "before -> after, paired 95% CI).\nSettings, later wins: LLMTrainConfig's defaults; the method's defaults "
             "(its best recipe's learner settings); --recipe NAME, --config FILE, or the shipped recipe on --task; the "

@@ -63,7 +63,7 @@ def test_every_option_has_help_and_defaults_are_shown(capsys):
 
 def test_train_llm_methods_and_list_families_come_from_the_registries(capsys):
     import echorl_envs
-    from echorl_agent.llm_rl.train import METHODS
+    from echorl_agent.llm_rl.algorithms.registry import METHODS
 
     subs = subparsers()
     method = next(a for a in subs["train-llm"]._actions if a.dest == "method")
@@ -71,6 +71,42 @@ def test_train_llm_methods_and_list_families_come_from_the_registries(capsys):
     assert all(m in " ".join(help_text(capsys, "train-llm").split()) for m in METHODS)
     family = next(a for a in subs["list"]._actions if a.dest == "family")
     assert set(family.choices) == {e.family for e in echorl_envs.ENVS}
+
+
+def test_train_llm_method_flags_come_from_the_configs_and_reach_their_learner():
+    from echorl_agent.llm_rl.algorithms.options import given_options, method_options
+
+    parser = cli.build_parser()
+
+    def options(*argv):
+        args = parser.parse_args(["train-llm", "--task", "EchoRL/MiniGrid-Empty-5x5-v0", *argv])
+        return method_options(given_options(args), argparse.Namespace(method=args.method,
+                                                                        echorl_learner=args.echorl_learner or "gigpo"))
+
+    got = options("--method", "gigpo", "--epochs", "4", "--minibatch-size", "none", "--center-advantages",
+                  "signal", "--positive-advantages", "true")
+    assert got == {"gigpo_kwargs": {"epochs": 4, "minibatch_size": None, "center_advantages": "signal",
+                                    "positive_advantages": True}}  # "none" is a value, not "unset"
+    assert options("--method", "gigpo") == {}
+    assert options("--method", "echorl", "--echorl-learner", "ppo", "--target-kl", "0.02") == {
+        "ppo_kwargs": {"target_kl": 0.02}}
+    assert options("--method", "grpo", "--max-tokens", "8", "--sampler", "inverse_cdf") == {
+        "grpo_kwargs": {"max_tokens": 8, "sampler": "inverse_cdf"}}
+    with pytest.raises(ValueError, match="--gae-lambda is an option of ppo, bc\\+ppo, echoppo, echorl, not of "
+                                         "--method gigpo"):
+        options("--method", "gigpo", "--gae-lambda", "0.9")
+    with pytest.raises(ValueError, match="--epochs is an option of .*not of --method echorl with its ppo learner"):
+        options("--method", "echorl", "--echorl-learner", "ppo", "--epochs", "2")
+    with pytest.raises(SystemExit):  # argparse names the type it expected
+        parser.parse_args(["train-llm", "--task", "x", "--epochs", "many"])
+    help_flat = " ".join(help_text_of(parser, "train-llm").split())
+    assert "--minibatch-size INT|NONE Samples per optimizer step" in help_flat
+    assert "default 0.5 (PPO), 1.0 (GiGPO), 1.0 (GRPO)" in help_flat  # --max-grad-norm differs per learner
+
+
+def help_text_of(parser, name):
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+    return sub.format_help()
 
 
 def test_docstring_names_every_subcommand_and_play_its_commands(capsys):

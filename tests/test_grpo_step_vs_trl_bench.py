@@ -55,7 +55,7 @@ def test_prompt_ids_equal_on_both_sides_and_reward_has_variance():
 
     import echorl_envs  # noqa: F401
     from echorl_agent.llm.models.loading import cache_dir
-    from echorl_agent.llm_rl.grpo import ANSWER_SYSTEM
+    from echorl_agent.llm_rl.algorithms.grpo.config import ANSWER_SYSTEM
 
     folder = cache_dir() / "models" / "smollm2-135m"
     if not (folder / "tokenizer.json").exists():

@@ -175,8 +175,8 @@ def test_unknown_option_is_named_with_a_hint():
 @needs_model
 def test_llm_frozen_plays_both_modes_and_is_never_trained():
     """llm-frozen: the untrained LLMPolicy of llm-bc / llm-gigpo, greedy and sampled, its actions recorded."""
+    from echorl_agent.agents.llm_rl import make_llm_frozen
     from echorl_agent.eval.agents import incompatibility
-    from echorl_agent.eval.llm_rl_agents import make_llm_frozen
     from echorl_agent.eval.runner import run_job
 
     task = "EchoRL/MiniGrid-Empty-Random-5x5-v0"

@@ -15,7 +15,7 @@ pytest.importorskip("peft")
 pytest.importorskip("transformers")
 
 import echorl_envs  # noqa: E402,F401
-from echorl_envs.wrappers.llm import LLMObservationWrapper, decode_llm_obs  # noqa: E402
+from echorl_envs.wrappers.llm import LLMObservationWrapper, decode_llm_obs, encode_llm_obs  # noqa: E402
 
 ENV = "EchoRL/MiniGrid-Empty-5x5-v0"
 
@@ -34,6 +34,26 @@ def lm():
 
 def make_env(history: int = 1, steps: int = 12) -> LLMObservationWrapper:
     return LLMObservationWrapper(gym.make(ENV, max_episode_steps=steps), history=history, max_actions=8)
+
+
+def test_unencoded_observations_are_the_states_the_bytes_encode():
+    # GiGPO's envs (encode=False) hand the policy the dicts themselves: the same states, fitted to max_bytes alike
+    # (600 bytes: the history is trimmed and the observation text cut), so its prompts are the byte path's
+    as_bytes = LLMObservationWrapper(gym.make(ENV, max_episode_steps=8), history=3, max_actions=8, max_bytes=600)
+    as_dict = LLMObservationWrapper(gym.make(ENV, max_episode_steps=8), history=3, max_actions=8, max_bytes=600,
+                                    encode=False)
+    row, _ = as_bytes.reset(seed=4)
+    state, _ = as_dict.reset(seed=4)
+    trimmed = 0
+    for t in range(6):
+        assert isinstance(state, dict) and row.dtype == np.uint8
+        decoded = decode_llm_obs(row)
+        assert {**decoded, "episode": ""} == {**state, "episode": ""}  # episode ids count per wrapper
+        assert np.array_equal(encode_llm_obs(decoded, 600), row) and decode_llm_obs(state) is state
+        trimmed += len(decoded["history"]) < min(t, 3)
+        row, *_ = as_bytes.step(t % 3)
+        state, *_ = as_dict.step(t % 3)
+    assert trimmed  # the fitting to max_bytes was exercised
 
 
 def make_policy(lm, **kw):
@@ -304,7 +324,7 @@ def test_lora_adapter_reloads_on_a_plain_hf_model(fresh, tmp_path):
 
 
 def test_behaviour_cloning_overfits_a_fixed_batch(fresh):
-    from echorl_agent.llm_rl.bc import behaviour_clone, collect_expert_states
+    from echorl_agent.llm_rl.algorithms.bc.clone import behaviour_clone, collect_expert_states
 
     policy, _ = make_policy(fresh)
     data = collect_expert_states(lambda: make_env(history=0), episodes=1, seed=0)
@@ -329,7 +349,7 @@ def test_bad_input_names_the_field(lm):
         LLMPolicyConfig(train_layers=0)
     with pytest.raises(ValueError, match="engine_weight_dtype.*'int9'"):
         LLMPolicyConfig(engine_weight_dtype="int9")
-    from echorl_agent.llm_rl.grpo import GRPOConfig
+    from echorl_agent.llm_rl.algorithms.grpo.config import GRPOConfig
 
     with pytest.raises(ValueError, match="sampler=.*'gumbel'"):
         GRPOConfig(sampler="gumbel")
@@ -338,7 +358,8 @@ def test_bad_input_names_the_field(lm):
 
 
 def test_grpo_group_shares_the_prompt_kv_and_update_moves_the_engine(fresh):
-    from echorl_agent.llm_rl.grpo import GRPOConfig, GRPOTrainer
+    from echorl_agent.llm_rl.algorithms.grpo.config import GRPOConfig
+    from echorl_agent.llm_rl.algorithms.grpo.trainer import GRPOTrainer
 
     cfg = GRPOConfig(env_kwargs={"dataset_kwargs": {"min_terms": 2, "max_terms": 2, "min_digits": 1,
                                                     "max_digits": 1}, "max_attempts": 1},
@@ -379,8 +400,9 @@ def test_grpo_on_the_int8_engine_samples_what_the_learner_computes():
     engine: the learner's log-probs equal the engine's sampling log-probs before and after an update."""
     import dataclasses
 
+    from echorl_agent.llm_rl.algorithms.grpo.config import GRPOConfig
+    from echorl_agent.llm_rl.algorithms.grpo.trainer import GRPOTrainer
     from echorl_agent.llm_rl.config import LLMPolicyConfig
-    from echorl_agent.llm_rl.grpo import GRPOConfig, GRPOTrainer
     from echorl_agent.llm_rl.lm import TrainableLM
 
     torch.set_num_threads(1)
@@ -424,8 +446,9 @@ def test_grpo_on_the_int8_engine_samples_what_the_learner_computes():
 def test_grpo_on_the_int8_engine_with_repacked_trained_layers():
     """``engine_float32_trained_layers=False``: the trained layers are re-packed after each update; their weights
     leave the GGUF grid, so the learner and the engine disagree a little (measured ~1e-2) and the IS weights see it."""
+    from echorl_agent.llm_rl.algorithms.grpo.config import GRPOConfig
+    from echorl_agent.llm_rl.algorithms.grpo.trainer import GRPOTrainer
     from echorl_agent.llm_rl.config import LLMPolicyConfig
-    from echorl_agent.llm_rl.grpo import GRPOConfig, GRPOTrainer
     from echorl_agent.llm_rl.lm import TrainableLM
 
     torch.set_num_threads(1)

@@ -115,7 +115,7 @@ def test_resuming_a_finished_run_does_nothing_and_says_so(finished):
 
 
 def test_load_trained_gives_a_finished_runs_model_back_without_training_or_writing(finished, tmp_path):
-    from echorl_agent.llm_rl.gigpo import GiGPOTrainer
+    from echorl_agent.llm_rl.algorithms.gigpo.trainer import GiGPOTrainer
     from echorl_agent.llm_rl.train import load_trained
 
     out, _, weights, _, lm = finished
@@ -138,7 +138,7 @@ def test_load_trained_gives_a_finished_runs_model_back_without_training_or_writi
 
 
 def test_load_trained_gives_a_bc_run_back_as_the_ppo_model_it_saved(lm_and_state, tmp_path):
-    from echorl_agent.llm_rl.ppo import LLMPPO
+    from echorl_agent.llm_rl.algorithms.ppo.llm_ppo import LLMPPO
     from echorl_agent.llm_rl.train import load_trained
 
     lm, state = lm_and_state
@@ -210,7 +210,7 @@ def test_interrupted_and_resumed_run_equals_the_uninterrupted_one(lm_and_state, 
     # echorl: interrupted after iteration 2's update, so the resumed run's updates replay the buffer's items with the
     # restored Adam moments; gigpo+ref: interrupted after iteration 2's update, so a resumed run that took its
     # reference from the checkpoint's weights (not the start's) would learn differently. The uninterrupted run checkpoints at the same iteration (a save empties the prefix
-    # cache as a resume does; see checkpoint.save_gigpo).
+    # cache as a resume does; see algorithms.gigpo.checkpoint.save_gigpo).
     lm, state = lm_and_state
     every = stop // 8
     a = _train(lm, state, _cfg(tmp_path / "a", method, checkpoint_every=every))
@@ -343,11 +343,11 @@ def test_gigpo_rows_of_a_run_resumed_from_an_older_checkpoint_gain_the_new_colum
     # rows restored from a checkpoint written before a statistic existed lack its key; later rows have it
     from types import SimpleNamespace
 
-    from echorl_agent.llm_rl.train import _write_gigpo_rows
+    from echorl_agent.llm_rl.algorithms.gigpo.run import write_gigpo_rows
 
     trainer = SimpleNamespace(episodes_done=[(4, True, 1.0)],
                               history=[{"iteration": 1.0, "loss": 0.5}, {"iteration": 2.0, "loss": 0.25,
                                                                           "advantage_mean": -0.1}])
-    _write_gigpo_rows(trainer, tmp_path)
+    write_gigpo_rows(trainer, tmp_path)
     lines = (tmp_path / "gigpo.csv").read_text().splitlines()
     assert lines == ["iteration,loss,advantage_mean", "1.0,0.5,", "2.0,0.25,-0.1"]

@@ -96,7 +96,7 @@ def test_centring_all_steps_or_only_the_steps_with_signal_by_hand():
 
 
 def test_gigpo_config_rejects_bad_input():
-    from echorl_agent.llm_rl.gigpo import GiGPOConfig
+    from echorl_agent.llm_rl.algorithms.gigpo.config import GiGPOConfig
 
     with pytest.raises(ValueError, match="group_size must be >= 2"):
         GiGPOConfig(group_size=1)
@@ -194,7 +194,7 @@ def test_learner_micro_batches_keep_prefix_segments_whole():
 
 
 def test_truncated_final_state_gets_a_value_only_record(policy):
-    from echorl_agent.llm_rl.gigpo import make_choice_env
+    from echorl_agent.llm_rl.rollout import make_choice_env
 
     env = make_choice_env(ENV, history=2, env_kwargs={"env_kwargs": {"max_steps": 2}})  # minigrid truncates
     obs, _ = env.reset(seed=3)
@@ -207,8 +207,7 @@ def test_truncated_final_state_gets_a_value_only_record(policy):
 
 
 def test_group_rollout_shares_the_start_and_detects_unreproducible_seeds(policy):
-    from echorl_agent.llm_rl.gigpo import make_choice_env
-    from echorl_agent.llm_rl.rollout import collect_groups
+    from echorl_agent.llm_rl.rollout import collect_groups, make_choice_env
 
     envs = [make_choice_env(ENV, history=2, max_episode_steps=4) for _ in range(4)]
     before = policy.lm.engine.stats.num_computed_tokens
@@ -241,7 +240,8 @@ def test_group_rollout_shares_the_start_and_detects_unreproducible_seeds(policy)
 
 
 def test_train_config_rejects_bad_input():
-    from echorl_agent.llm_rl.train import LLMTrainConfig, gigpo_config
+    from echorl_agent.llm_rl.algorithms.gigpo.config import gigpo_config
+    from echorl_agent.llm_rl.train import LLMTrainConfig
 
     with pytest.raises(ValueError, match="free text|does not fit"):
         LLMTrainConfig(env_id="EchoRL/Arithmetic-v0", method="gigpo")
@@ -283,14 +283,15 @@ def test_train_config_rejects_bad_input():
         LLMTrainConfig(env_id=ENV, method="bc+gigpo", replay={"capacity": 64})
     with pytest.raises(ValueError, match="plan_tokens=2: the latent plan needs a window"):
         LLMTrainConfig(env_id="EchoRL/Arithmetic-v0", method="grpo", policy_kwargs={"plan_tokens": 2})
-    from echorl_agent.llm_rl.grpo import GRPOConfig
+    from echorl_agent.llm_rl.algorithms.grpo.config import GRPOConfig
 
     with pytest.raises(ValueError, match="plan_tokens=2: the latent plan"):
         GRPOConfig(lm={"plan_tokens": 2})
 
 
 def test_gigpo_learner_options_reach_the_gigpo_config():
-    from echorl_agent.llm_rl.train import LLMTrainConfig, gigpo_config
+    from echorl_agent.llm_rl.algorithms.gigpo.config import gigpo_config
+    from echorl_agent.llm_rl.train import LLMTrainConfig
 
     default, _ = gigpo_config(LLMTrainConfig(env_id=ENV, method="bc+gigpo", n_envs=8, group_size=4))
     assert (default.epochs, default.minibatch_size, default.ent_coef, default.groups) == (1, None, 0.0, 2)
@@ -306,8 +307,9 @@ def test_gigpo_learner_options_reach_the_gigpo_config():
 @pytest.mark.parametrize("center", [False, True, "signal"])
 def test_gigpo_episode_weighting_reaches_the_learner_and_reports_the_weighted_mean_advantage(policy, monkeypatch,
                                                                                            center):
-    import echorl_agent.llm_rl.gigpo as gigpo_mod
-    from echorl_agent.llm_rl.gigpo import GiGPOConfig, GiGPOTrainer
+    import echorl_agent.llm_rl.algorithms.gigpo.trainer as gigpo_mod
+    from echorl_agent.llm_rl.algorithms.gigpo.config import GiGPOConfig
+    from echorl_agent.llm_rl.algorithms.gigpo.trainer import GiGPOTrainer
 
     seen = []
     monkeypatch.setattr(gigpo_mod, "update_policy", lambda pol, samples, **kw: seen.extend(samples) or {})
@@ -340,8 +342,9 @@ def test_gigpo_episode_weighting_reaches_the_learner_and_reports_the_weighted_me
 
 
 def test_a_subclass_advantages_replace_gigpos_and_nothing_else(policy, monkeypatch):
-    import echorl_agent.llm_rl.gigpo as gigpo_mod
-    from echorl_agent.llm_rl.gigpo import GiGPOConfig, GiGPOTrainer
+    import echorl_agent.llm_rl.algorithms.gigpo.trainer as gigpo_mod
+    from echorl_agent.llm_rl.algorithms.gigpo.config import GiGPOConfig
+    from echorl_agent.llm_rl.algorithms.gigpo.trainer import GiGPOTrainer
 
     class Fixed(GiGPOTrainer):  # +1 on every first step, -1 on the rest
         def advantages(self, episodes):
@@ -364,8 +367,9 @@ def test_a_subclass_advantages_replace_gigpos_and_nothing_else(policy, monkeypat
 
 
 def test_positive_advantages_learn_only_from_steps_better_than_their_group(policy, monkeypatch):
-    import echorl_agent.llm_rl.gigpo as gigpo_mod
-    from echorl_agent.llm_rl.gigpo import GiGPOConfig, GiGPOTrainer
+    import echorl_agent.llm_rl.algorithms.gigpo.trainer as gigpo_mod
+    from echorl_agent.llm_rl.algorithms.gigpo.config import GiGPOConfig
+    from echorl_agent.llm_rl.algorithms.gigpo.trainer import GiGPOTrainer
 
     with pytest.raises(ValueError, match="positive_advantages must be True or False, got positive_advantages=1"):
         GiGPOConfig(positive_advantages=1)
@@ -499,9 +503,11 @@ def test_echorl_on_the_lm_replays_llm_transitions_with_plan_kl(policy):
     # prioritized with their activations, and are learned from together with fresh ones under the plan KL term
     from stable_baselines3.common.utils import ConstantSchedule
 
-    from echorl_agent.llm_rl.gigpo import GiGPOConfig, GiGPOTrainer, make_choice_env
+    from echorl_agent.llm_rl.algorithms.gigpo.config import GiGPOConfig
+    from echorl_agent.llm_rl.algorithms.gigpo.trainer import GiGPOTrainer
     from echorl_agent.llm_rl.learner import Sample, update_policy
     from echorl_agent.llm_rl.policy import LLMPolicy
+    from echorl_agent.llm_rl.rollout import make_choice_env
 
     env = make_choice_env(ENV, history=2, max_episode_steps=6)
     planned = LLMPolicy(env.observation_space, env.action_space, ConstantSchedule(1e-3), lm=policy.lm, lora_rank=4,

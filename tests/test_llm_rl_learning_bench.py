@@ -103,7 +103,7 @@ def test_a_run_with_a_checkpoint_resumes_and_a_corrupt_one_starts_again(tmp_path
     assert "starting the run again" in capsys.readouterr().out
 
     cfg = LLMTrainConfig(env_id="EchoRL/MiniGrid-Empty-Random-5x5-v0", method="bc+gigpo", train_steps=64)
-    ckpt._write(folder, cfg, "gigpo", {"iteration": 1, "timesteps": 32}, lambda d: (d / "x.pt").write_bytes(b"x"))
+    ckpt.write_checkpoint(folder, cfg, "gigpo", {"iteration": 1, "timesteps": 32}, lambda d: (d / "x.pt").write_bytes(b"x"))
     (tmp_path / "episodes.jsonl").unlink()
     bench.main(argv)
     assert calls[-1] == (1, True)
@@ -256,7 +256,7 @@ def test_signal_adds_another_scripts_finished_runs_paired_by_episode(tmp_path, c
         bench.main(["--summary", "--reference", "s19:after", "--signal", str(signal), "s18", "--out", str(tmp_path)])
 
 
-def _write(path: Path, rows: list[dict]) -> None:
+def write_checkpoint(path: Path, rows: list[dict]) -> None:
     with open(path, "w") as f:
         for r in rows:
             f.write(json.dumps({**r, "steps": 10, "train_s": 1.0}) + "\n")
@@ -266,7 +266,7 @@ def test_paired_rows_over_few_seeds_are_flagged_descriptive(tmp_path, capsys):
     rows = []
     for seed, wins in ((0, [True, True, False, False]), (1, [True, False, False, False])):
         rows += _rows("bc", seed, "stochastic", [False] * 4) + _rows("bc+ppo", seed, "stochastic", wins)
-    _write(tmp_path / "episodes.jsonl", rows)
+    write_checkpoint(tmp_path / "episodes.jsonl", rows)
     bench.main(["--summary", "--reference", "bc", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert "+0.38 [+0.25, +0.50]" in out  # two seeds: the "CI" is the range of +0.50 and +0.25
@@ -274,12 +274,12 @@ def test_paired_rows_over_few_seeds_are_flagged_descriptive(tmp_path, capsys):
     rows = []
     for seed in range(5):
         rows += _rows("bc", seed, "stochastic", [False] * 4) + _rows("bc+ppo", seed, "stochastic", [True] * 4)
-    _write(tmp_path / "episodes.jsonl", rows)
+    write_checkpoint(tmp_path / "episodes.jsonl", rows)
     bench.main(["--summary", "--reference", "bc", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert "+1.00 [+1.00, +1.00]" in out and "no test" not in out
     rows[0]["resumed"] = True  # one resumed run: the method's training time is a lower bound
-    _write(tmp_path / "episodes.jsonl", rows)
+    write_checkpoint(tmp_path / "episodes.jsonl", rows)
     bench.main(["--summary", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert re.search(r"\| bc +\| stochastic .*\| +≥ 1 +\|", out) and re.search(r"\| bc\+ppo +\| stochastic .*\| +1 +\|", out)

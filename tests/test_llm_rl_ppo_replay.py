@@ -64,7 +64,7 @@ def _nudge(policy, scale: float = 0.5) -> None:
 
 # ------------------------------------------------------------------ weights of the mixed batch (hand computation)
 def test_weights_are_one_on_policy_and_per_times_truncated_ratio_for_replayed(policy, restore):
-    from echorl_agent.llm_rl.ppo_replay import PPOReplay
+    from echorl_agent.llm_rl.algorithms.ppo.replay import PPOReplay
 
     recs, _ = _records(policy, 2, 3)
     stored = _transitions(recs[:6], policy.lm.engine.weight_version)
@@ -125,7 +125,7 @@ def test_weights_are_one_on_policy_and_per_times_truncated_ratio_for_replayed(po
 
 
 def test_replayed_item_logprob_equals_a_fresh_forward(policy, restore):
-    from echorl_agent.llm_rl.ppo_replay import PPOReplay
+    from echorl_agent.llm_rl.algorithms.ppo.replay import PPOReplay
 
     recs, _ = _records(policy, 2, 1, seed0=4)
     items = _transitions(recs, policy.lm.engine.weight_version)
@@ -207,7 +207,8 @@ def test_buffer_fills_from_ppo_rollouts_and_updates_mix_replayed_items(policy, r
 
 def test_config_cli_and_checkpoint_kind_of_the_learner(tmp_path, capsys):
     from echorl_agent import cli
-    from echorl_agent.llm_rl.checkpoint import check_config, kind_of
+    from echorl_agent.llm_rl.algorithms.registry import kind_of
+    from echorl_agent.llm_rl.checkpoint import check_config
     from echorl_agent.llm_rl.train import LLMTrainConfig
 
     with pytest.raises(ValueError, match=r"echorl_learner must be one of \('gigpo', 'ppo'\), got echorl_learner='grpo'"):

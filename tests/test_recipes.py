@@ -69,7 +69,7 @@ def test_every_recipe_trains_what_its_registered_command_trained(name):
             mine, theirs = train_config(r, {"seed": seed}), mod.train_config(r.config["method"], seed, args)
             assert trains(mine) == trains(theirs)
     elif which == "llm_rl_grpo":
-        from echorl_agent.llm_rl.train import grpo_config
+        from echorl_agent.llm_rl.algorithms.grpo.config import grpo_config
 
         args = mod.parse_args(argv)
         assert args.seeds == r.seeds and args.eval == r.config["eval_episodes"]

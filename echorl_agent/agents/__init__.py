@@ -14,6 +14,8 @@
 * :mod:`~echorl_agent.agents.experience` -- :class:`ExperienceGuidedAgent`, a frozen agent with a retrieved step of the
   experience bank in its prompt.
 * :mod:`~echorl_agent.agents.sb3` -- SB3-trained agents (PPO, MaskablePPO, DQN, EchoPPO) acting in the runner's env.
+* :mod:`~echorl_agent.agents.llm_rl` -- the trained-LLM agents (``llm-frozen`` and one ``llm-<method>`` per method of
+  the LLM-RL registry: :class:`LLMChoiceAgent`, :class:`LLMGRPOAgent`).
 
 The agent registry (short names, availability, factories) is :mod:`echorl_agent.eval.agents`. Names load lazily,
 so importing this package does not load torch or the model.
@@ -45,6 +47,8 @@ _EXPORTS = {
     "RemoteEngine": "remote",
     "ToTConfig": "tot",
     "SB3Agent": "sb3",
+    "LLMChoiceAgent": "llm_rl",
+    "LLMGRPOAgent": "llm_rl",
 }
 
 __all__ = ["Agent", *sorted(_EXPORTS)]

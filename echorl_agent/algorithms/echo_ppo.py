@@ -217,7 +217,7 @@ class EchoPPO(PPO):
     def _replay_minibatch(self, n_fresh: int) -> Any:
         """Replayed items to mix into a minibatch of ``n_fresh`` fresh ones (None: none). The result has
         ``advantages [m]`` and ``loss_terms(advantages, clip_range) -> (surrogate [m], value error [m])``, both
-        already weighted (see :class:`~echorl_agent.llm_rl.ppo_replay.ReplayMinibatch`)."""
+        already weighted (see :class:`~echorl_agent.llm_rl.algorithms.ppo.replay.ReplayMinibatch`)."""
         return None
 
     def _after_train(self) -> None:

@@ -43,6 +43,8 @@ class AgentSpec:
     #: a learned policy evaluated greedily and/or by sampling: its factory takes ``deterministic: bool`` and the
     #: agent has a writable ``deterministic`` attribute (see the module docstring)
     learned: bool = False
+    #: answers free-text envs only (a trained-LLM agent of a free-text method, e.g. ``llm-grpo``)
+    free_text: bool = False
 
 
 EVAL_MODES = ("deterministic", "stochastic", "both")
@@ -70,28 +72,31 @@ AGENTS: dict[str, AgentSpec] = {
                   ("transformers", "echorl_agent.agents.chat"), "llm"),
         AgentSpec("echorl", "LLM + latent plan + KV-aware engine + experience", "echorl_agent.agents.llm:make_echorl",
                   ("transformers", "echorl_agent.agents.chat"), "llm"),
-        AgentSpec("llm-frozen", "SmolLM2 in LLMPolicy as pretrained, no update: the start of llm-bc and llm-gigpo "
-                  "(same prompt and scoring; greedy or sampled)", "echorl_agent.eval.llm_rl_agents:make_llm_frozen",
-                  ("peft", "echorl_agent.llm_rl.policy"), "llm", learned=True),
-        AgentSpec("llm-bc", "SmolLM2 behaviour-cloned on the expert (LoRA, LLMPolicy)",
-                  "echorl_agent.eval.llm_rl_agents:make_llm_bc", ("peft", "echorl_agent.llm_rl.policy"), "sb3", learned=True),
-        AgentSpec("llm-ppo", "SmolLM2 trained by PPO (LLMPolicy: LoRA, engine rollouts, activation reuse)",
-                  "echorl_agent.eval.llm_rl_agents:make_llm_ppo", ("peft", "echorl_agent.llm_rl.policy"), "sb3", learned=True),
-        AgentSpec("llm-echoppo", "SmolLM2, BC warm start + EchoPPO with the latent plan (soft tokens, plan KL)",
-                  "echorl_agent.eval.llm_rl_agents:make_llm_echoppo", ("peft", "echorl_agent.llm_rl.policy"), "sb3", learned=True),
-        AgentSpec("llm-gigpo", "SmolLM2 trained by GiGPO (critic-free group RL: K episodes per seed, anchor-state "
-                  "step advantages; bc_warm_start option)", "echorl_agent.eval.llm_rl_agents:make_llm_gigpo",
-                  ("peft", "echorl_agent.llm_rl.gigpo"), "sb3", learned=True),
-        AgentSpec("llm-echorl", "SmolLM2 trained by EchoRL on the LM: GiGPO + latent plan tokens (plan KL) + hot/cold "
-                  "prioritized replay of LLM transitions (echorl_learner=ppo option: echoppo + the replay)", "echorl_agent.eval.llm_rl_agents:make_llm_echorl",
-                  ("peft", "echorl_agent.llm_rl.gigpo", "echorl_agent.replay.llm"), "sb3", learned=True),
-        AgentSpec("llm-grpo", "SmolLM2 trained by GRPO on free-text envs (oracle warm start, group sampling)",
-                  "echorl_agent.eval.llm_rl_agents:make_llm_grpo", ("peft", "echorl_agent.llm_rl.grpo"), "sb3", learned=True),
     ]
 }
 
 
+def _add_llm_rl_agents() -> None:
+    """Add the trained-LLM agents (``llm-frozen`` and one per registered LLM-RL method with an agent name, from
+    :func:`echorl_agent.agents.llm_rl.agent_entries`) that :data:`AGENTS` lacks: a method registered after import
+    gets its agent too."""
+    try:
+        from echorl_agent.agents.llm_rl import agent_entries
+
+        entries = agent_entries()
+    except ImportError:  # pragma: no cover - the LLM-RL part is not installed: its agents are not listed
+        return
+    for e in entries:
+        if e["name"] not in AGENTS:
+            AGENTS[e["name"]] = AgentSpec(e["name"], e["description"], e["factory"], e["requires"], e["kind"],
+                                          learned=True, free_text=e["free_text"])
+
+
+_add_llm_rl_agents()
+
+
 def agent_names() -> list[str]:
+    _add_llm_rl_agents()
     return list(AGENTS)
 
 
@@ -116,6 +121,8 @@ def base_name(name: str) -> str:
 def spec(name: str) -> AgentSpec:
     """The spec of ``name`` (or of ``NAME@LABEL``); unknown names raise ``ValueError`` with a close match."""
     name = base_name(name)
+    if name not in AGENTS:
+        _add_llm_rl_agents()
     if name not in AGENTS:
         hint = difflib.get_close_matches(name, list(AGENTS), n=2, cutoff=0.4)
         raise ValueError(
@@ -153,8 +160,8 @@ def incompatibility(name: str, env_id: str) -> str | None:
 
     s, e = spec(name), echorl_envs.entry(env_id)
     name = base_name(name)
-    if name == "llm-grpo":
-        return "llm-grpo answers free-text envs; use llm-ppo for choice envs" if e.action_type == "choice" else None
+    if s.free_text:
+        return f"{name} answers free-text envs; use llm-ppo for choice envs" if e.action_type == "choice" else None
     if s.kind == "sb3" and e.action_type != "choice":
         return f"{name} picks among admissible actions; {env_id} takes free text"
     if name in ("llm-score", "llm-frozen") and e.action_type != "choice":

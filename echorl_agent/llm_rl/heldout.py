@@ -115,8 +115,8 @@ def play(model: Any, seeds: Sequence[int], mode: str, env_fn: Any = None, phase:
     """Play one held-out episode per seed in ``mode`` (``"sampled"`` or ``"greedy"``) with ``model``.
 
     Args:
-        model: a :class:`~echorl_agent.llm_rl.gigpo.GiGPOTrainer` (plays its envs in one batch), a
-            :class:`~echorl_agent.llm_rl.grpo.GRPOTrainer` (one answer per task seed; sampling seeded by the task) or
+        model: a :class:`~echorl_agent.llm_rl.algorithms.gigpo.trainer.GiGPOTrainer` (plays its envs in one batch), a
+            :class:`~echorl_agent.llm_rl.algorithms.grpo.trainer.GRPOTrainer` (one answer per task seed; sampling seeded by the task) or
             any SB3-style model with ``predict`` (one env from ``env_fn`` at a time, torch seeded by the episode seed).
         env_fn: builds the wrapped env an SB3-style model plays in (unused otherwise).
     """

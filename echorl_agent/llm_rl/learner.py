@@ -4,7 +4,7 @@ packed minibatches, starting from the activations the rollout captured.
 For a sample (state record, action slot ``a``, advantage ``A``):
 ``ratio = pi_theta(a|s) / pi_old(a|s)``, ``loss = -w * min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A)``, with
 the truncated importance weight ``w = min(pi_old(a|s) / pi_rollout(a|s), C)`` correcting the rollout engine's
-distribution (other kernels, or quantized weights) -- the same correction as :class:`~echorl_agent.llm_rl.ppo.LLMPPO`.
+distribution (other kernels, or quantized weights) -- the same correction as :class:`~echorl_agent.llm_rl.algorithms.ppo.llm_ppo.LLMPPO`.
 ``pi`` is the policy's softmax over the admissible actions, so the ratio is per action (the action's tokens are
 scored together); ``- ent_coef * entropy`` is added.
 

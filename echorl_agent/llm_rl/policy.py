@@ -11,12 +11,13 @@ layers' activations of every prompt and candidate token. The learner (:meth:`eva
 from those activations and runs only the trained top layers (:mod:`echorl_agent.llm_rl.forward`), with the prompt
 computed once for all candidates. Observations come from :class:`~echorl_envs.wrappers.llm.LLMObservationWrapper`.
 
-Use it with :class:`~echorl_agent.llm_rl.ppo.LLMPPO` (``LLMPPO("LLMPolicy", env, policy_kwargs={...})``), or with SB3's ``PPO`` (``evaluate_actions`` is provided).
+Use it with :class:`~echorl_agent.llm_rl.algorithms.ppo.llm_ppo.LLMPPO` (``LLMPPO("LLMPolicy", env, policy_kwargs={...})``), or with SB3's ``PPO`` (``evaluate_actions`` is provided).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -181,8 +182,9 @@ class LLMPolicy(BasePolicy):
         self._store.clear()
 
     # ------------------------------------------------------------------ rollout side (engine)
-    def _key(self, row: np.ndarray) -> bytes:
-        return hashlib.blake2b(row.tobytes(), digest_size=16).digest()
+    def _key(self, row: np.ndarray | dict[str, Any]) -> bytes:
+        raw = json.dumps(row, ensure_ascii=False).encode("utf-8") if isinstance(row, dict) else row.tobytes()
+        return hashlib.blake2b(raw, digest_size=16).digest()
 
     def _window(self, episode: str, t: int) -> torch.Tensor:
         k = self.planning.window
@@ -194,8 +196,9 @@ class LLMPolicy(BasePolicy):
         """Score the state's admissible actions with the rollout engine (cached per observation bytes)."""
         return self.record_many([row])[0]
 
-    def record_many(self, rows: np.ndarray | list[np.ndarray]) -> list[StepRecord]:
-        """Score the admissible actions of several states (one per env) in one batched engine call.
+    def record_many(self, rows: np.ndarray | list[np.ndarray] | list[dict[str, Any]]) -> list[StepRecord]:
+        """Score the admissible actions of several states (one per env) in one batched engine call. A state is the
+        byte row of :class:`~echorl_envs.wrappers.llm.LLMObservationWrapper` or its dict (``encode=False``).
 
         A state with no admissible action (the final observation of a truncated episode, whose value SB3
         bootstraps) gets a value-only record: its single placeholder candidate is the end-of-turn token.

@@ -189,15 +189,17 @@ def describe(cfg: Any) -> str:
     warm start, the RL budget with its rounding rule and iteration size, and the held-out evaluations."""
     import math
 
+    from echorl_agent.llm_rl.algorithms.registry import get_method
+
+    method = get_method(cfg.method)
     parts = []
-    bc = cfg.method in ("bc", "bc+ppo", "echoppo", "bc+gigpo") or cfg.method == "echorl" and (
-        cfg.bc_warm_start or cfg.echorl_learner == "ppo")
+    bc = method.warm_starts(cfg) and method.warm_start in ("bc", "bc_warm_start")
     if bc:
         parts.append(f"BC on {cfg.bc_episodes} expert episodes x {cfg.bc_epochs} epochs")
-    elif cfg.method == "grpo" and cfg.bc_episodes:
+    elif method.warm_start == "oracle" and cfg.bc_episodes:
         parts.append(f"SFT on {cfg.bc_episodes} oracle answers x {cfg.bc_epochs} epochs")
     cap = f"<= {cfg.max_episode_steps} steps each" if cfg.max_episode_steps else "the env's step limit"
-    if cfg.method == "bc":
+    if not method.rl:
         pass
     elif cfg.learner == "gigpo":
         groups = max(1, cfg.n_envs // cfg.group_size)
@@ -209,8 +211,10 @@ def describe(cfg: Any) -> str:
         n = math.ceil(cfg.train_steps / rollout)
         parts.append(f"{cfg.method} RL for {n * rollout:,} env steps ({n} rollouts of {cfg.n_steps} steps x "
                      f"{cfg.n_envs} envs; train_steps={cfg.train_steps:,} rounded UP to whole rollouts)")
+    elif cfg.learner != "grpo":  # a registered method's learner
+        parts.append(f"{cfg.method} RL for about {cfg.train_steps:,} env steps ({cfg.learner} learner)")
     else:
-        from echorl_agent.llm_rl.grpo import GRPOConfig
+        from echorl_agent.llm_rl.algorithms.grpo.config import GRPOConfig
 
         g = {**{f: getattr(GRPOConfig, f) for f in ("group_size", "prompts_per_step")}, **cfg.grpo_kwargs}
         per = g["group_size"] * g["prompts_per_step"]
@@ -218,7 +222,7 @@ def describe(cfg: Any) -> str:
         parts.append(f"GRPO for {steps} steps of {g['prompts_per_step']} prompts x {g['group_size']} completions = "
                      f"{steps * per:,} completions (train_steps={cfg.train_steps:,} rounded DOWN to whole steps)")
     if cfg.eval_episodes:
-        when = ["before"] + (["after BC"] if bc and cfg.method != "bc" else []) + ["after"]
+        when = ["before"] + (["after BC"] if bc and method.rl else []) + ["after"]
         every = f", every {cfg.eval_every} iterations" if cfg.eval_every else ""
         parts.append(f"held-out {cfg.eval_episodes} episodes x 2 modes {', '.join(when)}{every}")
     return "; ".join(parts)

@@ -54,13 +54,14 @@ class Episode:
 
 
 def make_choice_env(env_id: str, history: int, max_episode_steps: int | None = None,
-                    env_kwargs: dict[str, Any] | None = None) -> LLMObservationWrapper:
-    """The wrapped env an LLM policy acts in (its own step limit unless ``max_episode_steps`` is given)."""
+                    env_kwargs: dict[str, Any] | None = None, encode: bool = True) -> LLMObservationWrapper:
+    """The wrapped env an LLM policy acts in (its own step limit unless ``max_episode_steps`` is given);
+    ``encode=False``: observations are the state dicts, not their JSON bytes (no SB3 buffer needs them)."""
     kw = dict(env_kwargs or {})
     if max_episode_steps:
         kw["max_episode_steps"] = max_episode_steps
     max_actions = echorl_envs.entry(env_id).max_actions  # the registry's slots (EnvEntry.max_actions)
-    return LLMObservationWrapper(gym.make(env_id, **kw), history=history, max_actions=max_actions)
+    return LLMObservationWrapper(gym.make(env_id, **kw), history=history, max_actions=max_actions, encode=encode)
 
 
 def anchor_key(state: dict) -> str:

@@ -38,7 +38,7 @@ from gymnasium import spaces
 
 from echorl_envs.wrappers.actions import AdmissibleActionWrapper
 
-__all__ = ["LLMObservationWrapper", "decode_llm_obs", "history_start"]
+__all__ = ["LLMObservationWrapper", "decode_llm_obs", "encode_llm_obs", "history_start"]
 
 _EPISODES = itertools.count()
 
@@ -48,8 +48,20 @@ def history_start(t: int, k: int) -> int:
     return max(0, (t // k - 1) * k) if k > 0 else t
 
 
-def decode_llm_obs(obs: np.ndarray | bytes) -> dict[str, Any]:
-    """Unpack one observation of :class:`LLMObservationWrapper` into its dict."""
+def encode_llm_obs(state: dict[str, Any], max_bytes: int = 16384) -> np.ndarray:
+    """The byte row of a state dict that fits ``max_bytes`` (the inverse of :func:`decode_llm_obs`; an
+    ``encode=False`` wrapper's observation becomes the ``encode=True`` one's)."""
+    raw = json.dumps(state, ensure_ascii=False).encode("utf-8")[:max_bytes]
+    out = np.zeros(max_bytes, np.uint8)
+    out[: len(raw)] = np.frombuffer(raw, np.uint8)
+    return out
+
+
+def decode_llm_obs(obs: np.ndarray | bytes | dict[str, Any]) -> dict[str, Any]:
+    """Unpack one observation of :class:`LLMObservationWrapper` into its dict (a dict, the observation of a wrapper
+    with ``encode=False``, is returned as it is)."""
+    if isinstance(obs, dict):
+        return obs
     raw = obs.tobytes() if isinstance(obs, np.ndarray) else bytes(obs)
     return json.loads(raw.rstrip(b"\x00").decode("utf-8"))
 
@@ -63,21 +75,26 @@ class LLMObservationWrapper(AdmissibleActionWrapper):
         max_actions: action slots (positional).
         max_bytes: size of the byte observation; a state that does not fit keeps the newest steps and then cuts
             the oldest observation texts (with a ``[...]`` mark), never the admissible actions.
+        encode: True: observations are the JSON bytes (what SB3's rollout buffers store). False: they are the dict
+            itself, exactly what :func:`decode_llm_obs` would return for the bytes (same fitting to ``max_bytes``),
+            for loops that keep no SB3 buffer (GiGPO): text stays text. ``observation_space`` is the byte ``Box``
+            either way (the LLM policy's space).
     """
 
-    def __init__(self, env: gym.Env, history: int = 2, max_actions: int = 16, max_bytes: int = 16384) -> None:
+    def __init__(self, env: gym.Env, history: int = 2, max_actions: int = 16, max_bytes: int = 16384,
+                 encode: bool = True) -> None:
         super().__init__(env, max_actions=max_actions)
         if history < 0:
             raise ValueError(f"history must be >= 0, got history={history}")
         if max_bytes < 512:
             raise ValueError(f"max_bytes must be >= 512, got max_bytes={max_bytes}")
-        self.history, self.max_bytes = int(history), int(max_bytes)
+        self.history, self.max_bytes, self.encode = int(history), int(max_bytes), bool(encode)
         self.observation_space = spaces.Box(0, 255, (self.max_bytes,), np.uint8)
         self._steps: list[list[Any]] = []
         self._obs, self._task, self._episode, self._t = "", "", "", 0
         self._adm: list[str] = []
 
-    def reset(self, **kwargs: Any) -> tuple[np.ndarray, dict[str, Any]]:
+    def reset(self, **kwargs: Any) -> tuple[np.ndarray | dict[str, Any], dict[str, Any]]:
         obs, info = super().reset(**kwargs)
         if not info.get("admissible_actions"):
             raise ValueError(
@@ -91,7 +108,7 @@ class LLMObservationWrapper(AdmissibleActionWrapper):
         self._episode = f"{os.getpid()}-{next(_EPISODES)}"
         return self._pack(), info
 
-    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+    def step(self, action: Any) -> tuple[np.ndarray | dict[str, Any], float, bool, bool, dict[str, Any]]:
         text = self.action_text(int(action))
         obs, reward, terminated, truncated, info = super().step(action)
         self._steps.append([self._obs, self._adm, text])
@@ -107,7 +124,7 @@ class LLMObservationWrapper(AdmissibleActionWrapper):
     def _slots(self) -> list[str]:
         return [a for a in self.slot_texts() if a is not None]
 
-    def _pack(self) -> np.ndarray:
+    def _pack(self) -> np.ndarray | dict[str, Any]:
         state = self.state()
         raw = json.dumps(state, ensure_ascii=False).encode("utf-8")
         while len(raw) > self.max_bytes and state["history"]:
@@ -118,6 +135,8 @@ class LLMObservationWrapper(AdmissibleActionWrapper):
             over = len(raw) - self.max_bytes + 8
             state["obs"] = state["obs"][: max(0, len(state["obs"].encode("utf-8")) - over) // 4] + " [...]"
             raw = json.dumps(state, ensure_ascii=False).encode("utf-8")[: self.max_bytes]
+        if not self.encode:
+            return state
         out = np.zeros(self.max_bytes, np.uint8)
         out[: len(raw)] = np.frombuffer(raw, np.uint8)
         return out

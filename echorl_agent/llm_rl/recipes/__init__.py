@@ -27,7 +27,7 @@ import difflib
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CLI_EVAL_EPISODES", "METHOD_RECIPES", "RECIPE_KEYS", "Recipe", "TASK_FIELDS", "load_recipe", "read_recipe_file",
+__all__ = ["CLI_EVAL_EPISODES", "RECIPE_KEYS", "Recipe", "TASK_FIELDS", "load_recipe", "method_recipe", "read_recipe_file",
            "recipe_names", "resolve_config", "task_recipe", "train_config"]
 
 HERE = Path(__file__).resolve().parent
@@ -153,10 +153,16 @@ def _hint(name: str, known: Any) -> str:
     return f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
 
 
-#: Each method's defaults are its best recipe's learner settings (the fields below :data:`TASK_FIELDS` excluded):
-#: ``echorl train-llm --method gigpo --task ...`` trains as §26 did, on the task given.
-METHOD_RECIPES = {"bc": "minigrid-bc", "bc+ppo": "gotolocal-ppo", "gigpo": "gotolocal-rl",
-                  "bc+gigpo": "gotolocal-sft-rl", "grpo": "arithmetic-grpo"}
+def method_recipe(method: str) -> str | None:
+    """The recipe whose learner settings (the fields of :data:`TASK_FIELDS` excluded) are ``method``'s defaults: its
+    registry entry's ``recipe`` (``echorl train-llm --method gigpo --task ...`` trains as §26 did, on the task
+    given); None for a method without one."""
+    from echorl_agent.llm_rl.algorithms.registry import METHODS
+
+    spec = METHODS.get(method)
+    return None if spec is None else spec.recipe
+
+
 #: Fields that belong to a task and a run, not to a method: a method's defaults never take them from its recipe.
 TASK_FIELDS = ("env_id", "env_kwargs", "method", "train_steps", "max_episode_steps", "eval_episodes", "eval_every",
                "checkpoint_every", "seed", "out", "progress")
@@ -178,7 +184,7 @@ def resolve_config(overrides: dict[str, Any], recipe: str | None = None, config_
     """The config ``echorl train-llm`` runs and where its settings came from, in this order (later wins):
 
     1. :class:`LLMTrainConfig`'s defaults, with ``eval_episodes`` = :data:`CLI_EVAL_EPISODES`;
-    2. the method's defaults: its best recipe's learner settings (:data:`METHOD_RECIPES`), when 3 gives none;
+    2. the method's defaults: its best recipe's learner settings (:func:`method_recipe`), when 3 gives none;
     3. the settings: ``recipe`` (a shipped name), else ``config_file`` (the user's YAML/TOML), else the shipped
        recipe on the task (and method) of ``overrides`` (:func:`task_recipe`);
     4. ``overrides`` (the flags given on the command line; dicts merged key by key).
@@ -201,10 +207,11 @@ def resolve_config(overrides: dict[str, Any], recipe: str | None = None, config_
     base: dict[str, Any] = {"eval_episodes": CLI_EVAL_EPISODES}
     if chosen is None:
         method = overrides.get("method", "bc+ppo")
-        if method in METHOD_RECIPES:
-            learner = load_recipe(METHOD_RECIPES[method]).config
+        default = method_recipe(method)
+        if default is not None:
+            learner = load_recipe(default).config
             base.update({k: v for k, v in learner.items() if k not in TASK_FIELDS})
-            how = f"{method}'s defaults from recipe {METHOD_RECIPES[method]}"
+            how = f"{method}'s defaults from recipe {default}"
         else:
             how = "LLMTrainConfig's defaults"
     else:

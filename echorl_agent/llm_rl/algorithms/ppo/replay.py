@@ -1,7 +1,7 @@
 """Hot/cold replay of LLM transitions for the PPO learner (``echorl`` with ``echorl_learner="ppo"``; EchoRL
 Algorithm 1's buffer, Eq. 6-7).
 
-:class:`PPOReplay` joins :class:`~echorl_agent.llm_rl.ppo.LLMPPO` and
+:class:`PPOReplay` joins :class:`~echorl_agent.llm_rl.algorithms.ppo.llm_ppo.LLMPPO` and
 :class:`~echorl_agent.replay.llm.LLMReplayBuffer`. One update (``EchoPPO.train``) goes:
 
 1. :meth:`PPOReplay.begin` -- the rollout's transitions (token ids, captured activations, plan window, behaviour
@@ -99,7 +99,7 @@ def fresh_transitions(policy: LLMPolicy, rollout_buffer: Any, version: int) -> l
 
 
 class PPOReplay:
-    """Replay for :class:`~echorl_agent.llm_rl.ppo.LLMPPO` (see the module docstring).
+    """Replay for :class:`~echorl_agent.llm_rl.algorithms.ppo.llm_ppo.LLMPPO` (see the module docstring).
 
     Args:
         buffer: the hot/cold buffer of LLM transitions.

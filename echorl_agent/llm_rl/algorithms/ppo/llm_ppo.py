@@ -12,7 +12,7 @@
 * with ``replay`` (EchoRL's hot/cold replay, ``echorl`` with the PPO learner): each update mixes ``replay_ratio``
   replayed LLM transitions per fresh one, weighted by their prioritized-replay weight times
   ``min(pi_old / mu, C)``, and the rollout's transitions then enter the buffer
-  (:mod:`echorl_agent.llm_rl.ppo_replay`; ``train/replayed``, ``train/replay_items``, ``train/replay_hit_rate``,
+  (:mod:`echorl_agent.llm_rl.algorithms.ppo.replay`; ``train/replayed``, ``train/replay_items``, ``train/replay_hit_rate``,
   ``train/replay_mb_per_1000``, ``train/replay_is_weight_mean``).
 """
 
@@ -24,8 +24,8 @@ from typing import Any
 import torch as th
 
 from echorl_agent.algorithms.echo_ppo import EchoPPO
+from echorl_agent.llm_rl.algorithms.ppo.replay import PPOReplay, ReplayMinibatch, fresh_transitions
 from echorl_agent.llm_rl.policy import LLMPolicy
-from echorl_agent.llm_rl.ppo_replay import PPOReplay, ReplayMinibatch, fresh_transitions
 from echorl_agent.replay.llm import LLMReplayBuffer
 
 __all__ = ["LLMPPO"]
@@ -89,7 +89,7 @@ class LLMPPO(EchoPPO):
         self.policy.clear_store()
 
     def _excluded_save_params(self) -> list[str]:
-        # the replay buffer has its own checksummed file (checkpoint.save_ppo writes it)
+        # the replay buffer has its own checksummed file (algorithms.ppo.checkpoint.save_ppo writes it)
         return [*super()._excluded_save_params(), "replay"]
 
     def save(self, path: Any, exclude: Any = None, include: Any = None) -> None:

@@ -19,123 +19,25 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-import echorl_envs
 from echorl_agent.llm_rl.advantage import (
     anchor_groups,
     center_advantages,
     episode_sample_weights,
     gigpo_advantages,
 )
-from echorl_agent.llm_rl.config import LLMPolicyConfig
+from echorl_agent.llm_rl.algorithms.gigpo.config import GiGPOConfig
 from echorl_agent.llm_rl.learner import Sample, trainable_snapshot, update_policy
 from echorl_agent.llm_rl.policy import LLMPolicy, StepRecord
 from echorl_agent.llm_rl.rollout import Episode, collect_groups, make_choice_env
 
-__all__ = ["GiGPOConfig", "GiGPOTrainer", "make_choice_env"]
+__all__ = ["GiGPOTrainer"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class GiGPOConfig:
-    """Hyperparameters of :class:`GiGPOTrainer` (the LM part is an :class:`LLMPolicyConfig`)."""
-
-    env_id: str = "EchoRL/BabyAI-GoToLocal-v0"
-    """A choice env (``info["admissible_actions"]`` non-empty)."""
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
-    group_size: int = 4
-    """K: episodes per group, all from one seed."""
-    groups: int = 2
-    """Groups (distinct seeds) per iteration; ``groups * group_size`` envs step together."""
-    step_advantage_weight: float = 1.0
-    """omega: weight of the anchor-state step advantage (0 = GRPO over episodes)."""
-    gamma: float = 0.95
-    """Discount of the step-level returns."""
-    normalize: str = "std"
-    """"std" (divide by the group's std, GRPO) or "mean" (centre only)."""
-    sample_weighting: str = "sample"
-    """How the steps' loss terms are weighted: "sample" (each step 1) or "episode" (each episode the same total
-    weight, ``N / (E * len(episode))``; see :func:`~echorl_agent.llm_rl.advantage.episode_sample_weights`)."""
-    center_advantages: bool | str = False
-    """True: subtract the loss-weighted mean advantage of the iteration's steps from every step's advantage, so the
-    update pushes sampled actions up and down with equal weight (every step is then learned from, including the steps
-    of groups without reward variance, which get a constant -mean). "signal": the same over the steps whose advantage
-    is non-zero only; steps without signal stay at 0 (and are not learned from)."""
-    positive_advantages: bool = False
-    """True: after any centring, steps whose advantage is <= 0 are dropped and only the better-than-their-group
-    actions are pushed up (advantage-weighted imitation of the group's better episodes, as rejection-sampling
-    fine-tuning; no gradient pushes a sampled action down)."""
-    history: int = 2
-    """History window k of the prompts."""
-    max_episode_steps: int | None = None
-    """Per-episode step cap (None: the env's own limit)."""
-    learning_rate: float = 1e-4
-    clip_range: float = 0.2
-    epochs: int = 1
-    minibatch_size: int | None = None
-    """Samples per optimizer step (None: one step per iteration over all samples)."""
-    micro_batch: int = 16
-    ent_coef: float = 0.0
-    max_grad_norm: float = 1.0
-    seed: int = 0
-    kl_coef: float = 0.0
-    """lambda_KL of the KL between consecutive plans (with ``lm.plan_tokens > 0``; EchoRL's plan term)."""
-    ref_kl_coef: float = 0.0
-    """beta of KL(pi || pi_ref) over the admissible actions of every visited state, pi_ref = the policy when RL
-    started (after any BC warm start); 0: off. With it on, every step of an iteration is learned from, including
-    steps whose advantage is 0 (they still carry the KL term)."""
-    target_kl: float | None = None
-    """Stop an iteration's update once a minibatch's exact KL(pi_old || pi) over the admissible actions exceeds
-    1.5 x this (SB3's ``target_kl``); None: never."""
-    replay: dict[str, Any] | None = None
-    """Hot/cold prioritized replay of LLM transitions (:class:`~echorl_agent.replay.llm.LLMReplayBuffer` keyword
-    arguments, e.g. ``{"capacity": 4096, "replay_memory_mb": 1024}``); None: no replay."""
-    replay_ratio: float = 1.0
-    """Replayed samples mixed into each update per fresh sample."""
-    lm: LLMPolicyConfig = field(default_factory=LLMPolicyConfig)
-
-    def __post_init__(self) -> None:
-        for name in ("group_size", "groups", "epochs", "micro_batch", "history"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "history" else 1):
-                raise ValueError(f"{name} must be a positive int, got {name}={v!r}")
-        if self.group_size < 2:
-            raise ValueError(f"group_size must be >= 2 (advantages compare the episodes of a group), "
-                             f"got group_size={self.group_size}")
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1], got gamma={self.gamma!r}")
-        if self.step_advantage_weight < 0:
-            raise ValueError(f"step_advantage_weight must be >= 0, got step_advantage_weight={self.step_advantage_weight!r}")
-        if self.normalize not in ("std", "mean"):
-            raise ValueError(f"normalize must be 'std' or 'mean', got normalize={self.normalize!r}")
-        episode_sample_weights([], self.sample_weighting)  # ValueError naming sample_weighting
-        center_advantages([], [], self.center_advantages)  # ValueError naming center_advantages
-        if not isinstance(self.positive_advantages, bool):
-            raise ValueError(f"positive_advantages must be True or False, got positive_advantages={self.positive_advantages!r}")
-        if not self.learning_rate > 0:
-            raise ValueError(f"learning_rate must be > 0, got learning_rate={self.learning_rate!r}")
-        if isinstance(self.lm, dict):
-            self.lm = LLMPolicyConfig.from_kwargs(**self.lm)
-        if self.kl_coef < 0:
-            raise ValueError(f"kl_coef must be >= 0, got kl_coef={self.kl_coef!r}")
-        if not self.ref_kl_coef >= 0:
-            raise ValueError(f"ref_kl_coef must be >= 0, got ref_kl_coef={self.ref_kl_coef!r}")
-        if self.target_kl is not None and not self.target_kl > 0:
-            raise ValueError(f"target_kl must be > 0 or None, got target_kl={self.target_kl!r}")
-        if not self.replay_ratio >= 0:
-            raise ValueError(f"replay_ratio must be >= 0, got replay_ratio={self.replay_ratio!r}")
-        if self.replay is not None and not isinstance(self.replay, dict):
-            raise ValueError(f"replay must be None or a dict of LLMReplayBuffer arguments, got replay={self.replay!r}")
-        entry = echorl_envs.entry(self.env_id)
-        if entry.action_type != "choice":
-            raise ValueError(f"method gigpo ranks admissible actions; env_id={self.env_id!r} takes free text "
-                             "(use method 'grpo')")
 
 
 class GiGPOTrainer:
@@ -152,7 +54,9 @@ class GiGPOTrainer:
         self.cfg = config or GiGPOConfig()
         cfg = self.cfg
         n = cfg.groups * cfg.group_size
-        self.envs = [make_choice_env(cfg.env_id, cfg.history, cfg.max_episode_steps, cfg.env_kwargs) for _ in range(n)]
+        # observations stay dicts: no SB3 buffer stores them, so they never round-trip through JSON bytes
+        self.envs = [make_choice_env(cfg.env_id, cfg.history, cfg.max_episode_steps, cfg.env_kwargs, encode=False)
+                     for _ in range(n)]
         if policy is None:
             kw = dataclasses.asdict(cfg.lm)
             kw["planning"] = cfg.lm.planning

@@ -5,7 +5,7 @@ temperature 1. The group shares the prompt's KV: the prompt is prefilled once an
 prefix cache to every sample. Each completion is judged by the env itself (a fresh reset of the same task, one
 ``step``), the advantage is the group-normalised reward ``(r - mean) / (std + eps)`` (GRPO, Shao et al. 2024), and the
 learner maximises the clipped token-level surrogate with truncated importance weights
-``min(pi_learner_old / pi_rollout, C)`` -- the same learner/rollout split as :class:`~echorl_agent.llm_rl.ppo.LLMPPO`:
+``min(pi_learner_old / pi_rollout, C)`` -- the same learner/rollout split as :class:`~echorl_agent.llm_rl.algorithms.ppo.llm_ppo.LLMPPO`:
 the learner starts from the activations the engine captured while sampling and runs only the trained top layers.
 Groups whose rewards are all equal carry no signal; their fraction is reported (``frac_zero_std``).
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -28,56 +28,14 @@ import numpy as np
 import torch
 
 import echorl_envs  # noqa: F401 - registers the EchoRL/* ids the trainer makes
-from echorl_agent.llm.engine.config import SAMPLERS, GenerationResult, SamplingParams
-from echorl_agent.llm_rl.config import LLMPolicyConfig, check_no_plan_on_free_text
+from echorl_agent.llm.engine.config import GenerationResult, SamplingParams
+from echorl_agent.llm_rl.algorithms.grpo.config import GRPOConfig
 from echorl_agent.llm_rl.forward import candidate_token_logprobs, output_rows, pack, run_layers
 from echorl_agent.llm_rl.lm import TrainableLM
 
-__all__ = ["GRPOConfig", "GRPOTrainer", "Group"]
+__all__ = ["GRPOTrainer", "Group"]
 
 log = logging.getLogger(__name__)
-
-ANSWER_SYSTEM = "Solve the problem. Reply with the final answer only."
-
-
-@dataclass
-class GRPOConfig:
-    """Hyperparameters of :class:`GRPOTrainer` (the LM part is an :class:`LLMPolicyConfig`)."""
-
-    env_id: str = "EchoRL/Arithmetic-v0"
-    """A free-text env (or any env: the completion text is the action)."""
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
-    group_size: int = 8
-    """n completions per prompt."""
-    prompts_per_step: int = 4
-    max_tokens: int = 16
-    """Completion budget in tokens."""
-    lr: float = 2e-4
-    clip_range: float = 0.2
-    epochs: int = 1
-    """Gradient passes over each batch of groups."""
-    max_grad_norm: float = 1.0
-    system_prompt: str = ANSWER_SYSTEM
-    seed: int = 0
-    sampler: str = "multinomial"
-    """How the engine draws each token (``SamplingParams.sampler``): "multinomial" or "inverse_cdf" (the same
-    distribution, ~10x cheaper per token on a CPU; different completions for the same seed)."""
-    lm: LLMPolicyConfig = field(default_factory=LLMPolicyConfig)
-
-    def __post_init__(self) -> None:
-        for name in ("group_size", "prompts_per_step", "max_tokens", "epochs"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {name}={v!r}")
-        if self.group_size < 2:
-            raise ValueError(f"group_size must be >= 2 (advantages are relative to the group), got {self.group_size}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got lr={self.lr!r}")
-        if self.sampler not in SAMPLERS:
-            raise ValueError(f"sampler must be one of {SAMPLERS}, got sampler={self.sampler!r}")
-        if isinstance(self.lm, dict):
-            self.lm = LLMPolicyConfig.from_kwargs(**self.lm)
-        check_no_plan_on_free_text(self.lm.plan_tokens, self.env_id)
 
 
 @dataclass
