@@ -88,9 +88,8 @@ def test_readme_links_the_docs_index():
 
 #: Folders never scanned for Markdown pages: environments, build outputs, run outputs.
 _SKIP_DIRS = {".git", ".venv", "venv", "runs", "build", "dist", "node_modules", "__pycache__", ".pytest_cache"}
-#: Pages another change of this release removes (their content moves to docs/studies/ and docs/results/); until it
-#: lands they are exempt from the size rule. Remove an entry once its file is gone.
-_BEING_REMOVED = {"benchmarks/RESULTS.md", "benchmarks/preregistered.md"}
+#: Pages another change of this release removes, exempt from the size rule until it lands (none left).
+_BEING_REMOVED: set[str] = set()
 #: Link targets that another change of this release creates, keyed by the file whose presence means it has landed:
 #: the headline figure exists once its plotting script does. Until then links to it are skipped by
 #: `test_markdown_links_resolve`; `test_exemptions_are_still_needed` says when an entry must go.
