@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import pickle
 
-import numpy as np
 import gymnasium as gym
+import numpy as np
 import pytest
 
 import echorl_envs  # noqa: F401  (registers the ids)

@@ -112,13 +112,18 @@ def check_web_step(app: Any) -> None:
 
     for i, route in enumerate(app.router.routes):
         if isinstance(route, APIRoute) and route.path == "/web/step":
-            original = route.endpoint
+            app.router.routes[i] = APIRoute(route.path, _checked_web_step(route.endpoint), methods=list(route.methods),
+                                            name=route.name)
 
-            async def web_step(request: dict[str, Any]) -> Any:
-                action = request.get("action", {})
-                if "message" not in request and not isinstance(action, dict):
-                    raise ClientError(f"action must be an object, got action={action!r:.80}: "
-                                      + ROUTE_HINTS["/step"].split(";")[0])
-                return await original(request)
 
-            app.router.routes[i] = APIRoute(route.path, web_step, methods=list(route.methods), name=route.name)
+def _checked_web_step(original: Any) -> Any:
+    """``/web/step`` that answers 422 to a non-object action before calling OpenEnv's handler ``original``."""
+
+    async def web_step(request: dict[str, Any]) -> Any:
+        action = request.get("action", {})
+        if "message" not in request and not isinstance(action, dict):
+            raise ClientError(f"action must be an object, got action={action!r:.80}: "
+                              + ROUTE_HINTS["/step"].split(";")[0])
+        return await original(request)
+
+    return web_step
