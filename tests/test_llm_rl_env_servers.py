@@ -109,7 +109,7 @@ def test_a_server_that_dies_or_hangs_mid_run_has_its_episodes_replayed(lm_and_st
 
         monkeypatch.setattr(env_servers.FailoverEnv, "step", step_then_fail)
         try:
-            trainer, rows = _run(lm, state, _cfg(tmp_path, env_urls=[server_a[1], url_b], env_step_timeout_s=3.0))
+            trainer, rows = _run(lm, state, _cfg(tmp_path, env_urls=[server_a[1], url_b], env_step_timeout_s=10.0))
         finally:
             if fault == "hang":
                 os.kill(proc_b.pid, signal.SIGCONT)
