@@ -253,30 +253,13 @@ TRAIN_FLAGS = {"task": "env_id", "method": "method", "train_steps": "train_steps
                "gigpo_kwargs": "gigpo_kwargs", "ppo_kwargs": "ppo_kwargs", "method_kwargs": "method_kwargs",
                "checkpoint_every": "checkpoint_every", "eval_episodes": "eval_episodes", "eval_every": "eval_every",
                "env_url": "env_urls"}
-JSON_FLAGS = ("env_kwargs", "policy_kwargs", "grpo_kwargs", "gigpo_kwargs", "ppo_kwargs", "method_kwargs")
-
-
-def _json_flag(dest: str, text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise SystemExit(f"echorl train-llm: --{dest.replace('_', '-')} is not JSON ({e}): {text!r}; write e.g. "
-                         '\'{"epochs": 4}\' (keys in double quotes)') from e
-    if not isinstance(value, dict):
-        raise SystemExit(f"echorl train-llm: --{dest.replace('_', '-')} must be a JSON object, got {text!r}")
-    return value
 
 
 def train_overrides(args: argparse.Namespace) -> dict:
     """The LLMTrainConfig fields the command line set explicitly (every train-llm flag defaults to None, so a flag
     that was not given never overrides a recipe)."""
-    out = {}
-    for dest, name in TRAIN_FLAGS.items():
-        v = getattr(args, dest, None)
-        if v is not None:
-            # the parser's JSON flags arrive parsed (argtypes.json_object); a Namespace made elsewhere may hold text
-            out[name] = _json_flag(dest, v) if dest in JSON_FLAGS and isinstance(v, str) else v
-    return out
+    # JSON flags arrive parsed (argtypes.json_object)
+    return {name: v for dest, name in TRAIN_FLAGS.items() if (v := getattr(args, dest, None)) is not None}
 
 
 def cmd_train_llm(args: argparse.Namespace) -> int:
