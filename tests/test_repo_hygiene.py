@@ -29,36 +29,10 @@ ARTEFACT = re.compile(r"(\.(pt|pth|safetensors|ckpt|zip|pkl|npz)$|(^|/)replay\.b
 """Paths of experiment artefacts: weights, optimizer states, model zips, replay files, pickles, checkpoint /
 adapter / tensorboard folders, raw per-episode logs of the studies."""
 
-# Untracked next session: a submission's diffs are capped at 256 MiB, and deleting a binary counts ~1.3x its size,
-# so the artefacts leave git over two sessions. This list may only shrink: a path here that is no longer tracked
-# fails the test (remove it from the list), and no other artefact may be tracked.
-PENDING_UNTRACK = frozenset({
-    "benchmarks/results/llm_rl_alfworld4_s1150/bc+ppo-seed1150/checkpoint/model.zip",
-    "benchmarks/results/llm_rl_alfworld4_s1150/bc+ppo-seed1151/checkpoint/model.zip",
-    "benchmarks/results/llm_rl_alfworld4_s1150/bc+ppo-seed1152/checkpoint/model.zip",
-    "benchmarks/results/llm_rl_alfworld4_s1150/bc+ppo-seed1153/checkpoint/model.zip",
-    "benchmarks/results/llm_rl_alfworld4_s1150/bc+ppo-seed1154/checkpoint/model.zip",
-    "benchmarks/results/llm_rl_alfworld_s1110/bc+ppo-seed1110/checkpoint/model.zip",
-    "benchmarks/results/llm_rl_alfworld_s1110/bc+ppo-seed1111/checkpoint/model.zip",
-    "benchmarks/results/llm_rl_alfworld_s1110/bc+ppo-seed1112/checkpoint/model.zip",
-    "benchmarks/results/llm_rl_alfworld_s1110/bc+ppo-seed1113/checkpoint/model.zip",
-    "benchmarks/results/llm_rl_alfworld_s1110/bc+ppo-seed1114/checkpoint/model.zip",
-    "benchmarks/results/llm_rl_alfworld_s1110/bc-seed1110/checkpoint/model.zip",
-    "benchmarks/results/llm_rl_alfworld_s1110/bc-seed1112/checkpoint/model.zip",
-    "benchmarks/results/llm_rl_alfworld_s1110_ppo/bc+ppo-seed1110/checkpoint/model.zip",
-    "benchmarks/results/llm_rl_alfworld_s1110_ppo/bc+ppo-seed1111/checkpoint/model.zip",
-    "benchmarks/results/llm_rl_alfworld_s1110_ppo/bc+ppo-seed1112/checkpoint/model.zip",
-    "benchmarks/results/llm_rl_alfworld_s1110_ppo/bc+ppo-seed1113/checkpoint/model.zip",
-    "benchmarks/results/llm_rl_alfworld_s1110_ppo/bc+ppo-seed1114/checkpoint/model.zip",
-    "benchmarks/results/llm_rl_alfworld_s1140/bc+ppo-seed1140/checkpoint/model.zip",
-    "benchmarks/results/llm_rl_alfworld_s1140/bc+ppo-seed1141/checkpoint/model.zip",
-    "benchmarks/results/llm_rl_alfworld_s1140/bc+ppo-seed1142/checkpoint/model.zip",
-    "benchmarks/results/llm_rl_alfworld_s1140/bc+ppo-seed1143/checkpoint/model.zip",
-    "benchmarks/results/llm_rl_alfworld_s1140/bc+ppo-seed1144/checkpoint/model.zip",
-    "benchmarks/results/llm_rl_alfworld_s1140/bc+ppo-seed1144/model.zip",
-    "benchmarks/results/pilot_alfworld_ppo_lr1e-4/bc+ppo-seed1131/checkpoint/model.zip",
-    "benchmarks/results/pilot_alfworld_ppo_lr1e-4/bc+ppo-seed1132/checkpoint/model.zip",
-})
+# Artefacts allowed to stay tracked while they leave git (a submission's diffs are capped at 256 MiB, and deleting a
+# binary counts ~1.3x its size). Empty since the last 25 model.zip files left; it may only shrink: a path here that is
+# no longer tracked fails the test, and no other artefact may be tracked.
+PENDING_UNTRACK: frozenset[str] = frozenset()
 
 
 def _git(*args: str, stdin: str | None = None) -> str:
