@@ -1,0 +1,236 @@
+"""A pre-registered study of one ``echorl train-llm`` recipe over seeds: run the seeds, summarize them, print the table.
+
+Every learning result is runnable as ``echorl train-llm --recipe NAME``; this script only runs that command once per
+registered seed (``--jobs`` at a time, one torch thread each), resumes a seed from its checkpoint, and reduces the
+run folders to one compact summary that git keeps (``benchmarks/results/<study>.jsonl``, one row per seed):
+
+* ``phases``: per phase (``before`` = the pretrained LM, ``after_bc`` = the imitation start, ``after``) and mode
+  (sampled, greedy): success, mean return, the per-episode wins as a ``"0110..."`` string in held-out episode order,
+  steps, and every episode's actions as codes into the row's ``vocab`` (so trajectories can be read back);
+* ``curve``: the run's ``curve.csv`` thinned to at most 200 points (env steps, rolling training success), with the
+  wall seconds of the run (``wall_s``) and the env steps it used.
+
+The table pairs each seed's phases on the same held-out episodes and reports, per mode, the mean over seeds of the
+start and the end, and the mean per-seed difference with its 95% percentile bootstrap over **seeds**
+(:func:`~echorl_agent.eval.stats.paired_bootstrap`, 10,000 resamples, seed 0), plus the seeds better / tied / worse.
+The registered rule reads that interval (see ``docs/studies/protocol.md``).
+
+Run (the study pages quote the exact lines)::
+
+    python benchmarks/recipe_study.py run --study NAME --recipe gotolocal-sft-rl --seeds 1300 1301 --jobs 2 \\
+        -- --bc-episodes 32 --train-steps 6144 --eval-episodes 40
+    python benchmarks/recipe_study.py summarize --study NAME          # runs/studies/NAME -> benchmarks/results/NAME.jsonl
+    python benchmarks/recipe_study.py table --study NAME [--start after_bc]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNS = ROOT / "runs" / "studies"
+RESULTS = ROOT / "benchmarks" / "results"
+PHASES = ("before", "after_bc", "after")
+MODES = ("sampled", "greedy")
+CURVE_POINTS = 200
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def run_folder(study: str, seed: int) -> Path:
+    return RUNS / study / f"seed{seed}"
+
+
+def _command(recipe: str, seed: int, out: Path, extra: list[str]) -> list[str]:
+    cmd = [sys.executable, "-m", "echorl_agent.cli", "train-llm", "--recipe", recipe, "--seed", str(seed),
+           "--out", str(out), "--checkpoint-every", "1", "--quiet", *extra]
+    if (out / "checkpoint").exists():
+        cmd.append("--resume")
+    return cmd
+
+
+def run(study: str, recipe: str, seeds: list[int], jobs: int, extra: list[str]) -> int:
+    """Run every seed not finished yet (no ``eval.json`` with an ``after`` phase), ``jobs`` at a time."""
+    todo = [s for s in seeds if not _finished(run_folder(study, s))]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    running: list[tuple[int, subprocess.Popen, float]] = []
+    failed = 0
+    while todo or running:
+        while todo and len(running) < jobs:
+            seed = todo.pop(0)
+            out = run_folder(study, seed)
+            out.mkdir(parents=True, exist_ok=True)
+            cmd = _command(recipe, seed, out, extra)
+            (out / "command.txt").write_text(" ".join(cmd[1:]) + "\n")
+            log = open(out / "train.log", "a")
+            running.append((seed, subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT),
+                            time.time()))
+            print(f"seed {seed}: started ({' '.join(cmd[3:])})", flush=True)
+        time.sleep(5)
+        for item in list(running):
+            seed, proc, t0 = item
+            if proc.poll() is None:
+                continue
+            running.remove(item)
+            if proc.returncode == 0:
+                (run_folder(study, seed) / "wall_s.txt").write_text(f"{time.time() - t0:.1f}\n")
+            else:
+                failed += 1
+            print(f"seed {seed}: exit {proc.returncode} after {time.time() - t0:.0f} s", flush=True)
+    return 1 if failed else 0
+
+
+def _finished(folder: Path) -> bool:
+    path = folder / "eval.json"
+    return path.is_file() and "after" in json.loads(path.read_text())
+
+
+def summarize_seed(folder: Path, seed: int) -> dict:
+    """One seed's compact row (see the module docstring)."""
+    from echorl_agent.llm_rl.heldout import read_episodes
+
+    episodes = read_episodes(folder / "eval_episodes.csv")
+    code: dict[str, int] = {}
+    phases: dict[str, dict] = {}
+    for phase in PHASES:
+        for mode in MODES:
+            eps = sorted((e for e in episodes if e.phase == phase and e.mode == mode), key=lambda e: e.seed)
+            if not eps:
+                continue
+            for e in eps:
+                for t in e.actions:
+                    code.setdefault(t, len(code))
+            won = "".join("1" if e.won else "0" for e in eps)
+            phases.setdefault(phase, {})[mode] = {
+                "success": won.count("1") / len(won), "won": won,
+                "return_mean": round(sum(e.ret for e in eps) / len(eps), 4), "episode_seed0": eps[0].seed,
+                "steps": [e.steps for e in eps], "actions": [[code[t] for t in e.actions] for e in eps]}
+    vocab = sorted(code, key=code.get)
+    curve = []
+    if (folder / "curve.csv").is_file():
+        with open(folder / "curve.csv", newline="") as f:
+            train = [r for r in csv.DictReader(f) if r["success_rate"] != ""]
+        stride = max(1, len(train) // CURVE_POINTS)
+        curve = [[int(r["timesteps"]), round(float(r["success_rate"]), 4)] for r in train[::stride]]
+        if train and curve[-1][0] != int(train[-1]["timesteps"]):
+            curve.append([int(train[-1]["timesteps"]), round(float(train[-1]["success_rate"]), 4)])
+    wall = folder / "wall_s.txt"
+    cmd = folder / "command.txt"
+    return {"seed": seed, "command": cmd.read_text().strip() if cmd.is_file() else None,
+            "wall_s": float(wall.read_text()) if wall.is_file() else None, "cpu": _cpu(),
+            "env_steps": curve[-1][0] if curve else None, "phases": phases, "vocab": vocab, "curve": curve}
+
+
+def summarize(study: str, out: Path | None = None) -> Path:
+    folders = sorted(p for p in (RUNS / study).glob("seed*") if _finished(p))
+    if not folders:
+        raise SystemExit(f"no finished run under {RUNS / study} (a run is finished when its eval.json has 'after')")
+    out = out or RESULTS / f"{study}.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w") as f:
+        for p in folders:
+            f.write(json.dumps(summarize_seed(p, int(p.name[4:])), separators=(",", ":")) + "\n")
+    print(f"{out}: {len(folders)} seeds, {out.stat().st_size / 1e3:.0f} KB")
+    return out
+
+
+def load(study: str, path: Path | None = None) -> list[dict]:
+    path = path or RESULTS / f"{study}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def table(rows: list[dict], start: str, end: str = "after") -> str:
+    """Per mode: mean success at ``start`` and ``end`` over seeds, the per-seed paired difference with its bootstrap
+    over seeds, and seeds better / tied / worse."""
+    from echorl_agent.eval.stats import paired_bootstrap
+
+    lines = [f"| mode | seeds | {start} | {end} | {end} − {start} (95% CI over seeds) | seeds + / = / − |",
+             "|---|---|---|---|---|---|"]
+    for mode in MODES:
+        diffs, a, b = [], [], []
+        for r in rows:
+            s, e = r["phases"].get(start, {}).get(mode), r["phases"].get(end, {}).get(mode)
+            if not s or not e:
+                continue
+            if s["episode_seed0"] != e["episode_seed0"] or len(s["won"]) != len(e["won"]):
+                raise ValueError(f"seed {r['seed']}: {start} and {end} did not play the same held-out episodes")
+            pairs = list(zip(s["won"], e["won"], strict=True))
+            diffs.append(sum(int(y) - int(x) for x, y in pairs) / len(pairs))
+            a.append(s["success"])
+            b.append(e["success"])
+        if not diffs:
+            continue
+        d, lo, hi = paired_bootstrap(diffs)
+        sign = (sum(x > 0 for x in diffs), sum(x == 0 for x in diffs), sum(x < 0 for x in diffs))
+        lines.append(f"| {mode} | {len(diffs)} | {sum(a) / len(a):.3f} | {sum(b) / len(b):.3f} | "
+                     f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}] | {sign[0]} / {sign[1]} / {sign[2]} |")
+    return "\n".join(lines)
+
+
+def per_seed(rows: list[dict]) -> str:
+    head = "| seed | " + " | ".join(f"{p} {m[0]}" for p in PHASES for m in MODES) + " | env steps | wall min |"
+    out = [head, "|" + "---|" * (len(PHASES) * len(MODES) + 3)]
+    for r in rows:
+        cells = [f"{r['phases'][p][m]['success']:.3f}" if m in r["phases"].get(p, {}) else "–"
+                 for p in PHASES for m in MODES]
+        wall = f"{r['wall_s'] / 60:.0f}" if r.get("wall_s") else "–"
+        out.append(f"| {r['seed']} | " + " | ".join(cells) + f" | {r.get('env_steps') or '–'} | {wall} |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    extra: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1:]
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run the registered seeds (resumes; skips finished ones); flags after -- go to train-llm")
+    r.add_argument("--study", required=True)
+    r.add_argument("--recipe", required=True)
+    r.add_argument("--seeds", type=int, nargs="+", required=True)
+    r.add_argument("--jobs", type=int, default=2)
+    s = sub.add_parser("summarize", help="run folders -> benchmarks/results/<study>.jsonl")
+    s.add_argument("--study", required=True)
+    s.add_argument("--out", type=Path)
+    t = sub.add_parser("table", help="the outcome tables from the summary")
+    t.add_argument("--study", required=True)
+    t.add_argument("--summary", type=Path)
+    t.add_argument("--start", default="after_bc", choices=PHASES)
+    args = p.parse_args(argv)
+    if args.cmd == "run":
+        if args.jobs < 1:
+            p.error(f"--jobs must be >= 1, got {args.jobs}")
+        return run(args.study, args.recipe, args.seeds, args.jobs, extra)
+    if args.cmd == "summarize":
+        summarize(args.study, args.out)
+        return 0
+    rows = load(args.study, args.summary)
+    print(per_seed(rows))
+    print()
+    print(table(rows, args.start))
+    if args.start != "before":
+        print()
+        print(table(rows, "before"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,78 @@
+"""benchmarks/recipe_study.py: run folders of ``echorl train-llm`` reduce to one row per seed, and the table pairs
+each seed's phases on the same held-out episodes with a bootstrap over seeds."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from echorl_agent.eval.stats import paired_bootstrap
+from echorl_agent.llm_rl.curve import write_curve
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture()
+def study(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("recipe_study", ROOT / "benchmarks" / "recipe_study.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(mod, "RESULTS", tmp_path / "results")
+    return mod
+
+
+def _run(folder: Path, seed: int, wins: dict[tuple[str, str], str]) -> None:
+    folder.mkdir(parents=True)
+    with open(folder / "eval_episodes.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["phase", "mode", "episode_seed", "won", "return", "steps", "actions"])
+        for (phase, mode), won in wins.items():
+            for ep, c in enumerate(won):
+                acts = ["turn left", "go forward"] if c == "1" else ["go forward"] * 3
+                w.writerow([phase, mode, 100000 + 1000 * seed + ep, c, 0.9 * int(c), len(acts), " | ".join(acts)])
+    (folder / "eval.json").write_text(json.dumps({"after": {}}))
+    write_curve(folder / "curve.csv", [(8 * i, i / 10, 0.0) for i in range(1, 6)])
+    (folder / "wall_s.txt").write_text("120.0\n")
+
+
+def test_summary_rows_and_table_pair_phases_per_seed(study):
+    a = {("after_bc", m): "0011" for m in ("sampled", "greedy")} | {("after", m): "0111" for m in ("sampled", "greedy")}
+    b = {("after_bc", m): "0101" for m in ("sampled", "greedy")} | {("after", "sampled"): "0101",
+                                                                     ("after", "greedy"): "0001"}
+    _run(study.RUNS / "s" / "seed7", 7, a)
+    _run(study.RUNS / "s" / "seed8", 8, b)
+    (study.RUNS / "s" / "seed9").mkdir()  # unfinished: no eval.json, left out
+    path = study.summarize("s")
+    rows = study.load("s", path)
+    assert [r["seed"] for r in rows] == [7, 8]
+    r = rows[0]
+    assert r["phases"]["after"]["greedy"]["won"] == "0111" and r["phases"]["after"]["greedy"]["success"] == 0.75
+    assert r["phases"]["after_bc"]["sampled"]["episode_seed0"] == 107000
+    assert [[r["vocab"][i] for i in acts] for acts in r["phases"]["after"]["sampled"]["actions"]][1] == [
+        "turn left", "go forward"]
+    assert r["wall_s"] == 120.0 and r["env_steps"] == 40 and r["curve"][-1] == [40, 0.5]
+    text = study.table(rows, "after_bc")
+    d, lo, hi = paired_bootstrap([0.25, 0.0])
+    assert f"| sampled | 2 | 0.500 | 0.625 | {d:+.3f} [{lo:+.3f}, {hi:+.3f}] | 1 / 1 / 0 |" in text
+    d, lo, hi = paired_bootstrap([0.25, -0.25])
+    assert f"| greedy | 2 | 0.500 | 0.500 | {d:+.3f} [{lo:+.3f}, {hi:+.3f}] | 1 / 0 / 1 |" in text
+
+
+def test_table_refuses_phases_on_different_episodes(study):
+    rows = [{"seed": 1, "phases": {"after_bc": {"sampled": {"won": "01", "success": 0.5, "episode_seed0": 5}},
+                                   "after": {"sampled": {"won": "11", "success": 1.0, "episode_seed0": 6}}}}]
+    with pytest.raises(ValueError, match="same held-out episodes"):
+        study.table(rows, "after_bc")
+
+
+def test_run_command_resumes_from_a_checkpoint(study, tmp_path):
+    out = tmp_path / "seed3"
+    cmd = study._command("gotolocal-sft-rl", 3, out, ["--train-steps", "64"])
+    assert cmd[2:6] == ["echorl_agent.cli", "train-llm", "--recipe", "gotolocal-sft-rl"] and "--resume" not in cmd
+    (out / "checkpoint").mkdir(parents=True)
+    assert study._command("gotolocal-sft-rl", 3, out, [])[-1] == "--resume"
