@@ -252,7 +252,7 @@ TRAIN_FLAGS = {"task": "env_id", "method": "method", "train_steps": "train_steps
                "learning_rate": "learning_rate", "policy_kwargs": "policy_kwargs", "grpo_kwargs": "grpo_kwargs",
                "gigpo_kwargs": "gigpo_kwargs", "ppo_kwargs": "ppo_kwargs", "method_kwargs": "method_kwargs",
                "checkpoint_every": "checkpoint_every", "eval_episodes": "eval_episodes", "eval_every": "eval_every",
-               "env_url": "env_urls"}
+               "eval_before": "eval_before", "env_url": "env_urls"}
 
 
 def train_overrides(args: argparse.Namespace) -> dict:
@@ -424,6 +424,9 @@ def add_train_llm_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--eval-every", type=int, metavar="K",
                    help="also evaluate the held-out instances every K iterations (curve.csv heldout_* columns, "
                         "TensorBoard eval/*) (default: 0, before and after only)")
+    s.add_argument("--no-eval-before", dest="eval_before", action="store_false", default=None,
+                   help="skip the pretrained LM's held-out point of a run with a BC warm start (its RL start, after "
+                        "BC, is still played; the verdict reads BC -> RL)")
     s.add_argument("--env-url", action="append", metavar="URL",
                    help="an `echorl serve-env --task TASK` server the training episodes play on (repeat: env i on "
                         "server i mod N; a server that fails has its episodes replayed on another from their seeds; "

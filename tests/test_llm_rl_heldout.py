@@ -149,6 +149,11 @@ def test_verdict_line_format():
     assert verdict_line(res) == ("held-out success (20 episodes): sampled 0.13 → 0.47 (+0.34 [+0.27, +0.41]), "
                                  "greedy 0.00 → 0.28 (+0.28 [+0.19, +0.37])")
     assert verdict_line({"episodes": 4, "after": res["after"]}) == "held-out success (4 episodes): sampled 0.47, greedy 0.28"
+    no_before = {"episodes": 40, "after_bc": {"sampled": {"success": 0.8}, "greedy": {"success": 0.9}},
+                 "after": {"sampled": {"success": 0.85}, "greedy": {"success": 0.9}},
+                 "paired_rl": {"sampled": {"diff": 0.05, "ci": [-0.05, 0.15]}, "greedy": {"diff": 0.0, "ci": [0.0, 0.0]}}}
+    assert verdict_line(no_before) == ("held-out success (40 episodes): sampled 0.80 (BC) → 0.85 (RL +0.05 [-0.05, "
+                                       "+0.15]), greedy 0.90 (BC) → 0.90 (RL +0.00 [+0.00, +0.00])")
 
 
 def test_held_out_seeds_are_disjoint_from_training_and_stated():
@@ -167,6 +172,35 @@ def test_bad_eval_settings_name_the_field():
         LLMTrainConfig(env_id=ENV, eval_episodes=-1)
     with pytest.raises(ValueError, match="eval_every needs eval_episodes > 0"):
         LLMTrainConfig(env_id=ENV, eval_every=2)
+    with pytest.raises(ValueError, match="eval_before=False skips .* method='gigpo' starts from that point"):
+        LLMTrainConfig(env_id=ENV, method="gigpo", eval_episodes=2, eval_before=False)
+    with pytest.raises(ValueError, match="eval_before must be True or False, got eval_before='no'"):
+        LLMTrainConfig(env_id=ENV, method="bc+gigpo", eval_episodes=2, eval_before="no")
+    LLMTrainConfig(env_id=ENV, method="bc+gigpo", eval_episodes=2, eval_before=False)
+
+
+def test_no_eval_before_skips_the_pretrained_point_and_trains_the_same(lm_and_state, tmp_path):
+    """--no-eval-before drops the "before" phase of a bc+gigpo run; BC, its held-out start of RL and RL itself are
+    the same as with it (the "before" point restores the RNGs it used), and the verdict reads BC -> RL."""
+    lm, state = lm_and_state
+    got = {}
+    for flag in ((), ("--no-eval-before",)):
+        out = tmp_path / ("skip" if flag else "full")
+        with pytest.MonkeyPatch.context() as mp:
+            _with_lm(mp, lm, state)
+            stdout, _ = _cli("train-llm", "--task", ENV, "--method", "bc+gigpo", "--n-envs", "2", "--group-size", "2",
+                             "--train-steps", "8", "--max-steps", "4", "--bc-episodes", "1", "--bc-epochs", "1",
+                             "--learning-rate", "0.01", "--eval-episodes", "2", "--seed", "5", "--policy-kwargs",
+                             '{"lora_rank": 4}', "--out", str(out), "--quiet", *flag)
+        got[bool(flag)] = (json.loads((out / "eval.json").read_text()), _rows(out / "eval_episodes.csv"),
+                           _rows(out / "curve.csv"), stdout.strip().splitlines()[-1])
+    (full, full_eps, full_curve, _), (skip, skip_eps, skip_curve, line) = got[False], got[True]
+    assert "before" in full and "before" not in skip and "paired" not in skip
+    assert {r["phase"] for r in skip_eps} == {"after_bc", "after"}
+    assert [r for r in full_eps if r["phase"] != "before"] == skip_eps
+    assert full_curve == skip_curve
+    assert skip["paired_rl"] == full["paired_rl"]
+    assert line.startswith("held-out success (2 episodes): sampled ") and "(BC) → " in line and "(RL " in line
 
 
 @pytest.mark.slow

@@ -46,25 +46,30 @@ def _signed(x: float) -> str:
 def verdict_line(result: dict[str, Any]) -> str:
     """The verdict line of an ``eval.json`` with its ``paired`` section (see the module docstring). After a BC
     warm start the start of RL is shown too, with RL's own paired difference:
-    ``sampled 0.13 → 0.35 (BC) → 0.47 (+0.34 [+0.27, +0.41]; RL +0.12 [+0.02, +0.22])``; a run evaluated only after
+    ``sampled 0.13 → 0.35 (BC) → 0.47 (+0.34 [+0.27, +0.41]; RL +0.12 [+0.02, +0.22])``; without the "before"
+    point (``eval_before=False``) ``sampled 0.35 (BC) → 0.47 (RL +0.12 [+0.02, +0.22])``; a run evaluated only after
     training (``eval-llm``) reads ``sampled 0.47, greedy 0.28``."""
     parts = []
     for mode in MODES:
         if mode not in result.get("after", {}):
             continue
         after = result["after"][mode]["success"]
-        if mode not in result.get("paired", {}):
-            parts.append(f"{mode} {after:.2f}")
-            continue
-        text = f"{mode} {result['before'][mode]['success']:.2f}"
-        if mode in result.get("after_bc", {}):
-            text += f" → {result['after_bc'][mode]['success']:.2f} (BC)"
-        p = result["paired"][mode]
-        text += f" → {after:.2f} ({_signed(p['diff'])} [{_signed(p['ci'][0])}, {_signed(p['ci'][1])}]"
-        if mode in result.get("paired_rl", {}):
+        if mode in result.get("paired", {}):
+            text = f"{mode} {result['before'][mode]['success']:.2f}"
+            if mode in result.get("after_bc", {}):
+                text += f" → {result['after_bc'][mode]['success']:.2f} (BC)"
+            p = result["paired"][mode]
+            text += f" → {after:.2f} ({_signed(p['diff'])} [{_signed(p['ci'][0])}, {_signed(p['ci'][1])}]"
+            if mode in result.get("paired_rl", {}):
+                q = result["paired_rl"][mode]
+                text += f"; RL {_signed(q['diff'])} [{_signed(q['ci'][0])}, {_signed(q['ci'][1])}]"
+            parts.append(text + ")")
+        elif mode in result.get("paired_rl", {}):  # eval_before=False: the run's start is after BC
             q = result["paired_rl"][mode]
-            text += f"; RL {_signed(q['diff'])} [{_signed(q['ci'][0])}, {_signed(q['ci'][1])}]"
-        parts.append(text + ")")
+            parts.append(f"{mode} {result['after_bc'][mode]['success']:.2f} (BC) → {after:.2f} "
+                         f"(RL {_signed(q['diff'])} [{_signed(q['ci'][0])}, {_signed(q['ci'][1])}])")
+        else:
+            parts.append(f"{mode} {after:.2f}")
     return f"held-out success ({result['episodes']} episodes): " + ", ".join(parts)
 
 

@@ -204,6 +204,8 @@ class HeldOutEval:
         """
         import time
 
+        if phase == "before" and not self.cfg.eval_before:
+            return {}  # the run starts RL after its BC warm start; LLMTrainConfig checked that it has one
         t0 = time.perf_counter()
         got: list[Episode] = []
         prog = self.progress

@@ -222,7 +222,7 @@ def describe(cfg: Any) -> str:
         parts.append(f"GRPO for {steps} steps of {g['prompts_per_step']} prompts x {g['group_size']} completions = "
                      f"{steps * per:,} completions (train_steps={cfg.train_steps:,} rounded DOWN to whole steps)")
     if cfg.eval_episodes:
-        when = ["before"] + (["after BC"] if bc and method.rl else []) + ["after"]
+        when = ["before"] * cfg.eval_before + (["after BC"] if bc and method.rl else []) + ["after"]
         every = f", every {cfg.eval_every} iterations" if cfg.eval_every else ""
         parts.append(f"held-out {cfg.eval_episodes} episodes x 2 modes {', '.join(when)}{every}")
     return "; ".join(parts)

@@ -121,6 +121,10 @@ class LLMTrainConfig:
     eval_every: int = 0
     """Also evaluate the held-out instances every this many iterations (GiGPO iterations, PPO rollouts): rows in
     ``curve.csv`` (``heldout_*`` columns) and TensorBoard ``eval/*``. 0: before and after only."""
+    eval_before: bool = True
+    """Play the held-out instances before training too (the pretrained LM). False (``--no-eval-before``) skips that
+    point in a run with a BC warm start, whose RL start is the "after BC" point (what a study of RL over imitation
+    reads); the training RNG streams are the same either way. A run without a warm start needs it (its start)."""
     env_urls: list[str] = field(default_factory=list)
     """``echorl serve-env`` servers the training episodes run on (env ``i`` on ``env_urls[i % len]``,
     :mod:`~echorl_agent.llm_rl.env_servers`); empty: in-process. The BC warm start's expert episodes stay
@@ -165,6 +169,12 @@ class LLMTrainConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {name}={v!r}")
+        if not isinstance(self.eval_before, bool):
+            raise ValueError(f"eval_before must be True or False, got eval_before={self.eval_before!r}")
+        if not self.eval_before and not (spec.rl and spec.warm_starts(self)):
+            raise ValueError(f"eval_before=False skips the pretrained LM's held-out point of a run whose RL starts "
+                             f"after a BC warm start (bc+gigpo, bc+ppo, echoppo, echorl with bc_warm_start); "
+                             f"method={self.method!r} starts from that point: keep eval_before=True")
         if self.eval_every and not self.eval_episodes:
             raise ValueError(f"eval_every needs eval_episodes > 0 (the held-out instances to play), got "
                              f"eval_every={self.eval_every}, eval_episodes=0")
