@@ -208,3 +208,62 @@ def test_alfworld_data_variable_is_used_and_a_missing_folder_is_an_error(tmp_pat
     assert resolve_data_path(None) == (None, "data_path")
     (empty / "json_2.1.1").mkdir()
     assert resolve_data_path(None) == (empty, "ALFWORLD_DATA")
+
+
+def composition(spec_or_traj) -> frozenset[str]:
+    """The receptacle classes of a generated room (a GameSpec, or the ``echorl.spec`` of a written traj_data)."""
+    receptacles = spec_or_traj["receptacles"] if isinstance(spec_or_traj, dict) else spec_or_traj.receptacles
+    return frozenset(receptacles.values())
+
+
+def test_valid_unseen_shares_the_training_templates_and_the_template_split_holds_them_out():
+    """Generated ``valid_unseen`` differs from ``train`` by seed only: every game's room template is a training one.
+    ``valid_unseen_templates`` rooms are disjoint from training rooms by construction (each held-out template's
+    always-present receptacle classes fit in no training template) and on generated specs of every task type."""
+    from echorl_envs.alfworld.games import SPLIT_SEED_BASE
+    from echorl_envs.alfworld.scenes import HELD_OUT_ROOMS_FOR_TASK, ROOMS_FOR_TASK
+
+    train_templates = {r for rooms in ROOMS_FOR_TASK.values() for r in rooms}
+    held_templates = {r for rooms in HELD_OUT_ROOMS_FOR_TASK.values() for r in rooms}
+    assert set(HELD_OUT_ROOMS_FOR_TASK) == set(TASK_TYPES.values())
+    assert not {r.name for r in held_templates} & {r.name for r in train_templates}
+    for h in held_templates:  # no training room of any seed can hold a held-out room's mandatory classes
+        mandatory = {c for c, lo, _ in h.receptacles if lo >= 1}
+        for t in train_templates:
+            assert not mandatory <= {c for c, _, _ in t.receptacles}, (h.name, t.name)
+        plans = range(h.scene_base + 1, h.scene_base + 31)
+        assert all(t.scene_base + 30 < plans.start or plans.stop <= t.scene_base + 1 for t in train_templates)
+    for tt in TASK_TYPES.values():
+        train = [make_game_spec(tt, SPLIT_SEED_BASE["train"] + k) for k in range(150)]
+        unseen = [make_game_spec(tt, SPLIT_SEED_BASE["valid_unseen"] + k) for k in range(30)]
+        held = [make_game_spec(tt, SPLIT_SEED_BASE["valid_unseen_templates"] + k, held_out_templates=True)
+                for k in range(30)]
+        assert {s.scene for s in unseen} <= {s.scene for s in train}, tt  # the same templates: seeds differ only
+        assert not {s.scene for s in held} & {s.scene for s in train}, tt
+        assert not {s.scene_num for s in held} & {s.scene_num for s in train}, tt
+        assert not {composition(s) for s in held} & {composition(s) for s in train}, tt
+        assert len({s.scene for s in held}) == len(HELD_OUT_ROOMS_FOR_TASK[tt]), tt  # every held-out room is drawn
+
+
+def test_template_split_games_play_through_the_engine_and_share_no_room_with_training(tmp_path):
+    held = ALFWorldEnv(task_types="PickAndPlace", split="valid_unseen_templates", num_games=2, cache_dir=tmp_path)
+    train = ALFWorldEnv(task_types="PickAndPlace", split="train", num_games=1, cache_dir=tmp_path)
+    try:
+        for i in range(2):
+            won0, won, steps = play(held, i, "expert", np.random.default_rng(0))
+            assert not won0 and won and steps >= 2
+        rooms = {}
+        for env in (held, train):
+            trajs = [json.loads((env.game_path(i).parent / "traj_data.json").read_text())["echorl"]
+                     for i in range(env.num_tasks)]
+            rooms[env.split] = {(t["room"], composition(t["spec"])) for t in trajs}
+        assert {r for r, _ in rooms["valid_unseen_templates"]} <= {"studio", "ensuite", "den"}
+        assert {r for r, _ in rooms["train"]} <= {"kitchen", "livingroom", "bedroom", "bathroom"}
+        assert not {c for _, c in rooms["valid_unseen_templates"]} & {c for _, c in rooms["train"]}
+    finally:
+        held.close()
+        train.close()
+    with pytest.raises(ValueError, match="split='valid_unseen_templates' exists only for generated games"):
+        find_games(tmp_path, "valid_unseen_templates", ["pick_and_place_simple"])
+    with pytest.raises(ValueError, match="did you mean 'valid_unseen_templates'"):
+        ALFWorldEnv(task_types="PickAndPlace", split="valid_unseen_template")

@@ -118,8 +118,11 @@ class ALFWorldEnv(EngineHostedEnv):
 
     Args:
         task_types: ``"all"``, a type name, or a list of them.
-        split: ``"train"``, ``"valid_seen"`` (alias ``"eval"``) or ``"valid_unseen"``; generated splits use
-            disjoint seeds.
+        split: ``"train"``, ``"valid_seen"`` (alias ``"eval"``), ``"valid_unseen"`` or (generated games only)
+            ``"valid_unseen_templates"``. Generated ``train``/``valid_seen``/``valid_unseen`` games differ by
+            generator seed only (disjoint seeds, the same four room templates); ``valid_unseen_templates`` games
+            also come from room templates no other split uses (studio, ensuite, den: each joins receptacle classes
+            no training room holds together), the held-out-scenes test ALFWorld's own ``valid_unseen`` is.
         num_games: size of the generated pool (games are generated on first use); ignored with ``data_path``.
         difficulty: ``"easy"``, ``"medium"`` or ``"hard"`` (see :data:`DIFFICULTIES`), overridden by
             ``generator_config``.

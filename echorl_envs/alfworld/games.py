@@ -26,6 +26,8 @@ from echorl_envs.core import build_once, cache_root
 
 __all__ = [
     "GENERATOR_VERSION",
+    "HELD_OUT_TEMPLATE_SPLITS",
+    "JSON_SPLITS",
     "SPLITS",
     "SPLIT_SEED_BASE",
     "GeneratedPool",
@@ -36,10 +38,18 @@ __all__ = [
 
 #: Bump when the generator's output changes, so stale cached games are not reused.
 GENERATOR_VERSION = 1
-#: The json_2.1.1 splits; ``eval`` is accepted as an alias of ``valid_seen`` (alfworld's eval_in_distribution).
-SPLITS = ("train", "valid_seen", "valid_unseen")
+#: The json_2.1.1 splits, and the generated split whose rooms come from held-out templates
+#: (:data:`HELD_OUT_TEMPLATE_SPLITS`); ``eval`` is accepted as an alias of ``valid_seen`` (alfworld's
+#: eval_in_distribution).
+JSON_SPLITS = ("train", "valid_seen", "valid_unseen")
+SPLITS = (*JSON_SPLITS, "valid_unseen_templates")
 #: Seeds of generated games never overlap between splits.
-SPLIT_SEED_BASE = {"train": 0, "valid_seen": 10_000_000, "valid_unseen": 20_000_000}
+SPLIT_SEED_BASE = {"train": 0, "valid_seen": 10_000_000, "valid_unseen": 20_000_000,
+                   "valid_unseen_templates": 30_000_000}
+#: Generated splits whose rooms come from templates no other split uses
+#: (:data:`~echorl_envs.alfworld.scenes.HELD_OUT_ROOMS_FOR_TASK`). The json_2.1.1 splits differ by generator seed
+#: only: their games share the four room templates (docs/envs/alfworld-splits.md measures the overlap).
+HELD_OUT_TEMPLATE_SPLITS = frozenset({"valid_unseen_templates"})
 #: Candidate seeds tried for one index before giving up.
 MAX_ATTEMPTS = 8
 
@@ -135,7 +145,7 @@ class GeneratedPool:
         raise RuntimeError(f"no solvable {task_type} game among {MAX_ATTEMPTS} seeds for index {index}")
 
     def _ensure(self, task_type: str, seed: int) -> Path:
-        spec = make_game_spec(task_type, seed, self.config)
+        spec = make_game_spec(task_type, seed, self.config, self.split in HELD_OUT_TEMPLATE_SPLITS)
         final = self.root / spec.dir_name / f"trial_echorl_{seed:08d}"
 
         def build(tmp: Path) -> None:
@@ -153,6 +163,9 @@ def find_games(data_path: str | os.PathLike, split: str, task_types: Sequence[st
     """
     root = Path(os.path.expandvars(str(data_path))).expanduser()
     split = normalize_split(split)
+    if split in HELD_OUT_TEMPLATE_SPLITS:
+        raise ValueError(f"split={split!r} exists only for generated games (its rooms come from held-out generator "
+                         "templates); ALFWorld's own data holds out scenes in split='valid_unseen'")
     for cand in (root / "json_2.1.1" / split, root / split):
         if cand.is_dir():
             root = cand
@@ -181,7 +194,7 @@ def find_games(data_path: str | os.PathLike, split: str, task_types: Sequence[st
 def generate_dataset(
     root: str | os.PathLike,
     games_per_type: int,
-    splits: Sequence[str] = SPLITS,
+    splits: Sequence[str] = JSON_SPLITS,
     task_types: Sequence[str] = tuple(TASK_TYPES.values()),
     config: GeneratorConfig | None = None,
 ) -> list[Path]:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from echorl_envs.alfworld.scenes import (
+    HELD_OUT_ROOMS_FOR_TASK,
     LAMP_HOLDERS,
     NEVER_GOAL,
     OPENABLE,
@@ -133,8 +134,14 @@ def _choose_room(rng: random.Random, room: RoomTemplate, cfg: GeneratorConfig, r
     return classes
 
 
-def make_game_spec(task_type: str, seed: int, cfg: GeneratorConfig | None = None) -> GameSpec:
-    """Draw a room, a task and an object layout for ``task_type`` (deterministic in ``seed``)."""
+def make_game_spec(task_type: str, seed: int, cfg: GeneratorConfig | None = None,
+                   held_out_templates: bool = False) -> GameSpec:
+    """Draw a room, a task and an object layout for ``task_type`` (deterministic in ``seed``).
+
+    Args:
+        held_out_templates: draw the room from :data:`~echorl_envs.alfworld.scenes.HELD_OUT_ROOMS_FOR_TASK` (the
+            ``valid_unseen_templates`` split) instead of the four training templates.
+    """
     import alfworld.gen.constants as C
     import alfworld.gen.goal_library as glib
 
@@ -142,7 +149,7 @@ def make_game_spec(task_type: str, seed: int, cfg: GeneratorConfig | None = None
         raise ValueError(f"task_type must be one of {sorted(TASK_TYPES.values())}, got task_type={task_type!r}")
     cfg = cfg or GeneratorConfig()
     rng = random.Random(f"echorl-alfworld-{task_type}-{seed}")
-    room = rng.choice(ROOMS_FOR_TASK[task_type])
+    room = rng.choice((HELD_OUT_ROOMS_FOR_TASK if held_out_templates else ROOMS_FOR_TASK)[task_type])
     holds = C.VAL_RECEPTACLE_OBJECTS
     acts = C.VAL_ACTION_OBJECTS
     required: set[str] = set()
