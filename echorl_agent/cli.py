@@ -248,7 +248,7 @@ TRAIN_FLAGS = {"task": "env_id", "method": "method", "train_steps": "train_steps
                "seed": "seed", "history": "history", "max_steps": "max_episode_steps", "n_steps": "n_steps",
                "n_envs": "n_envs", "group_size": "group_size", "step_advantage_weight": "step_advantage_weight",
                "echorl_learner": "echorl_learner", "bc_warm_start": "bc_warm_start", "gamma": "gamma",
-               "env_kwargs": "env_kwargs", "batch_size": "batch_size", "n_epochs": "n_epochs",
+               "env_kwargs": "env_kwargs", "eval_env_kwargs": "eval_env_kwargs", "batch_size": "batch_size", "n_epochs": "n_epochs",
                "learning_rate": "learning_rate", "policy_kwargs": "policy_kwargs", "grpo_kwargs": "grpo_kwargs",
                "gigpo_kwargs": "gigpo_kwargs", "ppo_kwargs": "ppo_kwargs", "method_kwargs": "method_kwargs",
                "checkpoint_every": "checkpoint_every", "eval_episodes": "eval_episodes", "eval_every": "eval_every",
@@ -402,6 +402,9 @@ def add_train_llm_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--gamma", type=float, help="discount (default 0.99 PPO, 0.95 GiGPO)")
     s.add_argument("--env-kwargs", type=json_object('{"goal_line": true}'),
                    help='JSON of extra gym.make arguments, e.g. \'{"goal_line": true}\'')
+    s.add_argument("--eval-env-kwargs", type=json_object('{"split": "valid_unseen"}'),
+                   help="JSON of gym.make arguments of the held-out env, merged over --env-kwargs, e.g. "
+                        "'{\"split\": \"valid_unseen\"}' (default: the training env's)")
     s.add_argument("--batch-size", type=int, help="PPO minibatch size (default: 16)")
     s.add_argument("--n-epochs", type=int, help="PPO epochs per update (default: 2)")
     s.add_argument("--learning-rate", type=float, help="optimizer learning rate (default: 1e-4)")

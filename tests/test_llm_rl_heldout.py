@@ -203,6 +203,40 @@ def test_no_eval_before_skips_the_pretrained_point_and_trains_the_same(lm_and_st
     assert line.startswith("held-out success (2 episodes): sampled ") and "(BC) → " in line and "(RL " in line
 
 
+def test_eval_env_kwargs_play_the_held_out_episodes_in_another_env(lm_and_state, tmp_path, monkeypatch):
+    """``--eval-env-kwargs`` builds the held-out env with those options over ``--env-kwargs`` (GiGPO plays it in a
+    batch of its own envs): here minigrid truncates every held-out episode after one step, while training plays
+    the run's 4-step episodes; eval.json names the held-out env's options."""
+    lm, state = lm_and_state
+    _with_lm(monkeypatch, lm, state)
+    run = tmp_path / "run"
+    _cli("train-llm", "--task", ENV, "--method", "gigpo", "--n-envs", "2", "--group-size", "2", "--train-steps", "8",
+         "--max-steps", "4", "--eval-episodes", "3", "--seed", "5", "--policy-kwargs", '{"lora_rank": 4}',
+         "--eval-env-kwargs", '{"env_kwargs": {"max_steps": 1}}', "--out", str(run), "--quiet")
+    res = json.loads((run / "eval.json").read_text())
+    assert res["env_kwargs"] == {"env_kwargs": {"max_steps": 1}}
+    rows = _rows(run / "eval_episodes.csv")
+    assert len(rows) == 2 * 2 * 3 and all(r["steps"] == "1" and r["won"] == "0" for r in rows)
+    episodes = [r for r in _rows(run / "curve.csv") if r["success_rate"] != ""]
+    assert res["env_steps"] > len(episodes)  # training episodes run past one step (the training env's limit)
+    from echorl_agent.llm_rl.heldout import HeldOutEval
+    from echorl_agent.llm_rl.train import LLMTrainConfig
+
+    cfg = LLMTrainConfig(env_id=ENV, method="bc+ppo", env_kwargs={"expert": True}, eval_episodes=1,
+                         eval_env_kwargs={"env_kwargs": {"max_steps": 1}})
+    env = HeldOutEval(cfg, None).env_fn()  # the PPO methods' held-out env (one at a time)
+    try:
+        env.reset(seed=1)
+        assert env.step(0)[3] and env.unwrapped.expert  # truncated after one step; env_kwargs kept
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="eval_env_kwargs must be a dict"):
+        LLMTrainConfig(env_id=ENV, eval_env_kwargs="split=valid_unseen")
+    with pytest.raises(ValueError, match="eval_env_kwargs applies to the choice-env methods"):
+        LLMTrainConfig(env_id="EchoRL/Arithmetic-v0", method="grpo", bc_episodes=0,
+                       eval_env_kwargs={"max_attempts": 2})
+
+
 @pytest.mark.slow
 def test_held_out_points_leave_training_unchanged(lm_and_state, tmp_path):
     """The same run with and without a held-out point after every iteration trains the same: the RNGs (the global

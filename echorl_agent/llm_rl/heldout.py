@@ -111,7 +111,8 @@ def _kept_rng(model: Any, keep: bool) -> Iterator[None]:
         engine.reset_prefix_cache()
 
 
-def play(model: Any, seeds: Sequence[int], mode: str, env_fn: Any = None, phase: str = "") -> list[Episode]:
+def play(model: Any, seeds: Sequence[int], mode: str, env_fn: Any = None, phase: str = "",
+         envs: Sequence[Any] | None = None) -> list[Episode]:
     """Play one held-out episode per seed in ``mode`` (``"sampled"`` or ``"greedy"``) with ``model``.
 
     Args:
@@ -119,6 +120,8 @@ def play(model: Any, seeds: Sequence[int], mode: str, env_fn: Any = None, phase:
             :class:`~echorl_agent.llm_rl.algorithms.grpo.trainer.GRPOTrainer` (one answer per task seed; sampling seeded by the task) or
             any SB3-style model with ``predict`` (one env from ``env_fn`` at a time, torch seeded by the episode seed).
         env_fn: builds the wrapped env an SB3-style model plays in (unused otherwise).
+        envs: the wrapped envs (``encode=False``) a GiGPO trainer plays in one batch instead of its training envs
+            (``eval_env_kwargs``); None: its own.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got mode={mode!r}")
@@ -131,7 +134,7 @@ def play(model: Any, seeds: Sequence[int], mode: str, env_fn: Any = None, phase:
             out.append(Episode(phase, mode, int(s), r > 0, r, 1, [t]))
         return out
     if hasattr(model, "evaluate") and hasattr(model, "envs"):  # GiGPO trainer
-        eps = model.evaluate(list(seeds), deterministic=greedy)
+        eps = model.evaluate(list(seeds), deterministic=greedy, **({"envs": envs} if envs is not None else {}))
         return [Episode(phase, mode, int(s), bool(e.won), float(e.ret), len(e.steps), [action_text(st) for st in e.steps])
                 for s, e in zip(seeds, eps, strict=True)]
     import torch
@@ -184,6 +187,8 @@ class HeldOutEval:
         self.cfg, self.out, self.progress = cfg, out, progress
         self.free_text = cfg.learner == "grpo"
         self.seeds = held_out_seeds(cfg.seed, cfg.eval_episodes, self.free_text)
+        self.env_kwargs = {**cfg.env_kwargs, **getattr(cfg, "eval_env_kwargs", {})}
+        """The held-out env's ``gym.make`` arguments: ``eval_env_kwargs`` over ``env_kwargs``."""
         self.episodes: list[Episode] = []
         self.points: list[dict[str, float]] = []
         if resume and out is not None and (out / "eval_episodes.csv").exists():
@@ -193,7 +198,19 @@ class HeldOutEval:
         from echorl_agent.llm_rl.rollout import make_choice_env
 
         c = self.cfg  # the env train.make_llm_env builds: the run's history, step cap and options
-        return make_choice_env(c.env_id, c.history, c.max_episode_steps, c.env_kwargs)
+        return make_choice_env(c.env_id, c.history, c.max_episode_steps, self.env_kwargs)
+
+    def batch_envs(self, model: Any) -> list[Any] | None:
+        """The envs a GiGPO trainer plays the held-out episodes in when ``eval_env_kwargs`` sets another env (as many
+        as its training envs, at most one per seed; the caller closes them); None: its training envs."""
+        c = self.cfg
+        if not getattr(c, "eval_env_kwargs", None) or not (hasattr(model, "evaluate") and hasattr(model, "envs")):
+            return None
+        from echorl_agent.llm_rl.rollout import make_choice_env
+
+        n = max(1, min(len(model.envs), len(self.seeds)))
+        return [make_choice_env(c.env_id, c.history, c.max_episode_steps, self.env_kwargs, encode=False)
+                for _ in range(n)]
 
     def run(self, model: Any, phase: str, keep_rng: bool = False) -> dict[str, dict[str, float]]:
         """Play the held-out instances in both modes as ``phase``; returns :func:`summarize` of them.
@@ -212,11 +229,16 @@ class HeldOutEval:
         if prog is not None:
             prog.stage(f"held-out {phase} ({len(self.seeds)} episodes x {len(MODES)} modes)", unit="env step",
                        counting="env_steps", scoring="playing")
-        with _kept_rng(model, keep_rng):
-            for mode in MODES:
-                got += play(model, self.seeds, mode, self.env_fn, phase)
-                if prog is not None:
-                    prog.update(0, **{mode: float(np.mean([e.won for e in got if e.mode == mode]))})
+        envs = self.batch_envs(model)
+        try:
+            with _kept_rng(model, keep_rng):
+                for mode in MODES:
+                    got += play(model, self.seeds, mode, self.env_fn, phase, envs)
+                    if prog is not None:
+                        prog.update(0, **{mode: float(np.mean([e.won for e in got if e.mode == mode]))})
+        finally:
+            for env in envs or ():
+                env.close()
         self.episodes = [e for e in self.episodes if e.phase != phase] + got
         s = summarize(got)
         log.info("held-out %s: %s (%.0f s)", phase, ", ".join(f"{m} {v['success']:.2f}" for m, v in s.items()),
@@ -237,6 +259,8 @@ class HeldOutEval:
                                "seed_rule": "500000 + ep (free-text tasks)" if self.free_text else
                                f"100000 + 1000 * seed + ep (seed={self.cfg.seed}, ep < {len(self.seeds)})",
                                "modes": list(MODES)}
+        if getattr(self.cfg, "eval_env_kwargs", None):
+            res["env_kwargs"] = self.env_kwargs  # the held-out env differs from the training env
         for ph, eps in by.items():
             if eps:
                 res[ph] = summarize(eps)

@@ -66,6 +66,10 @@ class LLMTrainConfig:
     """Per-episode step cap for training (None: the env's)."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra ``gym.make`` arguments of the env."""
+    eval_env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """``gym.make`` arguments of the held-out env, merged key by key over ``env_kwargs`` (e.g. ``{"split":
+    "valid_unseen"}``: train on one split, evaluate on another); empty: the held-out episodes play the training
+    env with new seeds. Choice envs only (GRPO judges its own held-out tasks)."""
     n_envs: int = 1
     """Envs stepping together (their candidates are scored in one engine call per step); for GiGPO,
     ``n_envs = groups * group_size`` (None-like 1 means one group)."""
@@ -175,6 +179,13 @@ class LLMTrainConfig:
             raise ValueError(f"eval_before=False skips the pretrained LM's held-out point of a run whose RL starts "
                              f"after a BC warm start (bc+gigpo, bc+ppo, echoppo, echorl with bc_warm_start); "
                              f"method={self.method!r} starts from that point: keep eval_before=True")
+        if not isinstance(self.eval_env_kwargs, dict):
+            raise ValueError(f"eval_env_kwargs must be a dict of gym.make arguments, got "
+                             f"eval_env_kwargs={self.eval_env_kwargs!r}")
+        if self.eval_env_kwargs and spec.action_type == "text":
+            raise ValueError(f"eval_env_kwargs applies to the choice-env methods (the held-out env is built anew); "
+                             f"free-text methods judge their own held-out tasks, got eval_env_kwargs="
+                             f"{self.eval_env_kwargs!r} with method={self.method!r}")
         if self.eval_every and not self.eval_episodes:
             raise ValueError(f"eval_every needs eval_episodes > 0 (the held-out instances to play), got "
                              f"eval_every={self.eval_every}, eval_episodes=0")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -251,11 +252,14 @@ class GiGPOTrainer:
         """SB3's ``predict`` of the trained policy (for evaluation loops written against SB3 models)."""
         return self.policy.predict(observation, state, episode_start, deterministic)
 
-    def evaluate(self, seeds: list[int], deterministic: bool = True) -> list[Episode]:
-        """One episode per seed (greedy or sampled), no learning; episodes in seed order."""
+    def evaluate(self, seeds: list[int], deterministic: bool = True,
+                 envs: Sequence[Any] | None = None) -> list[Episode]:
+        """One episode per seed (greedy or sampled), no learning; episodes in seed order. ``envs``: wrapped envs
+        (``encode=False``) to play in instead of the training envs (a held-out env with other options)."""
+        envs = self.envs if envs is None else list(envs)
         out = []
-        n = len(self.envs)
+        n = len(envs)
         for lo in range(0, len(seeds), n):
             chunk = seeds[lo : lo + n]
-            out += collect_groups(self.policy, self.envs[: len(chunk)], chunk, 1, self.generator, deterministic)
+            out += collect_groups(self.policy, envs[: len(chunk)], chunk, 1, self.generator, deterministic)
         return out
