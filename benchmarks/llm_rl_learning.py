@@ -94,17 +94,28 @@ def eval_tag(env_kwargs: dict, eval_kwargs: dict) -> str | None:
 
 def evaluate(model, args, seed: int) -> list[dict]:
     """Held-out episodes ``100000 + 1000 * seed + ep``, sampled and greedy, played by ``echorl train-llm``'s player
-    (:func:`echorl_agent.llm_rl.heldout.play`: one env at a time, torch seeded by the episode seed)."""
+    (:func:`echorl_agent.llm_rl.heldout.play`: one env at a time, torch seeded by the episode seed; a GiGPO trainer
+    plays its envs in one batch, envs of ``--eval-env-kwargs`` when they differ from the training options)."""
+    from echorl_agent.llm_rl.rollout import make_choice_env
+
     rows = []
     eval_kwargs = _eval_env_kwargs(args)
     tag = eval_tag(_env_kwargs(args), eval_kwargs)
-    tag = {} if tag is None else {"eval_env_kwargs": tag}
     seeds = held_out_seeds(seed, args.eval_episodes)
-    for mode, name in (("stochastic", "sampled"), ("deterministic", "greedy")):
-        for ep in play(model, seeds, name, lambda: make_llm_env(args.env, args.history, args.max_steps,
-                                                                env_kwargs=eval_kwargs)):
-            rows.append({"mode": mode, "episode_seed": ep.seed, "won": ep.won, "return": ep.ret, "steps": ep.steps,
-                         "actions": ep.actions, **tag})
+    envs = None  # a GiGPO trainer's own envs carry the training options: it plays the held-out ones in these
+    if tag is not None and hasattr(model, "evaluate") and hasattr(model, "envs") and seeds:
+        envs = [make_choice_env(args.env, args.history, args.max_steps, eval_kwargs, encode=False)
+                for _ in range(min(len(model.envs), len(seeds)))]
+    tag = {} if tag is None else {"eval_env_kwargs": tag}
+    try:
+        for mode, name in (("stochastic", "sampled"), ("deterministic", "greedy")):
+            for ep in play(model, seeds, name, lambda: make_llm_env(args.env, args.history, args.max_steps,
+                                                                    env_kwargs=eval_kwargs), envs=envs):
+                rows.append({"mode": mode, "episode_seed": ep.seed, "won": ep.won, "return": ep.ret,
+                             "steps": ep.steps, "actions": ep.actions, **tag})
+    finally:
+        for env in envs or ():
+            env.close()
     return rows
 
 
