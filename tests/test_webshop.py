@@ -214,6 +214,51 @@ def test_splits_index_and_task_id():
         env.reset(options={"index": 150})
 
 
+def test_train_and_test_instructions_are_disjoint():
+    """The held-out instructions of ``webshop-sft-rl`` (``split="test"``) share no text and no goal product with
+    the training ones (``split="train"``)."""
+    train, test = WebShopEnv(split="train"), WebShopEnv(split="test")
+    assert not set(train._indices) & set(test._indices)
+    text = {e.split: {e.catalogue.goals[i].instruction_text for i in e._indices} for e in (train, test)}
+    asins = {e.split: {e.catalogue.goals[i].asin for i in e._indices} for e in (train, test)}
+    assert len(text["train"]) == 1200 and len(text["test"]) == 150
+    assert not text["train"] & text["test"] and not asins["train"] & asins["test"]
+
+
+def test_instruction_search_gives_every_page_admissible_actions():
+    """``instruction_search``: the search page lists the instruction (price clause cut) as its one search, the
+    LLM choice wrapper can play every page, the expert plays admissible actions only and still wins, and a typed
+    query stays valid."""
+    from echorl_envs.wrappers.llm import LLMObservationWrapper
+
+    env = WebShopEnv(split="test", instruction_search=True)
+    won = 0
+    for i in range(20):
+        obs, info = env.reset(options={"index": i})
+        assert info["has_search_bar"] and info["admissible_actions"] == [f"search[{env.oracle_query()}]"]
+        assert "price lower than" not in info["admissible_actions"][0] and info["expert_action"] == \
+            info["admissible_actions"][0]
+        done = False
+        while not done:
+            assert info["expert_action"] in info["admissible_actions"]
+            _, r, done, trunc, info = env.step(info["expert_action"])
+            assert not info["invalid_action"] and not trunc
+        won += info["won"]
+    assert won >= 19
+    env.reset(options={"index": 0})
+    obs, _, _, _, info = env.step("search[red running shoes]")
+    assert not info["invalid_action"] and info["page"] == "results"
+    plain = WebShopEnv(split="test")
+    assert plain.reset(options={"index": 0})[1]["admissible_actions"] == []
+    wrapped = LLMObservationWrapper(gym.make("EchoRL/WebShop-v0", instruction_search=True, split="test"),
+                                    history=0, max_actions=32, encode=False)
+    state, _ = wrapped.reset(seed=1)
+    assert state["admissible"][0].startswith("search[") and len(state["admissible"]) == 1
+    state, *_ = wrapped.step(0)
+    assert "click[back to search]" in state["admissible"] and len(state["admissible"]) > 5
+    wrapped.close()
+
+
 def test_pickle_mid_episode_keeps_state():
     env = gym.make("EchoRL/WebShop-v0")
     _, info = env.reset(seed=3)

@@ -73,6 +73,17 @@ class WebShopEnv(DatasetTextEnv):
     Extra info keys: ``task_id``, ``page``, ``has_search_bar``, ``selected_options``, ``expert_action`` (the
     oracle: search the goal's words, open the goal product, choose its options, buy; after a search that
     misses the product, it searches the product's title).
+
+    Args:
+        split: the instructions played: ``"all"``, or WebShop's disjoint goal ranges ``"train"``, ``"eval"``,
+            ``"test"`` (:meth:`Catalogue.split_range`); a reset draws one of them from its seed.
+        instruction_search: list ``search[<the instruction without its price clause>]`` (the oracle's first
+            query, WebShop's instruction-as-query) as the search page's one admissible action, so a policy that
+            chooses among ``info["admissible_actions"]`` (the LLM choice policy of ``echorl train-llm``) can play:
+            every page then has admissible actions, and the policy's choices are the clicks (results, options,
+            buy). Typing another ``search[...]`` stays valid. The oracle then never searches the product's title
+            (not admissible): when the query misses the goal product (14 of the 1,200 generated train goals) it
+            opens the first result and buys it. False: WebShop's free-text search page (no admissible action).
     """
 
     reset_options: ClassVar[frozenset[str]] = frozenset({"index"})
@@ -88,6 +99,7 @@ class WebShopEnv(DatasetTextEnv):
         num_products: int | None = None,
         show_attrs: bool = False,
         catalogue_seed: int = 0,
+        instruction_search: bool = False,
         render_mode: str | None = None,
         max_text_length: int = MAX_TEXT,
     ) -> None:
@@ -98,6 +110,7 @@ class WebShopEnv(DatasetTextEnv):
                             num_products=num_products, seed=int(catalogue_seed))
         self.split = split
         self.show_attrs = bool(show_attrs)
+        self.instruction_search = bool(instruction_search)
         self._attach()
         self._goal_index = self._indices[0] if len(self._indices) else 0
         self._session = Session()
@@ -151,7 +164,15 @@ class WebShopEnv(DatasetTextEnv):
         return render(self._session, self.catalogue, self.goal.instruction_text, self.show_attrs)
 
     def _admissible(self) -> list[str]:
+        if self.instruction_search and self._session.page == "search":
+            return [f"search[{self.oracle_query()}]"]
         return clickables(self._session, self.catalogue, self.show_attrs)
+
+    def _match_parametric(self, action: str) -> str | None:
+        # instruction_search lists one query on the search page; any other search[...] typed there stays valid
+        if self._session.page == "search" and _SEARCH.match(action):
+            return action.strip()
+        return None
 
     def _aliases(self, normalized_action: str) -> tuple[str, ...]:
         # A product link may also be clicked by its title (or "item - <title>", WebShop's click_item_name).
@@ -254,10 +275,12 @@ class WebShopEnv(DatasetTextEnv):
     def _expert(self) -> str | None:
         s, goal = self._session, self.goal
         if s.page == "search":
-            query = self.oracle_query() if s.searches == 0 else goal.name.lower()
+            query = self.oracle_query() if s.searches == 0 or self.instruction_search else goal.name.lower()
             return f"search[{query}]"
         if s.page == "results":
             if goal.asin not in s.results:
+                if self.instruction_search and s.results:  # the title search is not admissible: take the top hit
+                    return f"click[{s.page_results()[0].lower()}]" if s.page_results() else f"click[{PREV_PAGE}]"
                 return f"click[{BACK_TO_SEARCH}]"
             want = s.results.index(goal.asin) // PRODUCT_WINDOW + 1
             if want == s.page_num:
@@ -267,7 +290,8 @@ class WebShopEnv(DatasetTextEnv):
             return f"click[{PREV_PAGE}]"
         if s.page == "item":
             if s.asin != goal.asin:
-                return f"click[{PREV_PAGE}]"
+                missed = self.instruction_search and goal.asin not in s.results
+                return f"click[{BUY_NOW if missed else PREV_PAGE}]"
             for name, click in self._goal_option_clicks():
                 if option_value_names(self.catalogue, goal.asin)[click][1] != s.options.get(name):
                     return f"click[{click}]"
