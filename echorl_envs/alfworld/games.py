@@ -48,7 +48,7 @@ SPLIT_SEED_BASE = {"train": 0, "valid_seen": 10_000_000, "valid_unseen": 20_000_
                    "valid_unseen_templates": 30_000_000}
 #: Generated splits whose rooms come from templates no other split uses
 #: (:data:`~echorl_envs.alfworld.scenes.HELD_OUT_ROOMS_FOR_TASK`). The json_2.1.1 splits differ by generator seed
-#: only: their games share the four room templates (docs/envs/alfworld-splits.md measures the overlap).
+#: only: their games share the four room templates (docs/results/envs.md measures the overlap).
 HELD_OUT_TEMPLATE_SPLITS = frozenset({"valid_unseen_templates"})
 #: Candidate seeds tried for one index before giving up.
 MAX_ATTEMPTS = 8
