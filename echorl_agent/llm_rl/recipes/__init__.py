@@ -4,10 +4,11 @@ A recipe file (``<name>.yaml`` in this folder, shipped with the package) holds w
 training config::
 
     description: one line
-    study: where the result is registered and reported (section, seeds)
-    command: the study's registered command (what tests/test_recipes.py parses and compares with ``config``)
-    expected: the published held-out figure
-    time: wall time per seed on 2 cores
+    study: where the result is registered and reported (section, seeds), or "no registered study yet (...)"
+    command: the study's registered command (what tests/test_recipes.py parses and compares with ``config``), or
+             for an unregistered recipe the command a study would register
+    expected: the published held-out figure, or "no registered study yet: no figure (goal: ...)"
+    time: wall time per seed on 2 cores (an unregistered recipe's is an estimate, labelled ESTIMATE)
     seeds: [the registered seeds]
     config:            # LLMTrainConfig fields (echorl_agent.llm_rl.train)
       env_id: EchoRL/BabyAI-GoToLocal-v0
@@ -27,12 +28,14 @@ import difflib
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CLI_EVAL_EPISODES", "RECIPE_KEYS", "Recipe", "TASK_FIELDS", "load_recipe", "method_recipe", "read_recipe_file",
+__all__ = ["CLI_EVAL_EPISODES", "RECIPE_KEYS", "Recipe", "TASK_FIELDS", "UNREGISTERED", "load_recipe", "method_recipe", "read_recipe_file",
            "recipe_names", "resolve_config", "task_recipe", "train_config"]
 
 HERE = Path(__file__).resolve().parent
 RECIPE_KEYS = ("description", "study", "command", "expected", "time", "seeds", "config")
 """The top-level keys a recipe file may hold."""
+UNREGISTERED = "no registered study yet"
+"""How the ``study`` and ``expected`` fields of a recipe no study has run yet begin."""
 
 
 @dataclasses.dataclass
@@ -48,6 +51,12 @@ class Recipe:
     time: str = ""
     seeds: list[int] = dataclasses.field(default_factory=list)
     path: str = ""
+
+    @property
+    def registered(self) -> bool:
+        """Whether a registered study stands behind the recipe (an unregistered one's ``study`` starts with "no
+        registered study yet" and its ``expected`` states no figure)."""
+        return bool(self.study) and not self.study.startswith(UNREGISTERED)
 
     @property
     def budget(self) -> str:
@@ -171,13 +180,12 @@ CLI_EVAL_EPISODES = 20
 
 
 def task_recipe(env_id: str, method: str | None = None) -> Recipe | None:
-    """The first shipped recipe (in name order) on ``env_id`` (and of ``method`` when given), or None: what
-    ``echorl train-llm --task ENV_ID`` takes its settings from, as rl-baselines3-zoo keys hyperparameters by env id."""
-    for name in recipe_names():
-        r = load_recipe(name)
-        if r.config.get("env_id") == env_id and (method is None or r.config.get("method") == method):
-            return r
-    return None
+    """The first shipped recipe (in name order, registered ones first) on ``env_id`` (and of ``method`` when given),
+    or None: what ``echorl train-llm --task ENV_ID`` takes its settings from, as rl-baselines3-zoo keys
+    hyperparameters by env id."""
+    found = [r for r in map(load_recipe, recipe_names())
+             if r.config.get("env_id") == env_id and (method is None or r.config.get("method") == method)]
+    return min(found, key=lambda r: not r.registered) if found else None
 
 
 def resolve_config(overrides: dict[str, Any], recipe: str | None = None, config_file: str | None = None):
