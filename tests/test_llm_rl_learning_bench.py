@@ -189,6 +189,31 @@ def test_held_out_episodes_use_the_eval_env_options_and_pair_only_with_the_same_
 
 
 
+def test_a_gigpo_trainer_plays_the_held_out_episodes_in_envs_of_the_eval_options():
+    """A GiGPO trainer plays in a batch of envs; with --eval-env-kwargs those are new envs of the held-out options,
+    never its training envs (whose options are the training ones)."""
+    from types import SimpleNamespace
+
+    played = []
+
+    class GroupTrainer:  # a stand-in for a GiGPO trainer: the test is about which envs its episodes run in
+        envs = ["training env 0", "training env 1", "training env 2"]
+
+        def evaluate(self, seeds, deterministic=True, envs=None):
+            played.append((list(seeds), envs))
+            return [SimpleNamespace(won=False, ret=0.0, steps=[]) for _ in seeds]
+
+    argv = ["--env", "EchoRL/BabyAI-GoToLocal-v0", "--max-steps", "2", "--eval-episodes", "2"]
+    rows = bench.evaluate(GroupTrainer(), bench.parse_args([*argv, "--eval-env-kwargs", '{"goal_line": true}']), 3)
+    assert len(rows) == 4 and all(r["eval_env_kwargs"] == '{"goal_line": true}' for r in rows)
+    assert [seeds for seeds, _ in played] == [[103_000, 103_001]] * 2
+    envs = played[0][1]
+    assert len(envs) == 2 and all(e.unwrapped.goal_line for e in envs) and played[1][1] is envs
+    played.clear()
+    bench.evaluate(GroupTrainer(), bench.parse_args(argv), 3)  # the training options: its own envs
+    assert [envs for _, envs in played] == [None, None]
+
+
 def test_evaluate_saved_plays_finished_runs_again_on_other_env_options_once(tmp_path, monkeypatch, capsys):
     import echorl_agent.llm_rl.train as train_mod
 
