@@ -33,6 +33,9 @@ def test_first_line_states_the_budget_rule_and_iteration_size():
     assert "GRPO for 31 steps of 8 prompts x 8 completions = 1,984 completions (train_steps=2,000 rounded DOWN" in grpo
     assert describe(train_config(load_recipe("minigrid-bc"))) == (
         "BC on 12 expert episodes x 20 epochs; held-out 4 episodes x 2 modes before, after")
+    unseen = describe(train_config(load_recipe("alfworld-sft-rl")))  # the held-out env is named when it differs
+    assert unseen.endswith('held-out 40 episodes x 2 modes in the env with {"num_games": 200, "split": "valid_unseen"} '
+                           "before, after BC, after")
 
 
 def test_bars_count_env_steps_and_learner_rows_and_redraw_inside_a_long_call(monkeypatch):

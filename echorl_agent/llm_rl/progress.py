@@ -10,6 +10,7 @@ are told apart by which of the two runs (rollouts score, updates learn), a PPO r
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any
@@ -224,5 +225,7 @@ def describe(cfg: Any) -> str:
     if cfg.eval_episodes:
         when = ["before"] * cfg.eval_before + (["after BC"] if bc and method.rl else []) + ["after"]
         every = f", every {cfg.eval_every} iterations" if cfg.eval_every else ""
-        parts.append(f"held-out {cfg.eval_episodes} episodes x 2 modes {', '.join(when)}{every}")
+        where = (f" in the env with {json.dumps(cfg.eval_env_kwargs, sort_keys=True)}"
+                 if getattr(cfg, "eval_env_kwargs", None) else "")
+        parts.append(f"held-out {cfg.eval_episodes} episodes x 2 modes{where} {', '.join(when)}{every}")
     return "; ".join(parts)
