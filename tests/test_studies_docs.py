@@ -39,9 +39,15 @@ def sections(text: str) -> dict[str, str]:
     return {title.strip(): body for title, body in zip(parts[1::2], parts[2::2], strict=True)}
 
 
+def running(page: Path) -> bool:
+    """A registered study whose seeds are not all in: its outcome section says "Running" and it has no verdict yet."""
+    return sections(page.read_text(encoding="utf-8")).get("Outcome", "").strip().startswith("Running")
+
+
 def test_there_is_one_page_per_registered_study():
-    # 26 registered studies plus the two SB3 step-count studies whose seeds were fixed in a commit.
-    assert len(PAGES) == 28, [p.name for p in PAGES]
+    # 26 registered studies plus the two SB3 step-count studies whose seeds were fixed in a commit, finished; the
+    # studies registered since then, finished or running.
+    assert len([p for p in PAGES if not running(p)]) >= 28, [p.name for p in PAGES]
     assert PROTOCOL.is_file() and INDEX.is_file()
 
 
@@ -63,6 +69,9 @@ def test_a_study_page_has_registration_command_outcome_and_verdict(page):
     assert scripts or "echorl_agent.cli" in block.group(1), f"{page.name}: the command runs no script"
     for script in scripts:
         assert (ROOT / "benchmarks" / script).is_file(), f"{page.name}: benchmarks/{script} does not exist"
+    if running(page):  # registered, seeds not all in: no table, no conclusion
+        assert re.search(r"\bpending\b", found["Verdict"], re.IGNORECASE), f"{page.name}: running, verdict not pending"
+        return
     assert re.search(r"^\|.+\|$\n^\|[-| ]+\|$", found["Outcome"], re.MULTILINE), f"{page.name}: no outcome table"
     assert re.search(r"\bholds\b|not established|not a claim", found["Verdict"], re.IGNORECASE), \
         f"{page.name}: the verdict says neither 'holds' nor 'not established'"
@@ -92,7 +101,7 @@ def test_the_index_lists_every_page_once_with_its_verdict_and_old_section():
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert len(cells) == 4, row
-        assert re.search(r"holds|not established|no claim", cells[2]), f"no verdict in: {row}"
+        assert re.search(r"holds|not established|no claim|running", cells[2]), f"no verdict in: {row}"
         assert re.fullmatch(r"§\d+|—", cells[3]), f"old section column: {cells[3]!r}"
         old_sections += [int(cells[3][1:])] if cells[3] != "—" else []
     assert sorted(old_sections) == list(range(1, 27)), "every old § 1–26 maps to exactly one page"
@@ -120,4 +129,5 @@ def test_a_study_page_names_its_per_seed_data_and_it_is_in_the_repository(page):
     for name in paths:
         path = ROOT / name if "/" in name.rstrip("/") else ROOT / "benchmarks" / "results" / name
         # The compact summary (<out>.jsonl) or, where a study's raw folder is still tracked, that folder.
-        assert path.exists() or path.with_suffix("").is_dir(), f"{page.name}: {name} is not in the repository"
+        assert path.exists() or path.with_suffix("").is_dir() or running(page), \
+            f"{page.name}: {name} is not in the repository"
