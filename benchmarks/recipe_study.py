@@ -138,15 +138,19 @@ def summarize_seed(folder: Path, seed: int) -> dict:
 
 
 def summarize(study: str, out: Path | None = None) -> Path:
+    """Write the summary of every finished seed under ``runs/studies/<study>``; rows already in the summary for seeds
+    whose run folder is gone (a study that spans sessions) are kept."""
     folders = sorted(p for p in (RUNS / study).glob("seed*") if _finished(p))
-    if not folders:
-        raise SystemExit(f"no finished run under {RUNS / study} (a run is finished when its eval.json has 'after')")
     out = out or RESULTS / f"{study}.jsonl"
+    rows = {r["seed"]: r for r in load(study, out)} if out.is_file() else {}
+    rows.update({int(p.name[4:]): summarize_seed(p, int(p.name[4:])) for p in folders})
+    if not rows:
+        raise SystemExit(f"no finished run under {RUNS / study} (a run is finished when its eval.json has 'after')")
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w") as f:
-        for p in folders:
-            f.write(json.dumps(summarize_seed(p, int(p.name[4:])), separators=(",", ":")) + "\n")
-    print(f"{out}: {len(folders)} seeds, {out.stat().st_size / 1e3:.0f} KB")
+        for seed in sorted(rows):
+            f.write(json.dumps(rows[seed], separators=(",", ":")) + "\n")
+    print(f"{out}: {len(rows)} seeds ({len(folders)} from run folders), {out.stat().st_size / 1e3:.0f} KB")
     return out
 
 

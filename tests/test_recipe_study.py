@@ -56,6 +56,11 @@ def test_summary_rows_and_table_pair_phases_per_seed(study):
     assert [[r["vocab"][i] for i in acts] for acts in r["phases"]["after"]["sampled"]["actions"]][1] == [
         "turn left", "go forward"]
     assert r["wall_s"] == 120.0 and r["env_steps"] == 40 and r["curve"][-1] == [40, 0.5]
+    # a later session without seed 8's run folder keeps its row
+    import shutil
+
+    shutil.rmtree(study.RUNS / "s" / "seed8")
+    assert [r["seed"] for r in study.load("s", study.summarize("s"))] == [7, 8]
     text = study.table(rows, "after_bc")
     d, lo, hi = paired_bootstrap([0.25, 0.0])
     assert f"| sampled | 2 | 0.500 | 0.625 | {d:+.3f} [{lo:+.3f}, {hi:+.3f}] | 1 / 1 / 0 |" in text
