@@ -134,12 +134,20 @@ class EngineConfig:
     Applies to forward steps with more tokens than sequences (prefill and scoring chunks; a decode token in the same
     step rides along); pure decode steps and the LM head are unchanged."""
 
+    score_memo_tokens: int = 32768
+    """Scoring requests kept, in prompt tokens (0: none): a request scored again under the same weights returns
+    the earlier result and prefills nothing (:class:`~echorl_agent.llm.engine.score_memo.ScoreMemo`; exact). Off
+    with the prefix cache (``enable_prefix_caching=False``, the 'cache off' baseline)."""
+
     def __post_init__(self) -> None:
         check_weight_dtype(self.weight_dtype)
         check_prefill_dtype(self.prefill_dtype)
         k = self.float32_top_layers
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ValueError(f"float32_top_layers must be an int >= 0, got float32_top_layers={k!r}")
+        m = self.score_memo_tokens
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise ValueError(f"score_memo_tokens must be an int >= 0, got score_memo_tokens={m!r}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got max_num_seqs={self.max_num_seqs}")
         if self.max_num_batched_tokens < self.max_num_seqs:

@@ -40,6 +40,7 @@ from echorl_agent.llm.engine.engine_requests import TokenCallback, _RequestsMixi
 from echorl_agent.llm.engine.prefix_cache import CacheStats, PrefixCache
 from echorl_agent.llm.engine.runner import ModelRunner, SeqChunk
 from echorl_agent.llm.engine.scheduler import Scheduler
+from echorl_agent.llm.engine.score_memo import ScoreMemo
 from echorl_agent.llm.engine.scoring import SoftTokens
 from echorl_agent.llm.models.loading import LoadedModel, load_model
 
@@ -67,6 +68,8 @@ class LLMEngine(_RequestsMixin):
             self.config.float32_top_layers, self.config.prefill_dtype,
         )
         self.cache = PrefixCache(num_blocks, pc)
+        self.score_memo = ScoreMemo(self.config.score_memo_tokens if pc.enable_prefix_caching else 0)
+        """Scoring requests already answered under the current weights (:mod:`~echorl_agent.llm.engine.score_memo`)."""
         self.scheduler = Scheduler(self.config.scheduler)
         self.eos_token_ids = tuple(self.llm.eos_token_ids)
         self.max_model_len = int(getattr(self.llm.model.config, "max_position_embeddings", 1 << 30))
@@ -172,8 +175,10 @@ class LLMEngine(_RequestsMixin):
 
         p = self.llm.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         cands = [self.llm.encode(c) if isinstance(c, str) else [int(t) for t in c] for c in candidates]
-        with self._lock:
-            return score_candidates(self.runner, self.cache, p, cands, share_prefix, soft=soft, capture=capture)
+        if not share_prefix:
+            with self._lock:
+                return score_candidates(self.runner, self.cache, p, cands, share_prefix, soft=soft, capture=capture)
+        return self.score_batch([p], [cands], None if soft is None else [soft], capture)[0]
 
     def score_batch(
         self,
@@ -185,13 +190,16 @@ class LLMEngine(_RequestsMixin):
         """:meth:`score` for several prompts at once (the envs of one rollout step), in two batched forwards.
 
         Exact duplicate requests (no soft tokens) are computed once; see :func:`echorl_agent.llm.engine.scoring.score_batch`.
+        A request answered before under the same weights returns that result (:attr:`score_memo`).
         """
         from echorl_agent.llm.engine.scoring import score_batch
 
         ps = [[int(t) for t in p] for p in prompts]
         cs = [[[int(t) for t in c] for c in cands] for cands in candidates]
         with self._lock:
-            return score_batch(self.runner, self.cache, ps, cs, soft, capture)
+            return self.score_memo.score_batch(
+                lambda ps_, cs_, ss_: score_batch(self.runner, self.cache, ps_, cs_, ss_, capture),
+                self.cache.generation, ps, cs, soft, capture)
 
     # ------------------------------------------------------------------ weights (RL)
     @property

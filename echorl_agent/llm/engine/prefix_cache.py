@@ -134,6 +134,9 @@ class PrefixCache:
         self.weight_version = 0
         """Version of the weights the cached KV was computed with (see :meth:`invalidate`)."""
         self._root: int | None = None  # chain seed of the first block: None at version 0, else the version
+        self.generation = 0
+        """Bumped by every :meth:`invalidate` and :meth:`reset` (the version alone may go back on a reset): what was
+        computed under an older generation may be stale (:class:`~echorl_agent.llm.engine.score_memo.ScoreMemo`)."""
 
     def invalidate(self) -> int:
         """Make every cached block unreachable: the model's weights changed (after a learner update).
@@ -143,6 +146,7 @@ class PrefixCache:
         blocks. Returns the new version.
         """
         self.weight_version += 1
+        self.generation += 1
         self._root = self.weight_version
         return self.weight_version
 
@@ -164,6 +168,7 @@ class PrefixCache:
         self._hash_to_block.clear()
         self._free_cached.clear()
         self._free_plain = list(range(self.num_blocks - 1, -1, -1))
+        self.generation += 1
         if weight_version is not None:
             if isinstance(weight_version, bool) or not isinstance(weight_version, int) or weight_version < 0:
                 raise ValueError(f"weight_version must be an int >= 0, got weight_version={weight_version!r}")
