@@ -35,16 +35,16 @@ def policy_like(base, **kw):
     return p
 
 
-def gotolocal_states(history: int, steps: int = 5, seed: int = 3) -> list:
-    """One GoToLocal episode (goal line) under the fixed actions ``t % 3`` (turn left, turn right, go forward); it
-    does not end within the steps taken."""
+def gotolocal_states(history: int, steps: int = 5, seed: int = 3, actions: list[int] | None = None) -> list:
+    """One GoToLocal episode (goal line) under the fixed actions ``t % 3`` (turn left, turn right, go forward) or
+    ``actions``; it does not end within the steps taken."""
     from echorl_agent.llm_rl.rollout import make_choice_env
 
     env = make_choice_env(ENV, history=history, max_episode_steps=24, env_kwargs={"goal_line": True})
     obs, _ = env.reset(seed=seed)
     rows = [obs]
-    for t in range(steps):
-        obs, _, terminated, truncated, _ = env.step(t % 3)
+    for t in range(steps if actions is None else len(actions)):
+        obs, _, terminated, truncated, _ = env.step(t % 3 if actions is None else actions[t])
         assert not (terminated or truncated)
         rows.append(obs)
     return rows
@@ -109,6 +109,64 @@ def test_no_end_token_prefills_8_fewer_candidate_tokens_per_gotolocal_state(base
     assert sum(len(c) for c in r_lean.cands) == 12 and len(state["admissible"]) == 7
     full, short = computed_tokens(base, rows), computed_tokens(lean, rows)
     assert full - short == 8 * len(rows)
+
+
+def test_the_end_token_is_scored_but_never_run_by_the_engine_or_the_learner(base):
+    """A candidate is the reply ``action<end-of-turn>`` and its log-prob includes ``log P(end | prompt, action)``,
+    read from the logits of the action's last token: neither the engine nor the learner ever runs the end token (a
+    candidate's last token predicts past it and nothing attends to it). BabyAI's 7 candidates are 19 target tokens
+    but 12 input tokens; the log-probs equal a full HF forward of each prompt + candidate (which does run it)."""
+    from echorl_agent.llm_rl.forward import pack
+
+    rows = gotolocal_states(history=0, steps=1)
+    eos = base.lm.llm.eos_token_ids[0]
+    engine = base.lm.engine
+    engine.cache.invalidate()
+    c0 = engine.stats.num_computed_tokens
+    first = base.record(rows[0])
+    assert engine.stats.num_computed_tokens - c0 == len(first.context) + 12  # an empty cache: prompt + 12
+    assert sum(len(c) for c in first.cands) == 19 and [c[-1] for c in first.cands] == [eos] * 7
+    recs = base.record_many(rows)
+    logps, _, _ = base.learner_scores_many(recs)
+    for rec, lp in zip(recs, logps, strict=True):
+        assert [s.shape[0] for s in rec.cand_states] == [len(c) - 1 for c in rec.cands]  # no end-token row
+        batch = pack(len(rec.context), rec.cands, states=rec.cand_states)
+        assert eos not in batch.row_ids(rec.context)[len(rec.context):]
+        torch.testing.assert_close(lp, rec.rollout_logp, atol=1e-4, rtol=0)
+    ref = hf_action_logprobs(base.lm.model, recs[1].context, recs[1].cands)
+    torch.testing.assert_close(recs[1].rollout_logp.double(), ref, atol=1e-4, rtol=0)
+    torch.testing.assert_close(logps[1].double(), ref, atol=1e-4, rtol=0)
+
+
+def test_a_gotolocal_state_met_again_is_scored_from_the_memo(base):
+    """Turning left, right, left, right meets the prompts of steps 1 and 2 again at steps 3 and 4 (history 0): the
+    engine's score memo answers them with the first computation (the same record contents) and prefills nothing;
+    scored again without the memo they prefill the partial last block and the 12 candidate tokens again."""
+    from echorl_agent.llm.engine.score_memo import ScoreMemo
+
+    rows = gotolocal_states(history=0, actions=[0, 1, 0, 1])
+    engine = base.lm.engine
+    per_step = []
+    engine.cache.invalidate()
+    for r in rows:
+        c0 = engine.stats.num_computed_tokens
+        per_step.append((base.record(r), engine.stats.num_computed_tokens - c0))
+    (_, _), (r1, _), (r2, _), (r3, n3), (r4, n4) = per_step
+    assert r3.context == r1.context and r4.context == r2.context and n3 == n4 == 0
+    assert torch.equal(r3.rollout_logp, r1.rollout_logp) and r3.context_states is r1.context_states
+    memo = engine.score_memo
+    try:
+        engine.score_memo = ScoreMemo(0)
+        engine.cache.invalidate()
+        again = []
+        for r in rows:
+            c0 = engine.stats.num_computed_tokens
+            again.append((base.record(r), engine.stats.num_computed_tokens - c0))
+    finally:
+        engine.score_memo = memo
+    assert all(n >= 12 for _, n in again[3:])
+    for (a, _), (b, _) in zip(per_step, again, strict=True):
+        torch.testing.assert_close(a.rollout_logp, b.rollout_logp, atol=5e-5, rtol=0)  # float32 summation order
 
 
 @pytest.mark.parametrize("options", [
