@@ -239,11 +239,12 @@ def test_stale_prefix_is_never_reused_after_a_weight_update(fresh):
     prompt = lm.llm.chat_ids([{"role": "user", "content": "Go to the green goal square. " * 4}])
     cands = [lm.llm.encode(a) for a in ("turn left", "go forward")]
     before = eng.score(prompt, cands)
-    again = eng.score(prompt, cands)
+    assert eng.score(prompt, cands) is before  # the same request again: the score memo answers it
+    again = eng.score(prompt, cands[::-1])  # another request on the same prompt: the prefix cache serves its blocks
     # the same numbers from the cache, up to float rounding: the fused attention's row results may depend on how many
     # query rows share its call (on an AVX-512 host a block of 1-2 rows sums in another order), so a prompt computed
     # in one chunk and the same prompt's last rows computed after a cached prefix agree to the engine's 1e-4 bound
-    np.testing.assert_allclose(again.logprobs, before.logprobs, rtol=0, atol=1e-4)
+    np.testing.assert_allclose(again.logprobs[::-1], before.logprobs, rtol=0, atol=1e-4)
     assert again.num_cached_tokens > before.num_cached_tokens  # the prompt's blocks were reused
     v0 = eng.weight_version
     for p in lm.trainable_parameters():  # move the adapters, push them to the engine
