@@ -87,17 +87,24 @@ class LLMPolicyConfig:
     admissible_in_system: bool = False
     """List the admissible actions once, at the end of the system message, and in no observation turn (overrides
     ``show_admissible``): the model still sees them, at no cost per step while the set stays the same (BabyAI's
-    never changes; an env whose set changes re-prefills the whole prompt whenever it does)."""
+    never changes; an env whose set changes re-prefills the whole prompt whenever it does). The LM reads another
+    prompt, so the policy moves: KL 0.071 per state from gotolocal-rl's on one iteration's GoToLocal states
+    (``benchmarks/prompt_lever_tokens.py``; "pick up" 0.018 -> 0.063, "done" 0.026 -> 0.052)."""
     drop_task_lines: bool = False
     """Leave the lines of an observation that repeat the task (BabyAI's ``Mission: ...``) out of its turn: the
-    system message already names the task, and those tokens were prefilled again at every step."""
+    system message already names the task, and those tokens were prefilled again at every step. The policy moves:
+    KL 0.021 per state from gotolocal-rl's ("go forward" 0.15 -> 0.22; ``benchmarks/prompt_lever_tokens.py``)."""
     candidate_end_token: bool = True
     """Score a candidate as the whole assistant reply ``action<end-of-turn>``. False: the action's tokens only, so
     log pi sums the action's own tokens and the engine prefills fewer candidate tokens per state (it never runs a
     candidate's last token; BabyAI: 4 instead of 12). An action that is a token prefix of another admissible action
     is then favoured over it, and the pretrained LM's start policy moves: on GoToLocal (goal line, length_norm) the
     mean probability of "pick up" over 6 reset states goes 0.02 -> 0.60 ("go forward" 0.23 -> 0.06), since "up" is
-    near certain after "pick" while the end of the reply after "pick up" is not."""
+    near certain after "pick" while the end of the reply after "pick up" is not. On one gotolocal-rl iteration's 177
+    states: KL 0.72 per state, "pick up" 0.018 -> 0.45 (``benchmarks/prompt_lever_tokens.py``).
+    The end-of-turn token itself is never run either way: True reads ``log P(end | prompt, action)`` from the logits
+    of the action's last token (engine and learner alike), so what False saves is that last action token, at the
+    price of the policy. Kept opt-in for a study that asks whether the lean policy learns; no recipe uses it."""
     rollout_url: str | None = None
     """Score rollouts on this OpenAI-compatible server (``.../v1``) instead of the local engine; the learner pushes
     its adapter there after every update (:class:`~echorl_agent.llm_rl.remote.RemoteRollout`)."""
