@@ -75,6 +75,13 @@ def test_defaults_keep_the_end_token_and_the_per_turn_list():
     cfg = LLMPolicyConfig()
     assert cfg.candidate_end_token is True and cfg.admissible_in_system is False and cfg.drop_task_lines is False
 
+def test_the_policy_sets_its_engines_score_memo(base):
+    from echorl_agent.llm_rl.config import LLMPolicyConfig
+
+    assert base.lm.engine.score_memo.max_tokens == LLMPolicyConfig().score_memo_tokens == 32768
+    with pytest.raises(ValueError, match="score_memo_tokens"):
+        LLMPolicyConfig(score_memo_tokens=-1)
+
 
 def test_drop_task_lines_leaves_the_mission_line_out_of_every_turn(base):
     """GoToLocal's ``Mission: go to the red key.`` line repeats the system message's task in every observation

@@ -56,6 +56,11 @@ class LLMPolicyConfig:
     """KV pool of the rollout engine in tokens."""
     prefix_caching: bool = True
     """Prefix cache of the rollout engine (False: the cache-off baseline)."""
+    score_memo_tokens: int = 32768
+    """Scoring requests the rollout engine keeps under the current weights, in prompt tokens
+    (``EngineConfig.score_memo_tokens``): a state scored again -- a GiGPO group's episodes meet the same states --
+    returns the first result and prefills nothing. 0: every repeat is recomputed on the cached prefix, which differs
+    from the first result by float rounding only (as the engine ran before the memo)."""
     engine_weight_dtype: str = "float32"
     """Weights of the rollout engine: "float32" (exact), "int8" or "int4" (faster decode). The learner reuses the
     captured activations when the engine's frozen layers reproduce the float32 weights exactly (the embedded
@@ -120,7 +125,7 @@ class LLMPolicyConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive int, got {name}={v!r}")
-        for name in ("lora_rank", "plan_tokens"):
+        for name in ("lora_rank", "plan_tokens", "score_memo_tokens"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {name}={v!r}")

@@ -94,7 +94,8 @@ class TrainableLM:
         self.engine = LLMEngine(LoadedModel(rollout_model, base.tokenizer, base.name, base.extra),
                                 EngineConfig(prefix_cache=pc, weight_dtype=cfg.engine_weight_dtype,
                                              float32_top_layers=cfg.train_layers * cfg.engine_float32_trained_layers,
-                                             prefill_dtype=cfg.engine_prefill_dtype))
+                                             prefill_dtype=cfg.engine_prefill_dtype,
+                                             score_memo_tokens=cfg.score_memo_tokens))
         # captured activations are reused only where exact: the engine's frozen layers below b compute the learner's
         # float32 ones (float32 weights, or quantized copies that dequantize to exactly those weights -- the
         # embedded SmolLM2 is a Q4_1 GGUF -- so the engine differs from float32 by summation order only); with int8
