@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     print(per_seed(rows))
     print()
     print(table(rows, args.start))
-    if args.start != "before":
+    if args.start != "before" and any("before" in r["phases"] for r in rows):
         print()
         print(table(rows, "before"))
     return 0
