@@ -77,6 +77,9 @@ class GiGPOTrainer:
         """The episodes of the latest iteration (for diagnostics that read the rollout the update learned from)."""
         self.ref_params: list[torch.Tensor] | None = None
         """The reference weights of ``ref_kl_coef`` (taken at the first iteration, so after a BC warm start)."""
+        self.rollout_workers: Any = None
+        """A :class:`~echorl_agent.llm_rl.ray_workers.RayRolloutPool` that plays the groups (``--backend ray``);
+        None: they play on :attr:`envs` in this process."""
         self.replay = None
         self._replay_slots = np.zeros(0, np.int64)
         if cfg.replay is not None:
@@ -85,6 +88,17 @@ class GiGPOTrainer:
             kw = {"capacity": 4096, **cfg.replay}
             self.replay = LLMReplayBuffer(**kw)
             self.replay.set_version(self.policy.lm.engine.weight_version)
+
+    def collect(self, seeds: list[int]) -> list[Episode]:
+        """The iteration's episodes (``group_size`` per seed, in seed order) under the current weights: on the Ray
+        rollout workers when the run has them (:mod:`echorl_agent.llm_rl.ray_workers`), else in this process."""
+        if self.rollout_workers is not None:
+            return self.rollout_workers.collect(self, seeds)
+        version = self.policy.lm.engine.weight_version
+        episodes = collect_groups(self.policy, self.envs, seeds, self.cfg.group_size, self.generator)
+        for e in episodes:
+            e.policy_version = version
+        return episodes
 
     def next_seeds(self) -> list[int]:
         """Training seeds of the next iteration (drawn from the trainer's rng; evaluation uses other seeds)."""
@@ -99,7 +113,7 @@ class GiGPOTrainer:
         cached0, computed0 = stats0.num_cached_tokens, stats0.num_computed_tokens
         rollout_version = self.policy.lm.engine.weight_version
         t0 = time.perf_counter()
-        episodes = collect_groups(self.policy, self.envs, self.next_seeds(), cfg.group_size, self.generator)
+        episodes = self.collect(self.next_seeds())
         self.last_episodes = episodes
         t1 = time.perf_counter()
         adv = self.advantages(episodes)
@@ -147,6 +161,8 @@ class GiGPOTrainer:
             "rollout_s": t1 - t0, "learner_s": t2 - t1, "env_steps_per_s": steps / max(t2 - t0, 1e-9),
             **upd,
         }
+        if self.rollout_workers is not None:
+            out.update(self.rollout_workers.stats())
         if self.replay is not None:
             rs = self.replay.stats()
             out.update(replayed=float(len(replayed)), replay_items=float(rs["items"]),
