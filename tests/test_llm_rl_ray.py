@@ -166,28 +166,22 @@ def test_two_workers_and_a_killed_worker_give_the_same_run(ray_cluster, lm_and_s
     assert int(rows[-1]["timesteps"]) == trainer.num_timesteps == sum(len(e.steps) for e in eps) + int(
         h[-2]["timesteps"])
 
-    gather, killed = RayRolloutPool._gather, []
+    gather, killed, seen = RayRolloutPool._gather, [], {}
 
     def kill_worker_1_in_iteration_2(self, i, ref, *args):
-        if i == 1 and len(killed) == 0 and trainer2_iterations() == 1:
-            pid = self._ray.get(self.workers[1].pid.remote())
-            self._ray.kill(self.workers[1])  # mid-run: its play call of this iteration is lost
-            killed.append(pid)
+        if i == 0 and not killed and seen["trainer"].num_iterations == 1:
+            self._ray.kill(self.workers[1])  # right after both plays were sent: worker 1 dies in the middle of its own
+            killed.append(1)
         return gather(self, i, ref, *args)
 
-    state_holder = {}
+    collect = RayRolloutPool.collect
 
-    def trainer2_iterations():
-        return state_holder["trainer"].num_iterations
-
-    build = RayRolloutPool.collect
-
-    def collect(self, trainer, seeds):
-        state_holder["trainer"] = trainer
-        return build(self, trainer, seeds)
+    def remember_trainer(self, trainer, seeds):
+        seen["trainer"] = trainer
+        return collect(self, trainer, seeds)
 
     monkeypatch.setattr(RayRolloutPool, "_gather", kill_worker_1_in_iteration_2)
-    monkeypatch.setattr(RayRolloutPool, "collect", collect)
+    monkeypatch.setattr(RayRolloutPool, "collect", remember_trainer)
     trainer2, rows2 = _run(lm, state, _cfg(tmp_path / "killed", **cfg))
     assert len(killed) == 1 and trainer2.history[-1]["worker_restarts"] == 1.0
     assert rows2 == rows  # the replayed groups are the lost ones: nothing dropped, nothing counted twice
