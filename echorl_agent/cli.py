@@ -253,7 +253,7 @@ TRAIN_FLAGS = {"task": "env_id", "method": "method", "train_steps": "train_steps
                "gigpo_kwargs": "gigpo_kwargs", "ppo_kwargs": "ppo_kwargs", "method_kwargs": "method_kwargs",
                "checkpoint_every": "checkpoint_every", "eval_episodes": "eval_episodes", "eval_every": "eval_every",
                "eval_before": "eval_before", "env_url": "env_urls", "backend": "backend",
-               "rollout_workers": "rollout_workers"}
+               "rollout_workers": "rollout_workers", "max_policy_lag": "max_policy_lag"}
 
 
 def train_overrides(args: argparse.Namespace) -> dict:
@@ -442,6 +442,10 @@ def add_train_llm_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--rollout-workers", type=int, metavar="N",
                    help="with --backend ray: rollout workers, each playing a share of every iteration's groups "
                         "(default: 1)")
+    s.add_argument("--max-policy-lag", type=int, metavar="K",
+                   help="with --backend ray: iterations the workers play ahead of the learner; their episodes are "
+                        "played by weights up to K versions old, corrected by the truncated importance weights "
+                        "(default: 0, on-policy)")
     s.add_argument("--out", default="runs/train-llm", help="output folder")
     s.add_argument("--checkpoint-every", type=int, metavar="N",
                    help="write OUT/checkpoint/ every N iterations (GiGPO iterations, PPO updates) and at the end; "

@@ -37,9 +37,11 @@ def _cfg(out=None, **kw):
     ({"backend": "ray", "rollout_workers": 3}, "raise --n-envs to at least 3 x --group-size, or use --rollout-workers 2"),
     ({"backend": "ray", "method": "bc+ppo", "n_envs": 1}, "use --backend local"),
     ({"backend": "ray", "policy_kwargs": {"rollout_url": "http://127.0.0.1:1/v1"}}, "drop one of them"),
+    ({"backend": "ray", "max_policy_lag": -1}, "(--max-policy-lag K"),
+    ({"max_policy_lag": 1}, "add --backend ray, or drop --max-policy-lag"),
 ])
 def test_bad_backend_options_name_the_flag_and_the_fix(kw, needle):
-    with pytest.raises(ValueError, match="--backend|--rollout-workers") as e:
+    with pytest.raises(ValueError, match="--backend|--rollout-workers|--max-policy-lag") as e:
         _cfg(**kw)
     assert needle in str(e.value)
 
@@ -166,24 +168,40 @@ def test_two_workers_and_a_killed_worker_give_the_same_run(ray_cluster, lm_and_s
     assert int(rows[-1]["timesteps"]) == trainer.num_timesteps == sum(len(e.steps) for e in eps) + int(
         h[-2]["timesteps"])
 
-    gather, killed, seen = RayRolloutPool._gather, [], {}
+    gather, killed = RayRolloutPool._gather, []
 
-    def kill_worker_1_in_iteration_2(self, i, ref, *args):
-        if i == 0 and not killed and seen["trainer"].num_iterations == 1:
+    def kill_worker_1_in_iteration_2(self, job):
+        if job.worker == 0 and not killed and self.restarts == 0 and self._iterations == 1:
             self._ray.kill(self.workers[1])  # right after both plays were sent: worker 1 dies in the middle of its own
             killed.append(1)
-        return gather(self, i, ref, *args)
+        return gather(self, job)
 
     collect = RayRolloutPool.collect
 
-    def remember_trainer(self, trainer, seeds):
-        seen["trainer"] = trainer
-        return collect(self, trainer, seeds)
+    def count_iterations(self, trainer):
+        self._iterations = trainer.num_iterations
+        return collect(self, trainer)
 
     monkeypatch.setattr(RayRolloutPool, "_gather", kill_worker_1_in_iteration_2)
-    monkeypatch.setattr(RayRolloutPool, "collect", remember_trainer)
+    monkeypatch.setattr(RayRolloutPool, "collect", count_iterations)
     trainer2, rows2 = _run(lm, state, _cfg(tmp_path / "killed", **cfg))
     assert len(killed) == 1 and trainer2.history[-1]["worker_restarts"] == 1.0
     assert rows2 == rows  # the replayed groups are the lost ones: nothing dropped, nothing counted twice
     assert _actions(trainer2) == _actions(trainer)
     assert all(torch.equal(weights[k], v) for k, v in lm.trainable_state().items())
+
+
+@pytest.mark.slow
+def test_workers_ahead_of_the_learner_play_older_weights_within_the_bound(ray_cluster, lm_and_state, tmp_path):
+    lm, state = lm_and_state
+    # an entropy bonus makes every step a sample, so every iteration updates (and bumps the weights version)
+    trainer, rows = _run(lm, state, _cfg(tmp_path, backend="ray", rollout_workers=2, max_policy_lag=1,
+                                          train_steps=40, gigpo_kwargs={"ent_coef": 0.01}))
+    h = trainer.history
+    assert len(h) >= 3 and all(r["num_samples"] > 0 for r in h)
+    # iteration 1 was played by the start weights, each later one by the weights before the previous update
+    assert [r["policy_lag_max"] for r in h] == [0.0] + [1.0] * (len(h) - 1)
+    assert {e.policy_version for e in trainer.last_episodes} == {trainer.policy.lm.engine.weight_version - 2}
+    assert len(rows) == 4 * len(h) and int(rows[-1]["timesteps"]) == trainer.num_timesteps
+    # the stale rollouts are reweighted by min(pi_old / pi_rollout, C): far more than the rollout/learner numerics
+    assert abs(h[0]["is_weight_mean"] - 1.0) < 1e-4 and all(abs(r["is_weight_mean"] - 1.0) > 1e-3 for r in h[1:])

@@ -28,7 +28,8 @@ def import_ray() -> Any:
     return ray
 
 
-def check_backend(backend: Any, rollout_workers: Any, learner: str, groups: int, policy_kwargs: dict[str, Any]) -> None:
+def check_backend(backend: Any, rollout_workers: Any, learner: str, groups: int, policy_kwargs: dict[str, Any],
+                  max_policy_lag: Any = 0) -> None:
     """ValueError naming the flag and the fix for a backend the run cannot use.
 
     Args:
@@ -37,6 +38,7 @@ def check_backend(backend: Any, rollout_workers: Any, learner: str, groups: int,
         learner: the run's learner (registry name); only GiGPO groups play on Ray workers.
         groups: the run's groups per iteration (``n_envs // group_size``); each worker plays whole groups.
         policy_kwargs: the run's policy options (a remote ``rollout_url`` excludes Ray workers).
+        max_policy_lag: ``--max-policy-lag``: iterations the workers play ahead of the learner.
     """
     if backend not in BACKENDS:
         close = difflib.get_close_matches(str(backend), BACKENDS, n=1)
@@ -46,7 +48,13 @@ def check_backend(backend: Any, rollout_workers: Any, learner: str, groups: int,
         raise ValueError(f"rollout_workers must be an int >= 1 (--rollout-workers N: N Ray actors, each with its own "
                          f"engine, play a share of every iteration's groups), got rollout_workers={rollout_workers!r}; "
                          "use --rollout-workers 1 or more")
+    if isinstance(max_policy_lag, bool) or not isinstance(max_policy_lag, int) or max_policy_lag < 0:
+        raise ValueError(f"max_policy_lag must be an int >= 0 (--max-policy-lag K: the workers play up to K iterations "
+                         f"ahead of the learner; 0 is on-policy), got max_policy_lag={max_policy_lag!r}")
     if backend == "local":
+        if max_policy_lag:
+            raise ValueError(f"max_policy_lag={max_policy_lag} needs --backend ray (a local run plays each iteration "
+                             "with the learner's current weights); add --backend ray, or drop --max-policy-lag")
         if rollout_workers > 1:
             raise ValueError(f"rollout_workers={rollout_workers} needs --backend ray (the local backend plays every "
                              "group in this process); add --backend ray, or drop --rollout-workers")

@@ -15,9 +15,16 @@ servers). One iteration (:meth:`RayRolloutPool.collect`):
 3. gather -- the episodes come back in seed order, each stamped with the ``policy_version`` that acted, with the
    records' captured activations (so the learner still runs only its trained layers).
 
-The push is synchronous: every episode is played by the learner's current weights (policy lag 0), so the truncated
-importance weight ``min(pi_old / pi_rollout, C)`` of :func:`~echorl_agent.llm_rl.learner.update_policy` corrects the
-rollout/learner numerics only, as in a local run.
+By default the push is synchronous: every episode is played by the learner's current weights (policy lag 0), so the
+truncated importance weight ``min(pi_old / pi_rollout, C)`` of :func:`~echorl_agent.llm_rl.learner.update_policy`
+corrects the rollout/learner numerics only, as in a local run. With ``max_policy_lag`` K > 0 (``--max-policy-lag``,
+prime-rl's ``async_level``, verl's one-step off-policy for K=1) the pool keeps the next K iterations queued on the
+workers, sent with the weights of the moment, so the workers play while the learner updates: an iteration's episodes
+were played by weights up to K versions old (``policy_lag_max`` in ``gigpo.csv``), and the same truncated
+importance weight, with ``pi_rollout`` the old policy, bounds their correction. The frozen layers below the trained
+ones never change, so the captured activations stay exact. Each chunk then samples from its own generator (seeded
+from the learner's at sending time). A resumed run starts with nothing queued: the queued iterations' seeds were
+drawn and are skipped, so only an on-policy run resumes exactly.
 
 A worker that dies (:class:`ray.exceptions.RayActorError`: killed, out of memory, its node lost) is replaced by a
 new actor that gets the same weights and replays the chunk from its seeds and generator state: the replayed episodes
@@ -34,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -163,6 +171,17 @@ class RolloutWorker:
         return {u: {k: getattr(s, k) for k in keys} for u, s in self.servers.stats.items()}
 
 
+@dataclass
+class _Job:
+    """One worker's chunk of one iteration: what to play, with which weights and generator, and the pending call."""
+
+    worker: int
+    seeds: list[int]
+    generator: torch.Tensor
+    version: int
+    ref: Any = None
+
+
 class RayRolloutPool:
     """``n_workers`` :class:`RolloutWorker` actors playing a trainer's groups (see the module docstring).
 
@@ -171,23 +190,30 @@ class RayRolloutPool:
         n_workers: ``--rollout-workers``.
         servers: the learner's :class:`~echorl_agent.llm_rl.env_servers.EnvServerPool` (``--env-url``): the
             workers' per-server counts are added to it.
+        max_policy_lag: iterations played ahead of the learner (0: on-policy, every episode played by the learner's
+            current weights).
         max_restarts: replacements of dead workers allowed per chunk before the run fails.
     """
 
-    def __init__(self, spec: WorkerSpec, n_workers: int, servers: Any = None, max_restarts: int = 3) -> None:
+    def __init__(self, spec: WorkerSpec, n_workers: int, servers: Any = None, max_policy_lag: int = 0,
+                 max_restarts: int = 3) -> None:
         if isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 1:
             raise ValueError(f"rollout_workers must be an int >= 1 (--rollout-workers), got {n_workers!r}")
-        self.spec, self.n_workers, self.servers, self.max_restarts = spec, n_workers, servers, max_restarts
+        if isinstance(max_policy_lag, bool) or not isinstance(max_policy_lag, int) or max_policy_lag < 0:
+            raise ValueError(f"max_policy_lag must be an int >= 0 (--max-policy-lag), got {max_policy_lag!r}")
+        self.spec, self.n_workers, self.servers = spec, n_workers, servers
+        self.max_policy_lag, self.max_restarts = max_policy_lag, max_restarts
         self.restarts = 0
         """Dead workers replaced so far."""
-        self.lag_max = 0
-        """Largest learner version minus acting version seen in an iteration's episodes."""
-        self._ray = None
+        self.last_lag = 0
+        """The latest iteration's largest lag: learner weights version minus the version that played an episode."""
+        self._ray: Any = None
         self._started_ray = False
         self._actor: Any = None
         self.workers: list[Any] = []
-        self._held: list[int | None] = []  # the weights version each worker holds
-        self._weights: tuple[int, Any] | None = None  # (version, object ref of the state dict)
+        self._held: list[int | None] = []  # the weights version each worker holds once its queued calls ran
+        self._weights: dict[int, Any] = {}  # version -> object ref of the policy state (versions still queued)
+        self._ahead: deque[list[_Job]] = deque()  # iterations sent ahead of the learner (max_policy_lag > 0)
 
     # ------------------------------------------------------------------ workers
     def start(self) -> None:
@@ -210,7 +236,8 @@ class RayRolloutPool:
     def _new_worker(self, i: int) -> Any:
         return self._actor.remote(self.spec, i, self.n_workers)
 
-    def _restart(self, i: int, error: BaseException) -> None:
+    def _restart(self, i: int, error: BaseException, pending: list[_Job]) -> None:
+        """Replace dead worker ``i`` and send it again, in order, every job it had not returned."""
         log.warning("rollout worker %d died (%s: %s); a new one replays its groups", i, type(error).__name__,
                     str(error).splitlines()[0] if str(error) else "")
         try:
@@ -220,9 +247,11 @@ class RayRolloutPool:
         self.workers[i] = self._new_worker(i)
         self._held[i] = None
         self.restarts += 1
+        for job in pending:
+            self._send(job)
 
     def close(self) -> None:
-        """Stop the actors (and the local Ray cluster this pool started)."""
+        """Stop the actors (and the local Ray cluster this pool started); iterations sent ahead are dropped."""
         ray = self._ray
         if ray is None:
             return
@@ -231,66 +260,81 @@ class RayRolloutPool:
                 ray.kill(w)
             except Exception:  # noqa: BLE001 - already dead
                 pass
-        self.workers, self._weights = [], None
+        self.workers, self._weights, self._ahead = [], {}, deque()
         if self._started_ray and ray.is_initialized():
             ray.shutdown()
         self._started_ray = False
 
     # ------------------------------------------------------------------ one iteration
-    def _push(self, i: int, policy: Any, version: int) -> Any:
-        """Make worker ``i`` hold ``version`` (the policy's current weights); returns the pending call or None."""
-        if self._held[i] == version:
-            return None
-        if self._weights is None or self._weights[0] != version:
-            state = {k: v.detach().cpu() for k, v in policy.state_dict().items()}
-            self._weights = (version, self._ray.put(state))
-        self._held[i] = version
-        return self.workers[i].set_weights.remote(self._weights[1], version)
+    def _send(self, job: _Job) -> None:
+        """Queue ``job`` on its worker, after the weights of its version when the worker will hold others."""
+        i = job.worker
+        if self._held[i] != job.version:
+            self.workers[i].set_weights.remote(self._weights[job.version], job.version)
+            self._held[i] = job.version
+        job.ref = self.workers[i].play.remote(job.seeds, job.generator, job.version)
 
-    def collect(self, trainer: Any, seeds: list[int]) -> list[Episode]:
-        """The episodes of ``seeds`` (``trainer.cfg.group_size`` per seed, in seed order), played on the workers with
-        ``trainer.policy``'s current weights; ``trainer.generator`` advances as the samples drew from it."""
-        self.start()
-        ray = self._ray
-        version = int(trainer.policy.lm.engine.weight_version)
+    def _dispatch(self, trainer: Any, version: int, own_generator: bool) -> list[_Job]:
+        """Send the next iteration's groups (``trainer.next_seeds()``) to the workers with weights ``version``."""
+        seeds = trainer.next_seeds()
         chunks = [c.tolist() for c in np.array_split(np.asarray(seeds, dtype=np.int64), self.n_workers) if len(c)]
-        if len(chunks) == 1:
+        if own_generator:  # one worker, on-policy: it samples from the learner's generator, as a local run
             states = [trainer.generator.get_state()]
         else:  # one stream per chunk, drawn from the learner's generator (a replayed chunk draws the same samples)
             draws = torch.randint(0, 2**62, (len(chunks),), generator=trainer.generator).tolist()
             states = [torch.Generator().manual_seed(int(d)).get_state() for d in draws]
-        for i in range(len(chunks)):
-            self._push(i, trainer.policy, version)
-        refs = [self.workers[i].play.remote(chunk, states[i], version) for i, chunk in enumerate(chunks)]
-        results = [self._gather(i, refs[i], chunks[i], states[i], trainer.policy, version) for i in range(len(chunks))]
-        if len(chunks) == 1:
+        jobs = [_Job(i, chunk, states[i], version) for i, chunk in enumerate(chunks)]
+        for job in jobs:
+            self._send(job)
+        return jobs
+
+    def collect(self, trainer: Any) -> list[Episode]:
+        """The next iteration's episodes (``trainer.next_seeds()``, ``trainer.cfg.group_size`` per seed, in seed
+        order), played on the workers; ``trainer.generator`` advances as the samples drew from it.
+
+        On-policy (``max_policy_lag`` 0) they play ``trainer.policy``'s current weights. Otherwise the iterations up
+        to ``max_policy_lag`` ahead are sent now, with the current weights, before this one is gathered; this one was
+        sent ``max_policy_lag`` iterations ago (lag <= ``max_policy_lag``, corrected by the learner's truncated
+        importance weights)."""
+        self.start()
+        version = int(trainer.policy.lm.engine.weight_version)
+        if version not in self._weights:
+            state = {k: v.detach().cpu() for k, v in trainer.policy.state_dict().items()}
+            self._weights[version] = self._ray.put(state)
+        own = self.max_policy_lag == 0 and min(self.n_workers, trainer.cfg.groups) == 1
+        jobs = self._ahead.popleft() if self._ahead else self._dispatch(trainer, version, own)
+        while len(self._ahead) < self.max_policy_lag:
+            self._ahead.append(self._dispatch(trainer, version, False))
+        results = [self._gather(job) for job in jobs]
+        if own:
             trainer.generator.set_state(results[0]["generator"])
+        keep = {j.version for it in self._ahead for j in it}
+        self._weights = {v: r for v, r in self._weights.items() if v in keep or v == version}
         episodes: list[Episode] = []
         offset = 0
-        for chunk, res in zip(chunks, results, strict=True):
+        for job, res in zip(jobs, results, strict=True):
             for e in res["episodes"]:
                 e.group += offset
-                self.lag_max = max(self.lag_max, version - e.policy_version)
             episodes += res["episodes"]
-            offset += len(chunk)
+            offset += len(job.seeds)
             self._add_server_counts(res["servers"])
+        self.last_lag = max(version - e.policy_version for e in episodes)
         return episodes
 
-    def _gather(self, i: int, ref: Any, chunk: list[int], state: torch.Tensor, policy: Any, version: int) -> dict:
-        """Worker ``i``'s result; a dead worker is replaced and the chunk replayed (same seeds, same generator)."""
+    def _gather(self, job: _Job) -> dict:
+        """``job``'s result; a dead worker is replaced and its jobs replayed (same seeds, generator and weights)."""
         from ray.exceptions import RayActorError
 
         for attempt in range(self.max_restarts + 1):
             try:
-                return self._ray.get(ref)
+                return self._ray.get(job.ref)
             except RayActorError as e:
                 if attempt == self.max_restarts:
-                    raise RuntimeError(f"rollout worker {i} died {attempt + 1} times on the groups of seeds {chunk} "
-                                       f"(last: {e}); check the workers' memory (each holds an engine replica) or run "
-                                       "with fewer --rollout-workers") from e
-                self._restart(i, e)
-                self._push(i, policy, version)
-                ref = self.workers[i].play.remote(chunk, state, version)
+                    raise RuntimeError(f"rollout worker {job.worker} died {attempt + 1} times on the groups of seeds "
+                                       f"{job.seeds} (last: {e}); check the workers' memory (each holds an engine "
+                                       "replica) or run with fewer --rollout-workers") from e
+                pending = [job] + [j for it in self._ahead for j in it if j.worker == job.worker]
+                self._restart(job.worker, e, pending)
         raise AssertionError("unreachable")
 
     def _add_server_counts(self, counts: dict[str, dict[str, Any]]) -> None:
@@ -304,9 +348,10 @@ class RayRolloutPool:
                 s.dead, s.error = True, c["error"]
 
     def stats(self) -> dict[str, float]:
-        """Per-iteration columns of ``gigpo.csv``: workers, dead workers replaced so far, largest policy lag."""
+        """Per-iteration columns of ``gigpo.csv``: workers, dead workers replaced so far, the iteration's largest
+        policy lag."""
         return {"rollout_workers": float(self.n_workers), "worker_restarts": float(self.restarts),
-                "policy_lag_max": float(self.lag_max)}
+                "policy_lag_max": float(self.last_lag)}
 
 
 def worker_spec(run: Any, policy: Any) -> WorkerSpec:

@@ -82,7 +82,8 @@ class GiGPORun:
         if getattr(run, "backend", "local") == "ray":  # the groups play on Ray actors, each with an engine replica
             from echorl_agent.llm_rl.ray_workers import RayRolloutPool, worker_spec
 
-            trainer.rollout_workers = RayRolloutPool(worker_spec(run, trainer.policy), run.rollout_workers, servers)
+            trainer.rollout_workers = RayRolloutPool(worker_spec(run, trainer.policy), run.rollout_workers, servers,
+                                                     getattr(run, "max_policy_lag", 0))
         built = cls(run, method, trainer, progress, heldout)
         built.servers = servers
         return built

@@ -89,13 +89,14 @@ class GiGPOTrainer:
             self.replay = LLMReplayBuffer(**kw)
             self.replay.set_version(self.policy.lm.engine.weight_version)
 
-    def collect(self, seeds: list[int]) -> list[Episode]:
-        """The iteration's episodes (``group_size`` per seed, in seed order) under the current weights: on the Ray
-        rollout workers when the run has them (:mod:`echorl_agent.llm_rl.ray_workers`), else in this process."""
+    def collect(self) -> list[Episode]:
+        """The iteration's episodes (``group_size`` per seed of :meth:`next_seeds`, in seed order): on the Ray rollout
+        workers when the run has them (:mod:`echorl_agent.llm_rl.ray_workers`), else in this process with the
+        current weights."""
         if self.rollout_workers is not None:
-            return self.rollout_workers.collect(self, seeds)
+            return self.rollout_workers.collect(self)
         version = self.policy.lm.engine.weight_version
-        episodes = collect_groups(self.policy, self.envs, seeds, self.cfg.group_size, self.generator)
+        episodes = collect_groups(self.policy, self.envs, self.next_seeds(), self.cfg.group_size, self.generator)
         for e in episodes:
             e.policy_version = version
         return episodes
@@ -113,7 +114,7 @@ class GiGPOTrainer:
         cached0, computed0 = stats0.num_cached_tokens, stats0.num_computed_tokens
         rollout_version = self.policy.lm.engine.weight_version
         t0 = time.perf_counter()
-        episodes = self.collect(self.next_seeds())
+        episodes = self.collect()
         self.last_episodes = episodes
         t1 = time.perf_counter()
         adv = self.advantages(episodes)
