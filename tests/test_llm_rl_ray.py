@@ -151,10 +151,30 @@ def test_one_ray_worker_gives_the_local_curve(ray_cluster, lm_and_state, tmp_pat
     assert trainer.rollout_workers.workers == []  # closed with the run
 
 
-@pytest.mark.slow
-def test_two_workers_and_a_killed_worker_give_the_same_run(ray_cluster, lm_and_state, tmp_path, monkeypatch):
+def _kill_worker_1_in_iteration_2(monkeypatch) -> list[int]:
+    """Make the pool kill worker 1 right after the second iteration's plays were sent (mid-play); the list it
+    returns gets one entry when that happened."""
     from echorl_agent.llm_rl.ray_workers import RayRolloutPool
 
+    gather, collect, killed = RayRolloutPool._gather, RayRolloutPool.collect, []
+
+    def gather_and_kill(self, job):
+        if job.worker == 0 and not killed and self._iterations == 1:
+            self._ray.kill(self.workers[1])  # worker 1 dies in the middle of its play (and of any queued one)
+            killed.append(1)
+        return gather(self, job)
+
+    def count_iterations(self, trainer):
+        self._iterations = trainer.num_iterations
+        return collect(self, trainer)
+
+    monkeypatch.setattr(RayRolloutPool, "_gather", gather_and_kill)
+    monkeypatch.setattr(RayRolloutPool, "collect", count_iterations)
+    return killed
+
+
+@pytest.mark.slow
+def test_two_workers_and_a_killed_worker_give_the_same_run(ray_cluster, lm_and_state, tmp_path, monkeypatch):
     lm, state = lm_and_state
     cfg = dict(backend="ray", rollout_workers=2, train_steps=30)
     trainer, rows = _run(lm, state, _cfg(tmp_path / "two", **cfg))
@@ -168,22 +188,7 @@ def test_two_workers_and_a_killed_worker_give_the_same_run(ray_cluster, lm_and_s
     assert int(rows[-1]["timesteps"]) == trainer.num_timesteps == sum(len(e.steps) for e in eps) + int(
         h[-2]["timesteps"])
 
-    gather, killed = RayRolloutPool._gather, []
-
-    def kill_worker_1_in_iteration_2(self, job):
-        if job.worker == 0 and not killed and self.restarts == 0 and self._iterations == 1:
-            self._ray.kill(self.workers[1])  # right after both plays were sent: worker 1 dies in the middle of its own
-            killed.append(1)
-        return gather(self, job)
-
-    collect = RayRolloutPool.collect
-
-    def count_iterations(self, trainer):
-        self._iterations = trainer.num_iterations
-        return collect(self, trainer)
-
-    monkeypatch.setattr(RayRolloutPool, "_gather", kill_worker_1_in_iteration_2)
-    monkeypatch.setattr(RayRolloutPool, "collect", count_iterations)
+    killed = _kill_worker_1_in_iteration_2(monkeypatch)
     trainer2, rows2 = _run(lm, state, _cfg(tmp_path / "killed", **cfg))
     assert len(killed) == 1 and trainer2.history[-1]["worker_restarts"] == 1.0
     assert rows2 == rows  # the replayed groups are the lost ones: nothing dropped, nothing counted twice
@@ -192,11 +197,12 @@ def test_two_workers_and_a_killed_worker_give_the_same_run(ray_cluster, lm_and_s
 
 
 @pytest.mark.slow
-def test_workers_ahead_of_the_learner_play_older_weights_within_the_bound(ray_cluster, lm_and_state, tmp_path):
+def test_workers_ahead_of_the_learner_play_older_weights_within_the_bound(ray_cluster, lm_and_state, tmp_path,
+                                                                          monkeypatch):
     lm, state = lm_and_state
     # an entropy bonus makes every step a sample, so every iteration updates (and bumps the weights version)
-    trainer, rows = _run(lm, state, _cfg(tmp_path, backend="ray", rollout_workers=2, max_policy_lag=1,
-                                          train_steps=40, gigpo_kwargs={"ent_coef": 0.01}))
+    cfg = dict(backend="ray", rollout_workers=2, max_policy_lag=1, train_steps=40, gigpo_kwargs={"ent_coef": 0.01})
+    trainer, rows = _run(lm, state, _cfg(tmp_path / "ahead", **cfg))
     h = trainer.history
     assert len(h) >= 3 and all(r["num_samples"] > 0 for r in h)
     # iteration 1 was played by the start weights, each later one by the weights before the previous update
@@ -205,3 +211,12 @@ def test_workers_ahead_of_the_learner_play_older_weights_within_the_bound(ray_cl
     assert len(rows) == 4 * len(h) and int(rows[-1]["timesteps"]) == trainer.num_timesteps
     # the stale rollouts are reweighted by min(pi_old / pi_rollout, C): far more than the rollout/learner numerics
     assert abs(h[0]["is_weight_mean"] - 1.0) < 1e-4 and all(abs(r["is_weight_mean"] - 1.0) > 1e-3 for r in h[1:])
+    weights = {k: v.clone() for k, v in lm.trainable_state().items()}
+
+    # worker 1 dies with two plays on it (this iteration's and the next, sent ahead with older weights): both are
+    # replayed with the weights they were sent with
+    killed = _kill_worker_1_in_iteration_2(monkeypatch)
+    trainer2, rows2 = _run(lm, state, _cfg(tmp_path / "killed", **cfg))
+    assert killed and trainer2.history[-1]["worker_restarts"] == 1.0
+    assert rows2 == rows and [r["policy_lag_max"] for r in trainer2.history] == [r["policy_lag_max"] for r in h]
+    assert all(torch.equal(weights[k], v) for k, v in lm.trainable_state().items())
