@@ -220,3 +220,18 @@ def test_workers_ahead_of_the_learner_play_older_weights_within_the_bound(ray_cl
     assert killed and trainer2.history[-1]["worker_restarts"] == 1.0
     assert rows2 == rows and [r["policy_lag_max"] for r in trainer2.history] == [r["policy_lag_max"] for r in h]
     assert all(torch.equal(weights[k], v) for k, v in lm.trainable_state().items())
+
+
+@pytest.mark.slow
+def test_workers_on_an_env_server_give_the_local_curve_and_count_its_steps(ray_cluster, lm_and_state, tmp_path):
+    import json
+
+    from tests.openenv_server import running_server
+
+    lm, state = lm_and_state
+    local, local_rows = _run(lm, state, _cfg(tmp_path / "local"))
+    with running_server([ENV]) as url:  # the workers open their env sessions there (the learner's check too)
+        trainer, rows = _run(lm, state, _cfg(tmp_path / "ray", backend="ray", rollout_workers=1, env_urls=[url]))
+    assert rows == local_rows and _actions(trainer) == _actions(local)
+    server = json.loads((tmp_path / "ray" / "servers.json").read_text())["servers"][0]
+    assert server["env_steps"] == trainer.num_timesteps and server["wait_s"] > 0 and not server["dead"]
