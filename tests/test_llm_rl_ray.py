@@ -235,3 +235,11 @@ def test_workers_on_an_env_server_give_the_local_curve_and_count_its_steps(ray_c
     assert rows == local_rows and _actions(trainer) == _actions(local)
     server = json.loads((tmp_path / "ray" / "servers.json").read_text())["servers"][0]
     assert server["env_steps"] == trainer.num_timesteps and server["wait_s"] > 0 and not server["dead"]
+
+
+def test_the_first_line_says_where_the_groups_play():
+    from echorl_agent.llm_rl.progress import describe
+
+    assert "; groups played on 2 Ray rollout worker(s), up to 1 iteration(s) ahead" in describe(
+        _cfg(backend="ray", rollout_workers=2, max_policy_lag=1))
+    assert "Ray" not in describe(_cfg())
