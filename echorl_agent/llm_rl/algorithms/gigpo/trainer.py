@@ -3,7 +3,8 @@
 One iteration (:meth:`GiGPOTrainer.iteration`):
 
 1. rollout -- ``groups`` seeds, K envs each, all stepping together (:func:`~echorl_agent.llm_rl.rollout.collect_groups`:
-   one batched engine call per step, identical states scored once, prompts extended from the prefix cache);
+   one batched engine call per step, identical states scored once, prompts extended from the prefix cache), or on Ray
+   rollout workers (``--backend ray``, :mod:`echorl_agent.llm_rl.ray_workers`);
 2. advantages -- :func:`~echorl_agent.llm_rl.advantage.gigpo_advantages` (``A = A_E + omega * A_S``);
 3. learner -- :func:`~echorl_agent.llm_rl.learner.update_policy` on the steps with a non-zero advantage (a step whose
    advantage is 0 contributes no policy gradient), from the rollout's captured activations;
