@@ -252,7 +252,8 @@ TRAIN_FLAGS = {"task": "env_id", "method": "method", "train_steps": "train_steps
                "learning_rate": "learning_rate", "policy_kwargs": "policy_kwargs", "grpo_kwargs": "grpo_kwargs",
                "gigpo_kwargs": "gigpo_kwargs", "ppo_kwargs": "ppo_kwargs", "method_kwargs": "method_kwargs",
                "checkpoint_every": "checkpoint_every", "eval_episodes": "eval_episodes", "eval_every": "eval_every",
-               "eval_before": "eval_before", "env_url": "env_urls"}
+               "eval_before": "eval_before", "env_url": "env_urls", "backend": "backend",
+               "rollout_workers": "rollout_workers", "max_policy_lag": "max_policy_lag"}
 
 
 def train_overrides(args: argparse.Namespace) -> dict:
@@ -434,6 +435,17 @@ def add_train_llm_arguments(s: argparse.ArgumentParser) -> None:
                    help="an `echorl serve-env --task TASK` server the training episodes play on (repeat: env i on "
                         "server i mod N; a server that fails has its episodes replayed on another from their seeds; "
                         "OUT/servers.json has env steps/s per server; docs/scaling.md) (default: in-process)")
+    s.add_argument("--backend", choices=["local", "ray"],
+                   help="where the training groups play: local (this process) or ray (--rollout-workers Ray actors, "
+                        "each with an engine replica, weights pushed after every update; GiGPO methods; "
+                        "docs/scaling.md) (default: local)")
+    s.add_argument("--rollout-workers", type=int, metavar="N",
+                   help="with --backend ray: rollout workers, each playing a share of every iteration's groups "
+                        "(default: 1)")
+    s.add_argument("--max-policy-lag", type=int, metavar="K",
+                   help="with --backend ray: iterations the workers play ahead of the learner; their episodes are "
+                        "played by weights up to K versions old, corrected by the truncated importance weights "
+                        "(default: 0, on-policy)")
     s.add_argument("--out", default="runs/train-llm", help="output folder")
     s.add_argument("--checkpoint-every", type=int, metavar="N",
                    help="write OUT/checkpoint/ every N iterations (GiGPO iterations, PPO updates) and at the end; "

@@ -56,9 +56,9 @@ __all__ = ["CHECKPOINT", "RESUMABLE_FIELDS", "check_config", "load_policy", "loa
 CHECKPOINT = "checkpoint"
 """The checkpoint folder's name inside the output folder."""
 RESUMABLE_FIELDS = ("train_steps", "checkpoint_every", "out", "progress", "eval_episodes", "eval_every", "env_urls",
-                    "env_step_timeout_s")
-"""Config fields a resumed run may change (a longer budget, another checkpoint period, other env servers: where an
-env runs does not change its episodes)."""
+                    "env_step_timeout_s", "backend", "rollout_workers", "max_policy_lag")
+"""Config fields a resumed run may change (a longer budget, another checkpoint period, other env servers or rollout
+workers: where an env runs does not change what it is)."""
 _FORMAT = "echorl-llm-checkpoint/1"
 _MANIFEST = "checkpoint.json"
 _UNHASHED = ("replay.bin",)

@@ -207,6 +207,9 @@ def describe(cfg: Any) -> str:
         parts.append(f"{cfg.method} RL for >= {cfg.train_steps:,} env steps (train_steps rounded UP to whole "
                      f"iterations: it stops after the first iteration at or past it; an iteration is {groups} groups "
                      f"x {cfg.group_size} episodes, {cap})")
+        if getattr(cfg, "backend", "local") == "ray":
+            lag = f", up to {cfg.max_policy_lag} iteration(s) ahead" if cfg.max_policy_lag else ""
+            parts.append(f"groups played on {cfg.rollout_workers} Ray rollout worker(s){lag}")
     elif cfg.learner == "ppo":
         rollout = cfg.n_steps * cfg.n_envs
         n = math.ceil(cfg.train_steps / rollout)

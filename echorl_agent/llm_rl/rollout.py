@@ -46,6 +46,8 @@ class Episode:
     steps: list[Step] = field(default_factory=list)
     won: bool = False
     truncated: bool = False
+    policy_version: int = 0
+    """The weights version that acted (the learner engine's ``weight_version`` when the episode was played)."""
 
     @property
     def ret(self) -> float:

@@ -135,6 +135,15 @@ class LLMTrainConfig:
     in-process (the expert reads the env's state)."""
     env_step_timeout_s: float = 120.0
     """With ``env_urls``: a reset or step unanswered this long marks its server hung; its envs move to another."""
+    backend: str = "local"
+    """Where the training episodes play (:mod:`~echorl_agent.llm_rl.backend`): "local" (this process) or "ray"
+    (``rollout_workers`` Ray actors, each with its own engine replica; GiGPO learners;
+    :mod:`~echorl_agent.llm_rl.ray_workers`)."""
+    rollout_workers: int = 1
+    """With ``backend="ray"``: rollout workers; each plays a share of every iteration's groups."""
+    max_policy_lag: int = 0
+    """With ``backend="ray"``: iterations the workers play ahead of the learner (0: on-policy); their episodes are
+    played by weights up to this many versions old, corrected by the learner's truncated importance weights."""
     out: str | None = None
     progress: bool = False
 
@@ -214,6 +223,10 @@ class LLMTrainConfig:
                 raise ValueError(f"env_kwargs cannot travel to an env server (the server builds its envs); start "
                                  f"`echorl serve-env` with them instead, got env_kwargs={self.env_kwargs!r} with "
                                  f"env_urls={self.env_urls!r}")
+        from echorl_agent.llm_rl.backend import check_backend
+
+        check_backend(self.backend, self.rollout_workers, learner.name, max(1, self.n_envs // self.group_size),
+                      self.policy_kwargs, self.max_policy_lag)
         if not (isinstance(self.env_step_timeout_s, (int, float)) and self.env_step_timeout_s > 0):
             raise ValueError(f"env_step_timeout_s must be a number > 0, got env_step_timeout_s={self.env_step_timeout_s!r}")
         if spec.replay:

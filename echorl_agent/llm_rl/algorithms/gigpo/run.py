@@ -79,6 +79,11 @@ class GiGPORun:
             for env in trainer.envs:
                 env.close()
             trainer.envs = [servers.choice_env(i, run.history, run.max_episode_steps) for i in range(len(trainer.envs))]
+        if getattr(run, "backend", "local") == "ray":  # the groups play on Ray actors, each with an engine replica
+            from echorl_agent.llm_rl.ray_workers import RayRolloutPool, worker_spec
+
+            trainer.rollout_workers = RayRolloutPool(worker_spec(run, trainer.policy), run.rollout_workers, servers,
+                                                     getattr(run, "max_policy_lag", 0))
         built = cls(run, method, trainer, progress, heldout)
         built.servers = servers
         return built
@@ -186,6 +191,8 @@ class GiGPORun:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+        if self.model.rollout_workers is not None:
+            self.model.rollout_workers.close()
 
 
 def write_gigpo_rows(trainer: Any, out: Path, heldout: Any = (), rows_file: str = "gigpo.csv") -> None:

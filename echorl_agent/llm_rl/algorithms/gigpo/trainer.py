@@ -3,7 +3,8 @@
 One iteration (:meth:`GiGPOTrainer.iteration`):
 
 1. rollout -- ``groups`` seeds, K envs each, all stepping together (:func:`~echorl_agent.llm_rl.rollout.collect_groups`:
-   one batched engine call per step, identical states scored once, prompts extended from the prefix cache);
+   one batched engine call per step, identical states scored once, prompts extended from the prefix cache), or on Ray
+   rollout workers (``--backend ray``, :mod:`echorl_agent.llm_rl.ray_workers`);
 2. advantages -- :func:`~echorl_agent.llm_rl.advantage.gigpo_advantages` (``A = A_E + omega * A_S``);
 3. learner -- :func:`~echorl_agent.llm_rl.learner.update_policy` on the steps with a non-zero advantage (a step whose
    advantage is 0 contributes no policy gradient), from the rollout's captured activations;
@@ -77,6 +78,9 @@ class GiGPOTrainer:
         """The episodes of the latest iteration (for diagnostics that read the rollout the update learned from)."""
         self.ref_params: list[torch.Tensor] | None = None
         """The reference weights of ``ref_kl_coef`` (taken at the first iteration, so after a BC warm start)."""
+        self.rollout_workers: Any = None
+        """A :class:`~echorl_agent.llm_rl.ray_workers.RayRolloutPool` that plays the groups (``--backend ray``);
+        None: they play on :attr:`envs` in this process."""
         self.replay = None
         self._replay_slots = np.zeros(0, np.int64)
         if cfg.replay is not None:
@@ -85,6 +89,18 @@ class GiGPOTrainer:
             kw = {"capacity": 4096, **cfg.replay}
             self.replay = LLMReplayBuffer(**kw)
             self.replay.set_version(self.policy.lm.engine.weight_version)
+
+    def collect(self) -> list[Episode]:
+        """The iteration's episodes (``group_size`` per seed of :meth:`next_seeds`, in seed order): on the Ray rollout
+        workers when the run has them (:mod:`echorl_agent.llm_rl.ray_workers`), else in this process with the
+        current weights."""
+        if self.rollout_workers is not None:
+            return self.rollout_workers.collect(self)
+        version = self.policy.lm.engine.weight_version
+        episodes = collect_groups(self.policy, self.envs, self.next_seeds(), self.cfg.group_size, self.generator)
+        for e in episodes:
+            e.policy_version = version
+        return episodes
 
     def next_seeds(self) -> list[int]:
         """Training seeds of the next iteration (drawn from the trainer's rng; evaluation uses other seeds)."""
@@ -99,7 +115,7 @@ class GiGPOTrainer:
         cached0, computed0 = stats0.num_cached_tokens, stats0.num_computed_tokens
         rollout_version = self.policy.lm.engine.weight_version
         t0 = time.perf_counter()
-        episodes = collect_groups(self.policy, self.envs, self.next_seeds(), cfg.group_size, self.generator)
+        episodes = self.collect()
         self.last_episodes = episodes
         t1 = time.perf_counter()
         adv = self.advantages(episodes)
@@ -147,6 +163,8 @@ class GiGPOTrainer:
             "rollout_s": t1 - t0, "learner_s": t2 - t1, "env_steps_per_s": steps / max(t2 - t0, 1e-9),
             **upd,
         }
+        if self.rollout_workers is not None:
+            out.update(self.rollout_workers.stats())
         if self.replay is not None:
             rs = self.replay.stats()
             out.update(replayed=float(len(replayed)), replay_items=float(rs["items"]),
