@@ -29,7 +29,6 @@ import argparse
 import csv
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -41,16 +40,6 @@ RESULTS = ROOT / "benchmarks" / "results"
 PHASES = ("before", "after_bc", "after")
 MODES = ("sampled", "greedy")
 CURVE_POINTS = 200
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def run_folder(study: str, seed: int) -> Path:
@@ -103,6 +92,7 @@ def _finished(folder: Path) -> bool:
 
 def summarize_seed(folder: Path, seed: int) -> dict:
     """One seed's compact row (see the module docstring)."""
+    from echorl_agent.eval.runner import cpu_name
     from echorl_agent.llm_rl.heldout import read_episodes
 
     episodes = read_episodes(folder / "eval_episodes.csv")
@@ -133,7 +123,7 @@ def summarize_seed(folder: Path, seed: int) -> dict:
     wall = folder / "wall_s.txt"
     cmd = folder / "command.txt"
     return {"seed": seed, "command": cmd.read_text().strip() if cmd.is_file() else None,
-            "wall_s": float(wall.read_text()) if wall.is_file() else None, "cpu": _cpu(),
+            "wall_s": float(wall.read_text()) if wall.is_file() else None, "cpu": cpu_name(),
             "env_steps": curve[-1][0] if curve else None, "phases": phases, "vocab": vocab, "curve": curve}
 
 

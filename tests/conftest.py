@@ -100,6 +100,25 @@ def small_llm_policy(env_id: str, history: int, max_episode_steps: int):
         pytest.skip(str(e))
 
 
+def train_from(lm, state, cfg):
+    """``train_llm(cfg)`` on the shared LM from the adapter ``state`` (every run starts from the same weights); returns
+    the trained model and the rows of its ``curve.csv``."""
+    import csv
+
+    from echorl_agent.llm_rl.train import train_llm
+
+    lm.load_trainable_state(state)
+    trainer = train_llm(cfg, lm=lm)
+    with open(cfg.out + "/curve.csv") as f:
+        rows = list(csv.DictReader(f))
+    return trainer, rows
+
+
+def episode_actions(trainer):
+    """(action, reward) per step of every episode of a GiGPO trainer's last iteration."""
+    return [[(s.action, s.reward) for s in ep.steps] for ep in trainer.last_episodes]
+
+
 def choice_states(env_id: str, history: int, n_envs: int, steps: int, seed0: int = 0) -> list:
     """Observations of ``n_envs`` episodes of ``env_id``'s wrapped choice env (seeds ``seed0, seed0 + 1, ...``), each
     its reset and ``steps`` steps of fixed actions ``(j + t) % 3``: consecutive states whose prompts share prefixes."""

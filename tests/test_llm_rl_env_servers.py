@@ -4,7 +4,6 @@ before training."""
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import signal
@@ -12,7 +11,7 @@ import signal
 import pytest
 import torch
 
-from tests.conftest import small_llm_policy
+from tests.conftest import episode_actions, small_llm_policy, train_from
 from tests.openenv_server import free_port, server_process
 
 ENV = "EchoRL/MiniGrid-Empty-Random-5x5-v0"
@@ -42,31 +41,17 @@ def _cfg(out, **kw):
     return LLMTrainConfig(**base)
 
 
-def _run(lm, state, cfg):
-    from echorl_agent.llm_rl.train import train_llm
-
-    lm.load_trainable_state(state)  # every run starts from the same adapter
-    trainer = train_llm(cfg, lm=lm)
-    with open(cfg.out + "/curve.csv") as f:
-        rows = list(csv.DictReader(f))
-    return trainer, rows
-
-
-def _actions(trainer):
-    return [[(s.action, s.reward) for s in ep.steps] for ep in trainer.last_episodes]
-
-
 @pytest.fixture(scope="module")
 def in_process(lm_and_state, tmp_path_factory):
     lm, state = lm_and_state
-    trainer, rows = _run(lm, state, _cfg(tmp_path_factory.mktemp("local")))
-    return _actions(trainer), rows, {k: v.clone() for k, v in lm.trainable_state().items()}
+    trainer, rows = train_from(lm, state, _cfg(tmp_path_factory.mktemp("local")))
+    return episode_actions(trainer), rows, {k: v.clone() for k, v in lm.trainable_state().items()}
 
 
 def _same_run(trainer, rows, lm, in_process):
     actions, local_rows, weights = in_process
     assert len(local_rows) >= 8 and rows == local_rows  # every finished episode, row by row
-    assert _actions(trainer) == actions
+    assert episode_actions(trainer) == actions
     assert all(torch.equal(weights[k], v) for k, v in lm.trainable_state().items())
 
 
@@ -75,7 +60,7 @@ def test_two_servers_give_the_in_process_trajectories_and_curve(lm_and_state, se
     lm, state = lm_and_state
     with server_process([ENV]) as (_, url_b):
         urls = [server_a[1], url_b]
-        trainer, rows = _run(lm, state, _cfg(tmp_path, env_urls=urls))
+        trainer, rows = train_from(lm, state, _cfg(tmp_path, env_urls=urls))
     _same_run(trainer, rows, lm, in_process)
     servers = json.loads((tmp_path / "servers.json").read_text())
     assert servers["task"] == ENV and [s["url"] for s in servers["servers"]] == urls
@@ -109,7 +94,7 @@ def test_a_server_that_dies_or_hangs_mid_run_has_its_episodes_replayed(lm_and_st
 
         monkeypatch.setattr(env_servers.FailoverEnv, "step", step_then_fail)
         try:
-            trainer, rows = _run(lm, state, _cfg(tmp_path, env_urls=[server_a[1], url_b], env_step_timeout_s=10.0))
+            trainer, rows = train_from(lm, state, _cfg(tmp_path, env_urls=[server_a[1], url_b], env_step_timeout_s=10.0))
         finally:
             if fault == "hang":
                 os.kill(proc_b.pid, signal.SIGCONT)
@@ -182,7 +167,7 @@ def test_ppo_envs_on_servers_survive_a_kill_after_unseeded_resets(lm_and_state, 
 
     lm, state = lm_and_state
     ppo = dict(method="ppo", train_steps=16, n_envs=2, n_steps=8, batch_size=4, n_epochs=1, max_episode_steps=2)
-    _, local_rows = _run(lm, state, _cfg(tmp_path / "local", **ppo))
+    _, local_rows = train_from(lm, state, _cfg(tmp_path / "local", **ppo))
     local_weights = {k: v.clone() for k, v in lm.trainable_state().items()}
     step, calls = env_servers.FailoverEnv.step, []
     with server_process([ENV]) as (proc_b, url_b):
@@ -195,7 +180,7 @@ def test_ppo_envs_on_servers_survive_a_kill_after_unseeded_resets(lm_and_state, 
             return out
 
         monkeypatch.setattr(env_servers.FailoverEnv, "step", step_then_kill)
-        _, rows = _run(lm, state, _cfg(tmp_path / "remote", env_urls=[server_a[1], url_b], **ppo))
+        _, rows = train_from(lm, state, _cfg(tmp_path / "remote", env_urls=[server_a[1], url_b], **ppo))
     assert len(local_rows) >= 6 and rows == local_rows
     assert all(torch.equal(local_weights[k], v) for k, v in lm.trainable_state().items())
     a, b = json.loads((tmp_path / "remote" / "servers.json").read_text())["servers"]

@@ -7,13 +7,12 @@ gives the curve of the same run without the kill. Bad options fail with the flag
 
 from __future__ import annotations
 
-import csv
 import sys
 
 import pytest
 import torch
 
-from tests.conftest import small_llm_policy
+from tests.conftest import episode_actions, small_llm_policy, train_from
 
 ENV = "EchoRL/MiniGrid-Empty-Random-5x5-v0"
 SEED = 21
@@ -121,29 +120,15 @@ def lm_and_state():
     policy.lm.load_trainable_state(state)
 
 
-def _run(lm, state, cfg):
-    from echorl_agent.llm_rl.train import train_llm
-
-    lm.load_trainable_state(state)  # every run starts from the same adapter
-    trainer = train_llm(cfg, lm=lm)
-    with open(cfg.out + "/curve.csv") as f:
-        rows = list(csv.DictReader(f))
-    return trainer, rows
-
-
-def _actions(trainer):
-    return [[(s.action, s.reward) for s in ep.steps] for ep in trainer.last_episodes]
-
-
 @pytest.mark.slow
 @pytest.mark.ci
 def test_one_ray_worker_gives_the_local_curve(ray_cluster, lm_and_state, tmp_path):
     lm, state = lm_and_state
-    local, local_rows = _run(lm, state, _cfg(tmp_path / "local"))
+    local, local_rows = train_from(lm, state, _cfg(tmp_path / "local"))
     weights = {k: v.clone() for k, v in lm.trainable_state().items()}
-    trainer, rows = _run(lm, state, _cfg(tmp_path / "ray", backend="ray", rollout_workers=1))
+    trainer, rows = train_from(lm, state, _cfg(tmp_path / "ray", backend="ray", rollout_workers=1))
     assert len(rows) >= 8 and rows == local_rows  # every finished episode, row by row
-    assert _actions(trainer) == _actions(local)
+    assert episode_actions(trainer) == episode_actions(local)
     assert all(torch.equal(weights[k], v) for k, v in lm.trainable_state().items())
     h = trainer.history
     assert [r["rollout_workers"] for r in h] == [1.0] * len(h) and h[-1]["worker_restarts"] == 0.0
@@ -177,7 +162,7 @@ def _kill_worker_1_in_iteration_2(monkeypatch) -> list[int]:
 def test_two_workers_and_a_killed_worker_give_the_same_run(ray_cluster, lm_and_state, tmp_path, monkeypatch):
     lm, state = lm_and_state
     cfg = dict(backend="ray", rollout_workers=2, train_steps=30)
-    trainer, rows = _run(lm, state, _cfg(tmp_path / "two", **cfg))
+    trainer, rows = train_from(lm, state, _cfg(tmp_path / "two", **cfg))
     weights = {k: v.clone() for k, v in lm.trainable_state().items()}
     h = trainer.history
     assert len(h) >= 2 and h[-1]["worker_restarts"] == 0.0
@@ -189,10 +174,10 @@ def test_two_workers_and_a_killed_worker_give_the_same_run(ray_cluster, lm_and_s
         h[-2]["timesteps"])
 
     killed = _kill_worker_1_in_iteration_2(monkeypatch)
-    trainer2, rows2 = _run(lm, state, _cfg(tmp_path / "killed", **cfg))
+    trainer2, rows2 = train_from(lm, state, _cfg(tmp_path / "killed", **cfg))
     assert len(killed) == 1 and trainer2.history[-1]["worker_restarts"] == 1.0
     assert rows2 == rows  # the replayed groups are the lost ones: nothing dropped, nothing counted twice
-    assert _actions(trainer2) == _actions(trainer)
+    assert episode_actions(trainer2) == episode_actions(trainer)
     assert all(torch.equal(weights[k], v) for k, v in lm.trainable_state().items())
 
 
@@ -202,7 +187,7 @@ def test_workers_ahead_of_the_learner_play_older_weights_within_the_bound(ray_cl
     lm, state = lm_and_state
     # an entropy bonus makes every step a sample, so every iteration updates (and bumps the weights version)
     cfg = dict(backend="ray", rollout_workers=2, max_policy_lag=1, train_steps=40, gigpo_kwargs={"ent_coef": 0.01})
-    trainer, rows = _run(lm, state, _cfg(tmp_path / "ahead", **cfg))
+    trainer, rows = train_from(lm, state, _cfg(tmp_path / "ahead", **cfg))
     h = trainer.history
     assert len(h) >= 3 and all(r["num_samples"] > 0 for r in h)
     # iteration 1 was played by the start weights, each later one by the weights before the previous update
@@ -216,7 +201,7 @@ def test_workers_ahead_of_the_learner_play_older_weights_within_the_bound(ray_cl
     # worker 1 dies with two plays on it (this iteration's and the next, sent ahead with older weights): both are
     # replayed with the weights they were sent with
     killed = _kill_worker_1_in_iteration_2(monkeypatch)
-    trainer2, rows2 = _run(lm, state, _cfg(tmp_path / "killed", **cfg))
+    trainer2, rows2 = train_from(lm, state, _cfg(tmp_path / "killed", **cfg))
     assert killed and trainer2.history[-1]["worker_restarts"] == 1.0
     assert rows2 == rows and [r["policy_lag_max"] for r in trainer2.history] == [r["policy_lag_max"] for r in h]
     assert all(torch.equal(weights[k], v) for k, v in lm.trainable_state().items())
@@ -229,10 +214,10 @@ def test_workers_on_an_env_server_give_the_local_curve_and_count_its_steps(ray_c
     from tests.openenv_server import running_server
 
     lm, state = lm_and_state
-    local, local_rows = _run(lm, state, _cfg(tmp_path / "local"))
+    local, local_rows = train_from(lm, state, _cfg(tmp_path / "local"))
     with running_server([ENV]) as url:  # the workers open their env sessions there (the learner's check too)
-        trainer, rows = _run(lm, state, _cfg(tmp_path / "ray", backend="ray", rollout_workers=1, env_urls=[url]))
-    assert rows == local_rows and _actions(trainer) == _actions(local)
+        trainer, rows = train_from(lm, state, _cfg(tmp_path / "ray", backend="ray", rollout_workers=1, env_urls=[url]))
+    assert rows == local_rows and episode_actions(trainer) == episode_actions(local)
     server = json.loads((tmp_path / "ray" / "servers.json").read_text())["servers"][0]
     assert server["env_steps"] == trainer.num_timesteps and server["wait_s"] > 0 and not server["dead"]
 
