@@ -43,6 +43,11 @@ def _signed(x: float) -> str:
     return "+0.00" if abs(x) < 5e-3 else f"{x:+.2f}"
 
 
+def _diff(p: dict[str, Any]) -> str:
+    """A paired difference with its CI: ``+0.34 [+0.27, +0.41]``."""
+    return f"{_signed(p['diff'])} [{_signed(p['ci'][0])}, {_signed(p['ci'][1])}]"
+
+
 def verdict_line(result: dict[str, Any]) -> str:
     """The verdict line of an ``eval.json`` with its ``paired`` section (see the module docstring). After a BC
     warm start the start of RL is shown too, with RL's own paired difference:
@@ -58,16 +63,13 @@ def verdict_line(result: dict[str, Any]) -> str:
             text = f"{mode} {result['before'][mode]['success']:.2f}"
             if mode in result.get("after_bc", {}):
                 text += f" → {result['after_bc'][mode]['success']:.2f} (BC)"
-            p = result["paired"][mode]
-            text += f" → {after:.2f} ({_signed(p['diff'])} [{_signed(p['ci'][0])}, {_signed(p['ci'][1])}]"
+            text += f" → {after:.2f} ({_diff(result['paired'][mode])}"
             if mode in result.get("paired_rl", {}):
-                q = result["paired_rl"][mode]
-                text += f"; RL {_signed(q['diff'])} [{_signed(q['ci'][0])}, {_signed(q['ci'][1])}]"
+                text += f"; RL {_diff(result['paired_rl'][mode])}"
             parts.append(text + ")")
         elif mode in result.get("paired_rl", {}):  # eval_before=False: the run's start is after BC
-            q = result["paired_rl"][mode]
             parts.append(f"{mode} {result['after_bc'][mode]['success']:.2f} (BC) → {after:.2f} "
-                         f"(RL {_signed(q['diff'])} [{_signed(q['ci'][0])}, {_signed(q['ci'][1])}])")
+                         f"(RL {_diff(result['paired_rl'][mode])})")
         else:
             parts.append(f"{mode} {after:.2f}")
     return f"held-out success ({result['episodes']} episodes): " + ", ".join(parts)
