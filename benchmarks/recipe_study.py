@@ -8,7 +8,10 @@ run folders to one compact summary that git keeps (``benchmarks/results/<study>.
   (sampled, greedy): success, mean return, the per-episode wins as a ``"0110..."`` string in held-out episode order,
   steps, and every episode's actions as codes into the row's ``vocab`` (so trajectories can be read back);
 * ``curve``: the run's ``curve.csv`` thinned to at most 200 points (env steps, rolling training success), with the
-  wall seconds of the run (``wall_s``) and the env steps it used.
+  wall seconds of the run (``wall_s``) and the env steps it used;
+* ``iterations``: per RL iteration (the method's ``<method>.csv``, e.g. ``gigpo.csv``) the env steps, the
+  iteration's training success and the seconds of RL so far (rollouts + updates), and ``bc_s`` (seconds of the BC
+  warm start, from ``bc.json``, where the run wrote it): the x axes of ``plot``.
 
 The table pairs each seed's phases on the same held-out episodes and reports, per mode, the mean over seeds of the
 start and the end, and the mean per-seed difference with its 95% percentile bootstrap over **seeds**
@@ -21,6 +24,7 @@ Run (the study pages quote the exact lines)::
         -- --bc-episodes 32 --train-steps 6144 --eval-episodes 40
     python benchmarks/recipe_study.py summarize --study NAME          # runs/studies/NAME -> benchmarks/results/NAME.jsonl
     python benchmarks/recipe_study.py table --study NAME [--start after_bc]
+    python benchmarks/recipe_study.py plot --study NAME [NAME ...] --out docs/figures/NAME.png
 """
 
 from __future__ import annotations
@@ -120,11 +124,35 @@ def summarize_seed(folder: Path, seed: int) -> dict:
         curve = [[int(r["timesteps"]), round(float(r["success_rate"]), 4)] for r in train[::stride]]
         if train and curve[-1][0] != int(train[-1]["timesteps"]):
             curve.append([int(train[-1]["timesteps"]), round(float(train[-1]["success_rate"]), 4)])
+    iterations = _iterations(folder)
+    bc = json.loads((folder / "bc.json").read_text()) if (folder / "bc.json").is_file() else {}
     wall = folder / "wall_s.txt"
     cmd = folder / "command.txt"
     return {"seed": seed, "command": cmd.read_text().strip() if cmd.is_file() else None,
             "wall_s": float(wall.read_text()) if wall.is_file() else None, "cpu": cpu_name(),
-            "env_steps": curve[-1][0] if curve else None, "phases": phases, "vocab": vocab, "curve": curve}
+            "env_steps": curve[-1][0] if curve else None, "phases": phases, "vocab": vocab, "curve": curve,
+            "iterations": iterations, "bc_s": bc.get("seconds")}
+
+
+ITERATION_FILES = ("gigpo.csv",)  # the GiGPO family (gigpo, bc+gigpo, grpo-by-episode recipes)
+
+
+def _iterations(folder: Path) -> list[list[float]]:
+    """``[[env steps, training success of the iteration, seconds of RL so far], ...]`` from the run's per-iteration
+    file (the first of :data:`ITERATION_FILES` it has; rollouts + updates, no BC and no held-out evaluation);
+    [] when it has none."""
+    for name in ITERATION_FILES:
+        path = folder / name
+        if not path.is_file():
+            continue
+        with open(path, newline="") as f:
+            rows = [r for r in csv.DictReader(f) if r.get("timesteps")]
+        out, total = [], 0.0
+        for r in rows:
+            total += float(r.get("rollout_s") or 0) + float(r.get("learner_s") or 0)
+            out.append([int(float(r["timesteps"])), round(float(r["success_rate"]), 4), round(total, 1)])
+        return out
+    return []
 
 
 def summarize(study: str, out: Path | None = None) -> Path:
@@ -188,6 +216,58 @@ def per_seed(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def plot(studies: list[str], out: Path, labels: list[str] | None = None) -> Path:
+    """Training success vs env steps and vs wall minutes (BC + RL's rollouts and updates, no held-out evaluation),
+    mean over seeds with the seeds' range, one line per study; the held-out success at the start of RL and after it
+    (sampled o, greedy s) beside each panel's end. Reads only the committed summaries."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    colors = plt.get_cmap("tab10").colors
+    for k, study in enumerate(studies):
+        rows = [r for r in load(study) if r.get("iterations")]
+        if not rows:
+            raise SystemExit(f"{study}: no per-iteration rows in its summary (re-run summarize from its run folders)")
+        c, label = colors[k % 10], (labels[k] if labels else study) + f" ({len(rows)} seeds)"
+        for ax, col in zip(axes, (0, 2), strict=True):
+            end = min(r["iterations"][-1][col] + (r.get("bc_s") or 0) / 60 * (col == 2) for r in rows)
+            grid = np.linspace(0, end, 100)
+            ys = []
+            for r in rows:
+                x = np.array([it[col] for it in r["iterations"]], dtype=float)
+                if col == 2:
+                    x = (x + (r.get("bc_s") or 0)) / 60
+                y = np.array([it[1] for it in r["iterations"]])
+                idx = np.clip(np.searchsorted(x, grid, side="right") - 1, 0, len(y) - 1)
+                ys.append(y[idx])
+            ys = np.array(ys)
+            ax.plot(grid, ys.mean(0), color=c, label=label)
+            ax.fill_between(grid, ys.min(0), ys.max(0), color=c, alpha=0.15, linewidth=0)
+            for phase, xpos in (("after_bc", grid[0]), ("after", grid[-1])):
+                for mode, marker in (("sampled", "o"), ("greedy", "s")):
+                    v = [r["phases"][phase][mode]["success"] for r in rows if mode in r["phases"].get(phase, {})]
+                    if v:
+                        ax.plot([xpos], [np.mean(v)], marker=marker, color=c, markerfacecolor="white"
+                                if phase == "after_bc" else c, linestyle="none")
+    axes[0].set_xlabel("env steps of RL")
+    axes[1].set_xlabel("wall minutes (BC + RL; one core each run, held-out evaluation left out)")
+    axes[0].set_ylabel("success (line: training iterations; markers: held-out)")
+    axes[0].set_ylim(0, 1.02)
+    axes[0].legend(loc="lower right", fontsize=8, title="o sampled, s greedy; hollow = start of RL", title_fontsize=8)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    print(f"wrote {out}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     extra: list[str] = []
@@ -208,11 +288,20 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--study", required=True)
     t.add_argument("--summary", type=Path)
     t.add_argument("--start", default="after_bc", choices=PHASES)
+    g = sub.add_parser("plot", help="success vs env steps and vs wall minutes from the summaries (a PNG)")
+    g.add_argument("--study", nargs="+", required=True)
+    g.add_argument("--label", nargs="+", help="legend names, one per --study (default: the study names)")
+    g.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     if args.cmd == "run":
         if args.jobs < 1:
             p.error(f"--jobs must be >= 1, got {args.jobs}")
         return run(args.study, args.recipe, args.seeds, args.jobs, extra)
+    if args.cmd == "plot":
+        if args.label and len(args.label) != len(args.study):
+            p.error(f"--label needs one name per --study: {len(args.label)} labels for {len(args.study)} studies")
+        plot(args.study, args.out, args.label)
+        return 0
     if args.cmd == "summarize":
         summarize(args.study, args.out)
         return 0

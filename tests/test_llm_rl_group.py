@@ -493,6 +493,7 @@ def test_train_llm_on_gotolocal_through_the_envs_own_truncation(policy, tmp_path
     if method == "echorl":  # bc_warm_start: BC on the expert's (truncated) episode ran before GiGPO
         bc = json.loads((tmp_path / "bc.json").read_text())
         assert bc["episodes"] == 1 and 1 <= bc["transitions"] <= 3 and len(bc["losses"]) == 1
+        assert bc["seconds"] > 0  # the BC stage's wall time (recipe_study's wall-time axis)
     elif method == "gigpo":
         assert not (tmp_path / "bc.json").exists()
 

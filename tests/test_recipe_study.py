@@ -81,3 +81,29 @@ def test_run_command_resumes_from_a_checkpoint(study, tmp_path):
     assert cmd[2:6] == ["echorl_agent.cli", "train-llm", "--recipe", "gotolocal-sft-rl"] and "--resume" not in cmd
     (out / "checkpoint").mkdir(parents=True)
     assert study._command("gotolocal-sft-rl", 3, out, [])[-1] == "--resume"
+
+
+def test_summary_keeps_rl_seconds_per_iteration_and_plot_reads_them(study, tmp_path):
+    wins = {(p, m): "0110" for p in ("after_bc", "after") for m in ("sampled", "greedy")}
+    for seed, secs in ((7, (10.0, 20.0)), (8, (30.0, 5.0))):
+        folder = study.RUNS / "s" / f"seed{seed}"
+        _run(folder, seed, wins)
+        with open(folder / "gigpo.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["iteration", "timesteps", "success_rate", "rollout_s", "learner_s"])
+            w.writerow([1, 100, 0.25, secs[0], secs[1]])
+            w.writerow([2, 230, 0.5, secs[1], secs[0]])
+        (folder / "bc.json").write_text(json.dumps({"losses": [1.0], "seconds": 60.0 * seed}))
+    rows = study.load("s", study.summarize("s"))
+    # seconds of RL accumulate rollouts + updates; BC's own seconds are kept beside them
+    assert rows[0]["iterations"] == [[100, 0.25, 30.0], [230, 0.5, 60.0]] and rows[0]["bc_s"] == 420.0
+    assert rows[1]["iterations"] == [[100, 0.25, 35.0], [230, 0.5, 70.0]] and rows[1]["bc_s"] == 480.0
+    png = study.plot(["s"], tmp_path / "fig.png")
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_refuses_a_summary_without_iterations(study, tmp_path):
+    _run(study.RUNS / "s" / "seed7", 7, {("after", "sampled"): "01"})
+    study.summarize("s")
+    with pytest.raises(SystemExit, match="no per-iteration rows"):
+        study.plot(["s"], tmp_path / "fig.png")

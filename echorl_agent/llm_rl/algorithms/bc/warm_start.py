@@ -4,6 +4,7 @@ behaviour-clone the env's expert into the run's policy before RL, and record the
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,11 +41,12 @@ class BCConfig:
 
 def bc_warm_start(run: Any, policy: Any, out: Path | None, progress: Any = None) -> None:
     """Clone ``run.bc_episodes`` expert episodes into ``policy`` at ``bc_learning_rate``, then set the optimizer back
-    to the run's ``learning_rate``; writes ``<out>/bc.json`` (losses, transitions, episodes, expert wins).
+    to the run's ``learning_rate``; writes ``<out>/bc.json`` (losses, transitions, episodes, expert wins, seconds).
     ``progress``: the run's :class:`~echorl_agent.llm_rl.progress.RunProgress` (a live BC stage)."""
     from echorl_agent.llm_rl.rollout import make_choice_env
 
     bc = BCConfig.from_run(run)
+    t0 = time.perf_counter()
     data = collect_expert_states(lambda: make_choice_env(run.env_id, run.history, run.max_episode_steps,
                                                          run.env_kwargs),
                                  bc.episodes, seed=10_000 + run.seed)
@@ -62,4 +64,5 @@ def bc_warm_start(run: Any, policy: Any, out: Path | None, progress: Any = None)
         g["lr"] = run.learning_rate
     if out is not None:
         (out / "bc.json").write_text(json.dumps({"losses": losses, "transitions": len(data.actions),
-                                                 "episodes": data.episodes, "expert_wins": data.successes}))
+                                                 "episodes": data.episodes, "expert_wins": data.successes,
+                                                 "seconds": round(time.perf_counter() - t0, 1)}))
