@@ -245,6 +245,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 #: ``train-llm`` flags -> LLMTrainConfig fields (JSON flags are parsed, store_true flags give True).
 TRAIN_FLAGS = {"task": "env_id", "method": "method", "train_steps": "train_steps", "bc_episodes": "bc_episodes",
                "bc_epochs": "bc_epochs", "bc_learning_rate": "bc_learning_rate", "bc_batch_size": "bc_batch_size",
+               "bc_dagger_rounds": "bc_dagger_rounds", "bc_dagger_episodes": "bc_dagger_episodes",
                "seed": "seed", "history": "history", "max_steps": "max_episode_steps", "n_steps": "n_steps",
                "n_envs": "n_envs", "group_size": "group_size", "step_advantage_weight": "step_advantage_weight",
                "echorl_learner": "echorl_learner", "bc_warm_start": "bc_warm_start", "gamma": "gamma",
@@ -385,6 +386,10 @@ def add_train_llm_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--bc-epochs", type=int, help="behaviour-cloning epochs over those episodes (default: 3)")
     s.add_argument("--bc-learning-rate", type=float, help="learning rate of behaviour cloning (default: --learning-rate)")
     s.add_argument("--bc-batch-size", type=int, help="minibatch of behaviour cloning (default: --batch-size)")
+    s.add_argument("--bc-dagger-rounds", type=int,
+                   help="DAgger rounds after BC: the cloned policy plays, the env's expert labels the states it "
+                        "reached, BC again on all of them (default: 0)")
+    s.add_argument("--bc-dagger-episodes", type=int, help="episodes the policy plays per DAgger round (default: 32)")
     s.add_argument("--seed", type=int, help="random seed; also picks the held-out instances (default: 0)")
     s.add_argument("--history", type=int, help="history window k in the prompt (default: 0)")
     s.add_argument("--max-steps", type=int, help="per-episode step cap, training and evaluation (default: the env's)")

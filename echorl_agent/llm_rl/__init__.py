@@ -9,6 +9,7 @@
   * :class:`GiGPOTrainer` (:class:`GiGPOConfig`) -- critic-free group RL on choice envs, K episodes per seed;
   * :class:`GRPOTrainer` (:class:`GRPOConfig`) -- GRPO for free-text envs;
   * :func:`behaviour_clone` / :func:`collect_expert_states` -- behaviour cloning on the env's expert (warm starts);
+  * :func:`collect_policy_states` / :func:`merge_data` -- DAgger: the expert labels the states the policy reached;
 
 * :func:`~echorl_agent.llm_rl.train.train_llm` -- one entry point for every registered method.
 
@@ -27,6 +28,8 @@ _EXPORTS = {
     "TrainableLM": "lm",
     "behaviour_clone": "algorithms.bc.clone",
     "collect_expert_states": "algorithms.bc.clone",
+    "collect_policy_states": "algorithms.bc.dagger",
+    "merge_data": "algorithms.bc.dagger",
     "GRPOConfig": "algorithms.grpo.config",
     "GRPOTrainer": "algorithms.grpo.trainer",
     "GiGPOConfig": "algorithms.gigpo.config",

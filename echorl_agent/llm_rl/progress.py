@@ -168,7 +168,10 @@ class RunProgress:
 def used(model: Any, cfg: Any = None) -> str:
     """What a finished run trained, in words: the exact env steps (or completions) and iterations."""
     if cfg is not None and cfg.method == "bc":
-        return f"behaviour cloning only ({cfg.bc_episodes} expert episodes x {cfg.bc_epochs} epochs, no RL env steps)"
+        dagger = (f", {cfg.bc_dagger_rounds} DAgger rounds x {cfg.bc_dagger_episodes} episodes"
+                  if cfg.bc_dagger_rounds else "")
+        return (f"behaviour cloning only ({cfg.bc_episodes} expert episodes x {cfg.bc_epochs} epochs{dagger}, "
+                f"no RL env steps)")
     if hasattr(model, "num_iterations"):  # GiGPO
         return f"{model.num_timesteps:,} env steps in {model.num_iterations} iterations"
     if hasattr(model, "answers"):  # GRPO
@@ -197,6 +200,9 @@ def describe(cfg: Any) -> str:
     bc = method.warm_starts(cfg) and method.warm_start in ("bc", "bc_warm_start")
     if bc:
         parts.append(f"BC on {cfg.bc_episodes} expert episodes x {cfg.bc_epochs} epochs")
+        if cfg.bc_dagger_rounds:
+            parts.append(f"{cfg.bc_dagger_rounds} DAgger rounds of {cfg.bc_dagger_episodes} policy episodes "
+                         f"(expert-labelled, BC again on all states)")
     elif method.warm_start == "oracle" and cfg.bc_episodes:
         parts.append(f"SFT on {cfg.bc_episodes} oracle answers x {cfg.bc_epochs} epochs")
     cap = f"<= {cfg.max_episode_steps} steps each" if cfg.max_episode_steps else "the env's step limit"

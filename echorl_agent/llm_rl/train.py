@@ -59,6 +59,12 @@ class LLMTrainConfig:
     """Learning rate of the BC warm start (None: ``learning_rate``)."""
     bc_batch_size: int | None = None
     """Minibatch of the BC warm start (None: ``batch_size``)."""
+    bc_dagger_rounds: int = 0
+    """DAgger rounds after the BC warm start: the cloned policy plays ``bc_dagger_episodes`` episodes (sampled),
+    the env's expert labels every state it reached, and BC runs again (``bc_epochs``) on all states so far; 0: BC
+    alone. Their env steps are imitation, not RL: ``train_steps`` does not count them (``bc.json`` does)."""
+    bc_dagger_episodes: int = 32
+    """Episodes the policy plays per DAgger round (seeds disjoint from the held-out ones)."""
     seed: int = 0
     history: int = 0
     """History window k of the prompts."""
@@ -171,6 +177,14 @@ class LLMTrainConfig:
             raise ValueError(f"batch_size must divide n_steps * n_envs, got batch_size={self.batch_size}, "
                              f"n_steps={self.n_steps}, n_envs={self.n_envs}")
         self._check_options(spec, learner)
+        for name, lo, hi in (("bc_dagger_rounds", 0, 9), ("bc_dagger_episodes", 1, 1000)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                raise ValueError(f"{name} must be an int in {lo}..{hi}, got {name}={v!r}")
+        if self.bc_dagger_rounds and (spec.warm_start == "oracle" or not spec.warm_starts(self)):
+            raise ValueError(f"bc_dagger_rounds applies to a run with a BC warm start (bc, bc+gigpo, bc+ppo, echoppo, "
+                             f"echorl with bc_warm_start), got bc_dagger_rounds={self.bc_dagger_rounds!r} with "
+                             f"method={self.method!r}")
         if not isinstance(self.bc_warm_start, bool):
             raise ValueError(f"bc_warm_start must be True or False, got bc_warm_start={self.bc_warm_start!r}")
         if self.bc_warm_start and not (spec.warm_start == "bc_warm_start" and learner.name == "gigpo"):

@@ -1,17 +1,24 @@
 """The BC warm start of a run (``bc``, ``bc+ppo``, ``echoppo``, ``bc+gigpo``, ``echorl`` with ``bc_warm_start``):
-behaviour-clone the env's expert into the run's policy before RL, and record the losses in ``bc.json``."""
+behaviour-clone the env's expert into the run's policy before RL (then ``bc_dagger_rounds`` of DAgger), and record
+the losses in ``bc.json``."""
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from echorl_agent.llm_rl.algorithms.bc.clone import behaviour_clone, collect_expert_states
+from echorl_agent.llm_rl.algorithms.bc.dagger import collect_policy_states, dagger_seed, merge_data
 
 __all__ = ["BCConfig", "bc_warm_start"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -26,22 +33,36 @@ class BCConfig:
     """Learning rate while cloning (None: the run's ``learning_rate``)."""
     batch_size: int | None = None
     """Minibatch while cloning (None: the run's ``batch_size``)."""
+    dagger_rounds: int = 0
+    """DAgger rounds after BC (:mod:`~echorl_agent.llm_rl.algorithms.bc.dagger`): the cloned policy plays
+    ``dagger_episodes`` episodes, the expert labels the states it reached, and the aggregate is cloned again for
+    ``epochs``; 0: BC alone."""
+    dagger_episodes: int = 32
+    """Episodes the policy plays per DAgger round."""
 
     def __post_init__(self) -> None:
-        for name in ("episodes", "epochs"):
+        for name in ("episodes", "epochs", "dagger_episodes"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"bc_{name} must be a positive int, got bc_{name}={v!r}")
+        v = self.dagger_rounds
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 9:
+            raise ValueError(f"bc_dagger_rounds must be an int in 0..9, got bc_dagger_rounds={v!r}")
+        if self.dagger_episodes > 1000:
+            raise ValueError(f"bc_dagger_episodes must be <= 1000 (seeds per round), got "
+                             f"bc_dagger_episodes={self.dagger_episodes}")
 
     @classmethod
     def from_run(cls, run: Any) -> BCConfig:
         return cls(episodes=run.bc_episodes, epochs=run.bc_epochs, learning_rate=run.bc_learning_rate,
-                   batch_size=run.bc_batch_size)
+                   batch_size=run.bc_batch_size, dagger_rounds=run.bc_dagger_rounds,
+                   dagger_episodes=run.bc_dagger_episodes)
 
 
 def bc_warm_start(run: Any, policy: Any, out: Path | None, progress: Any = None) -> None:
     """Clone ``run.bc_episodes`` expert episodes into ``policy`` at ``bc_learning_rate``, then set the optimizer back
-    to the run's ``learning_rate``; writes ``<out>/bc.json`` (losses, transitions, episodes, expert wins, seconds).
+    to the run's ``learning_rate``; writes ``<out>/bc.json`` (losses of every epoch, the expert's transitions, episodes and wins, per DAgger
+    round the policy's success and the states it added, seconds).
     ``progress``: the run's :class:`~echorl_agent.llm_rl.progress.RunProgress` (a live BC stage)."""
     from echorl_agent.llm_rl.rollout import make_choice_env
 
@@ -57,12 +78,36 @@ def bc_warm_start(run: Any, policy: Any, out: Path | None, progress: Any = None)
         progress.stage(f"BC ({data.episodes} expert episodes, {len(data.actions)} states x {bc.epochs} epochs)",
                        total=len(data.actions) * bc.epochs, unit="state", counting="learner_rows")
         progress.attach(policy)
-    losses = behaviour_clone(policy, data, epochs=bc.epochs, batch_size=bc.batch_size or run.batch_size,
-                             seed=run.seed, progress=run.progress and not live,
-                             on_epoch=(lambda e, loss: progress.update(0, epoch=e + 1, loss=loss)) if live else None)
+    clone = lambda d: behaviour_clone(  # noqa: E731
+        policy, d, epochs=bc.epochs, batch_size=bc.batch_size or run.batch_size, seed=run.seed,
+        progress=run.progress and not live,
+        on_epoch=(lambda e, loss: progress.update(0, epoch=e + 1, loss=loss)) if live else None)
+    losses = clone(data)
+    expert_states, expert_wins = len(data.actions), data.successes
+    rounds = []
+    gen = torch.Generator().manual_seed(run.seed)
+    for k in range(1, bc.dagger_rounds + 1):
+        if live:
+            progress.stage(f"DAgger round {k}: the policy plays {bc.dagger_episodes} episodes", unit="state",
+                           counting="env_steps")
+        seeds = [dagger_seed(run.seed, k, ep) for ep in range(bc.dagger_episodes)]
+        got = collect_policy_states(policy, lambda: make_choice_env(run.env_id, run.history, run.max_episode_steps,
+                                                                    run.env_kwargs), seeds, n_envs=max(run.n_envs, 16),
+                                    generator=gen)
+        data = merge_data(data, got.data)
+        if live:
+            progress.stage(f"DAgger round {k}: BC on {len(data.actions)} states x {bc.epochs} epochs",
+                           total=len(data.actions) * bc.epochs, unit="state", counting="learner_rows")
+        losses += clone(data)
+        rounds.append({"round": k, "policy_success": got.success, "policy_steps": got.steps,
+                       "labelled": len(got.data.actions), "unlabelled": got.unlabelled,
+                       "states": len(data.actions), "loss": losses[-1]})
+        log.info("DAgger round %d: the policy won %.3f of %d episodes; %d states now", k, got.success,
+                 bc.dagger_episodes, len(data.actions))
     for g in policy.optimizer.param_groups:
         g["lr"] = run.learning_rate
     if out is not None:
-        (out / "bc.json").write_text(json.dumps({"losses": losses, "transitions": len(data.actions),
-                                                 "episodes": data.episodes, "expert_wins": data.successes,
+        (out / "bc.json").write_text(json.dumps({"losses": losses, "transitions": expert_states,
+                                                 "episodes": bc.episodes, "expert_wins": expert_wins,
+                                                 **({"dagger": rounds} if rounds else {}),
                                                  "seconds": round(time.perf_counter() - t0, 1)}))
