@@ -121,3 +121,40 @@ def test_bad_dagger_settings_name_the_field():
         LLMTrainConfig(env_id=ENV, method="gigpo", bc_dagger_rounds=1)
     with pytest.raises(ValueError, match="bc_dagger_rounds applies.*'grpo'"):
         LLMTrainConfig(env_id="EchoRL/Arithmetic-v0", method="grpo", bc_dagger_rounds=1)
+
+
+def test_cached_records_give_the_learner_exactly_what_fresh_ones_give_after_an_update(policy):
+    # a record keeps the frozen layers' activations; BC's updates touch only the trained layers, so a state scored
+    # before an update and cached gives the same learner log-probs (and loss) as the same state scored after it
+    from echorl_agent.llm_rl.algorithms.bc.clone import behaviour_clone, collect_expert_states
+
+    state = policy.lm.trainable_state()
+    try:
+        data = collect_expert_states(make_env, episodes=2, seed=11)
+        cache: dict = {}
+        first = behaviour_clone(policy, data, epochs=1, batch_size=4, cache=cache)
+        assert len(cache) == len({policy._key(r) for r in data.observations}) and first[0] > 0
+        cached = [cache[policy._key(r)] for r in data.observations]
+        policy.recording = True
+        try:
+            fresh = policy.record_many(list(data.observations))  # scored under the updated weights
+        finally:
+            policy.recording = False
+            policy.clear_store()
+        with torch.no_grad():
+            a = policy.learner_scores_many(cached)[0]
+            b = policy.learner_scores_many(fresh)[0]
+        for x, y in zip(a, b, strict=True):
+            torch.testing.assert_close(x, y, rtol=0, atol=1e-6)
+        assert not torch.equal(cached[0].rollout_logp, fresh[0].rollout_logp)  # the weights did move
+        # a second call with the cache scores no state again
+        calls = []
+        orig = policy.record_many
+        policy.record_many = lambda rows: calls.append(len(rows)) or orig(rows)
+        try:
+            behaviour_clone(policy, data, epochs=1, batch_size=4, cache=cache)
+        finally:
+            del policy.record_many
+        assert calls == []
+    finally:
+        policy.lm.load_trainable_state(state)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -72,23 +73,38 @@ def collect_expert_states(make_env: Callable[[], LLMObservationWrapper], episode
 
 
 def behaviour_clone(policy, data: ExpertData, epochs: int = 3, batch_size: int = 16, seed: int = 0,
-                    progress: bool = False, on_epoch: Callable[[int, float], None] | None = None) -> list[float]:
+                    progress: bool = False, on_epoch: Callable[[int, float], None] | None = None,
+                    cache: dict[bytes, Any] | None = None) -> list[float]:
     """Minimise ``-log pi(a* | s)`` over the expert states; returns the mean loss of every epoch.
 
     The states are scored once by the rollout engine (activations captured), then every epoch runs the learner's
     forward from those activations. The engine gets the new weights at the end.
+
+    ``cache`` (DAgger's rounds clone a growing set): records of states scored by an earlier call are taken from it
+    and new ones added. A record's captured activations are those of the frozen layers, which no update changes, so
+    a cached record gives the learner exactly what a fresh one would (BC reads nothing else from it). Ignored with
+    soft plan tokens (their windows follow the weights).
     """
     if epochs < 1 or batch_size < 1:
         raise ValueError(f"epochs and batch_size must be >= 1, got epochs={epochs}, batch_size={batch_size}")
     rng = np.random.default_rng(seed)
+    if policy.plan is not None:
+        cache = None
+    keys = [policy._key(row) for row in data.observations] if cache is not None else []
+    todo = [i for i in range(len(data.observations)) if cache is None or keys[i] not in cache]
     policy.clear_store()
     policy.recording = True
     try:
-        records = []
-        for lo in range(0, len(data.observations), 16):  # 16 states per batched engine call
-            records += policy.record_many(list(data.observations[lo : lo + 16]))
+        fresh = []
+        for lo in range(0, len(todo), 16):  # 16 states per batched engine call
+            fresh += policy.record_many([data.observations[i] for i in todo[lo : lo + 16]])
     finally:
         policy.recording = False
+    if cache is None:
+        records = fresh
+    else:
+        cache.update((keys[i], rec) for i, rec in zip(todo, fresh, strict=True))
+        records = [cache[k] for k in keys]
     policy.set_training_mode(True)
     losses: list[float] = []
     it = range(epochs)

@@ -78,8 +78,9 @@ def bc_warm_start(run: Any, policy: Any, out: Path | None, progress: Any = None)
         progress.stage(f"BC ({data.episodes} expert episodes, {len(data.actions)} states x {bc.epochs} epochs)",
                        total=len(data.actions) * bc.epochs, unit="state", counting="learner_rows")
         progress.attach(policy)
+    cache: dict | None = {} if bc.dagger_rounds else None  # DAgger re-clones a growing set: score each state once
     clone = lambda d: behaviour_clone(  # noqa: E731
-        policy, d, epochs=bc.epochs, batch_size=bc.batch_size or run.batch_size, seed=run.seed,
+        policy, d, epochs=bc.epochs, batch_size=bc.batch_size or run.batch_size, seed=run.seed, cache=cache,
         progress=run.progress and not live,
         on_epoch=(lambda e, loss: progress.update(0, epoch=e + 1, loss=loss)) if live else None)
     losses = clone(data)
