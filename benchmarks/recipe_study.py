@@ -24,6 +24,7 @@ Run (the study pages quote the exact lines)::
         -- --bc-episodes 32 --train-steps 6144 --eval-episodes 40
     python benchmarks/recipe_study.py summarize --study NAME          # runs/studies/NAME -> benchmarks/results/NAME.jsonl
     python benchmarks/recipe_study.py table --study NAME [--start after_bc]
+    python benchmarks/recipe_study.py compare --study NAME --reference OTHER --phase after_bc  # same seeds, two studies
     python benchmarks/recipe_study.py plot --study NAME [NAME ...] --out docs/figures/NAME.png
 """
 
@@ -180,20 +181,37 @@ def load(study: str, path: Path | None = None) -> list[dict]:
 def table(rows: list[dict], start: str, end: str = "after") -> str:
     """Per mode: mean success at ``start`` and ``end`` over seeds, the per-seed paired difference with its bootstrap
     over seeds, and seeds better / tied / worse."""
+    return _paired_table([(r["seed"], r["phases"].get(start, {}), r["phases"].get(end, {})) for r in rows],
+                         start, end)
+
+
+def compare(rows: list[dict], reference: list[dict], phase: str, ref_phase: str) -> str:
+    """The same paired table across two studies run on the same seeds: ``phase`` of this study's row vs
+    ``ref_phase`` of the reference study's row for each seed both have (e.g. a recipe change against the study whose
+    seeds it reuses). The two must have played the same held-out episodes."""
+    ref = {r["seed"]: r for r in reference}
+    common = [r for r in rows if r["seed"] in ref]
+    if not common:
+        raise ValueError(f"no seed in both studies: {sorted(r['seed'] for r in rows)} vs {sorted(ref)}")
+    return _paired_table([(r["seed"], ref[r["seed"]]["phases"].get(ref_phase, {}), r["phases"].get(phase, {}))
+                          for r in common], f"reference {ref_phase}", phase)
+
+
+def _paired_table(pairs: list[tuple[int, dict, dict]], start: str, end: str) -> str:
     from echorl_agent.eval.stats import paired_bootstrap
 
     lines = [f"| mode | seeds | {start} | {end} | {end} − {start} (95% CI over seeds) | seeds + / = / − |",
              "|---|---|---|---|---|---|"]
     for mode in MODES:
         diffs, a, b = [], [], []
-        for r in rows:
-            s, e = r["phases"].get(start, {}).get(mode), r["phases"].get(end, {}).get(mode)
+        for seed, first, last in pairs:
+            s, e = first.get(mode), last.get(mode)
             if not s or not e:
                 continue
             if s["episode_seed0"] != e["episode_seed0"] or len(s["won"]) != len(e["won"]):
-                raise ValueError(f"seed {r['seed']}: {start} and {end} did not play the same held-out episodes")
-            pairs = list(zip(s["won"], e["won"], strict=True))
-            diffs.append(sum(int(y) - int(x) for x, y in pairs) / len(pairs))
+                raise ValueError(f"seed {seed}: {start} and {end} did not play the same held-out episodes")
+            pairs_ = list(zip(s["won"], e["won"], strict=True))
+            diffs.append(sum(int(y) - int(x) for x, y in pairs_) / len(pairs_))
             a.append(s["success"])
             b.append(e["success"])
         if not diffs:
@@ -216,6 +234,26 @@ def per_seed(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def panel(rows: list[dict], x: str) -> tuple:
+    """One panel's curves: ``(start, grid, ys)``, the training success of every seed (``ys[seed]``) on a common grid
+    of 100 points, held from each iteration to the next. ``x="steps"``: env steps of RL, from 0 to the shortest
+    run's last iteration; ``x="wall"``: minutes since the run began (BC's seconds, then RL's rollouts and updates),
+    from the seeds' mean BC time (``start``, where RL begins) to the shortest run's end."""
+    import numpy as np
+
+    if x not in ("steps", "wall"):
+        raise ValueError(f"x must be 'steps' or 'wall', got x={x!r}")
+    xs = [np.array([it[0] for it in r["iterations"]], dtype=float) if x == "steps" else
+          (np.array([it[2] for it in r["iterations"]], dtype=float) + (r.get("bc_s") or 0)) / 60 for r in rows]
+    start = float(np.mean([(r.get("bc_s") or 0) / 60 for r in rows])) if x == "wall" else 0.0
+    grid = np.linspace(start, min(v[-1] for v in xs), 100)
+    ys = []
+    for v, r in zip(xs, rows, strict=True):
+        y = np.array([it[1] for it in r["iterations"]])
+        ys.append(y[np.clip(np.searchsorted(v, grid, side="right") - 1, 0, len(y) - 1)])
+    return start, grid, np.array(ys)
+
+
 def plot(studies: list[str], out: Path, labels: list[str] | None = None) -> Path:
     """Training success vs env steps and vs wall minutes (BC + RL's rollouts and updates, no held-out evaluation),
     mean over seeds with the seeds' range, one line per study; the held-out success at the start of RL and after it
@@ -233,28 +271,18 @@ def plot(studies: list[str], out: Path, labels: list[str] | None = None) -> Path
         if not rows:
             raise SystemExit(f"{study}: no per-iteration rows in its summary (re-run summarize from its run folders)")
         c, label = colors[k % 10], (labels[k] if labels else study) + f" ({len(rows)} seeds)"
-        for ax, col in zip(axes, (0, 2), strict=True):
-            end = min(r["iterations"][-1][col] + (r.get("bc_s") or 0) / 60 * (col == 2) for r in rows)
-            grid = np.linspace(0, end, 100)
-            ys = []
-            for r in rows:
-                x = np.array([it[col] for it in r["iterations"]], dtype=float)
-                if col == 2:
-                    x = (x + (r.get("bc_s") or 0)) / 60
-                y = np.array([it[1] for it in r["iterations"]])
-                idx = np.clip(np.searchsorted(x, grid, side="right") - 1, 0, len(y) - 1)
-                ys.append(y[idx])
-            ys = np.array(ys)
+        for ax, x in zip(axes, ("steps", "wall"), strict=True):
+            start, grid, ys = panel(rows, x)
             ax.plot(grid, ys.mean(0), color=c, label=label)
             ax.fill_between(grid, ys.min(0), ys.max(0), color=c, alpha=0.15, linewidth=0)
-            for phase, xpos in (("after_bc", grid[0]), ("after", grid[-1])):
+            for phase, xpos in (("after_bc", start), ("after", grid[-1])):
                 for mode, marker in (("sampled", "o"), ("greedy", "s")):
                     v = [r["phases"][phase][mode]["success"] for r in rows if mode in r["phases"].get(phase, {})]
                     if v:
                         ax.plot([xpos], [np.mean(v)], marker=marker, color=c, markerfacecolor="white"
                                 if phase == "after_bc" else c, linestyle="none")
     axes[0].set_xlabel("env steps of RL")
-    axes[1].set_xlabel("wall minutes (BC + RL; one core each run, held-out evaluation left out)")
+    axes[1].set_xlabel("wall minutes of the run (BC + RL, held-out evaluation left out)")
     axes[0].set_ylabel("success (line: training iterations; markers: held-out)")
     axes[0].set_ylim(0, 1.02)
     axes[0].legend(loc="lower right", fontsize=8, title="o sampled, s greedy; hollow = start of RL", title_fontsize=8)
@@ -288,6 +316,11 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--study", required=True)
     t.add_argument("--summary", type=Path)
     t.add_argument("--start", default="after_bc", choices=PHASES)
+    c = sub.add_parser("compare", help="one study's phase vs another study's on the seeds both ran (paired table)")
+    c.add_argument("--study", required=True)
+    c.add_argument("--reference", required=True, help="the study whose seeds and held-out episodes this one reuses")
+    c.add_argument("--phase", default="after", choices=PHASES, help="this study's phase (default: after)")
+    c.add_argument("--reference-phase", choices=PHASES, help="the reference's phase (default: --phase)")
     g = sub.add_parser("plot", help="success vs env steps and vs wall minutes from the summaries (a PNG)")
     g.add_argument("--study", nargs="+", required=True)
     g.add_argument("--label", nargs="+", help="legend names, one per --study (default: the study names)")
@@ -304,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.cmd == "summarize":
         summarize(args.study, args.out)
+        return 0
+    if args.cmd == "compare":
+        print(compare(load(args.study), load(args.reference), args.phase, args.reference_phase or args.phase))
         return 0
     rows = load(args.study, args.summary)
     print(per_seed(rows))

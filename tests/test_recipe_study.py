@@ -98,6 +98,15 @@ def test_summary_keeps_rl_seconds_per_iteration_and_plot_reads_them(study, tmp_p
     # seconds of RL accumulate rollouts + updates; BC's own seconds are kept beside them
     assert rows[0]["iterations"] == [[100, 0.25, 30.0], [230, 0.5, 60.0]] and rows[0]["bc_s"] == 420.0
     assert rows[1]["iterations"] == [[100, 0.25, 35.0], [230, 0.5, 70.0]] and rows[1]["bc_s"] == 480.0
+    # env steps from 0; wall minutes from the seeds' mean BC time (RL's start) to the shorter run's end: 420 s of BC
+    # + 60 s of RL for seed 7 (8.0 min), 480 + 70 s for seed 8
+    start, grid, ys = study.panel(rows, "steps")
+    assert (start, grid[0], grid[-1]) == (0.0, 0.0, 230.0) and ys.shape == (2, 100)
+    assert ys[:, 0].tolist() == [0.25, 0.25] and ys[:, -1].tolist() == [0.5, 0.5]
+    start, grid, ys = study.panel(rows, "wall")
+    assert start == pytest.approx(7.5) and grid[0] == pytest.approx(7.5) and grid[-1] == pytest.approx(8.0)
+    # at 7.5 min seed 7 is 30 s into RL (its first iteration ended at 7.5 min), seed 8 has not ended one: held back
+    assert ys[:, 0].tolist() == [0.25, 0.25] and ys[:, -1].tolist() == [0.5, 0.25]
     png = study.plot(["s"], tmp_path / "fig.png")
     assert png.stat().st_size > 10_000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -107,3 +116,29 @@ def test_plot_refuses_a_summary_without_iterations(study, tmp_path):
     study.summarize("s")
     with pytest.raises(SystemExit, match="no per-iteration rows"):
         study.plot(["s"], tmp_path / "fig.png")
+
+
+def test_compare_pairs_two_studies_on_their_common_seeds(study):
+    # the reference study's imitation start vs this study's on the same seeds and held-out episodes
+    for seed, ref, new in ((7, "0011", "0111"), (8, "0101", "1101"), (9, "1111", "1111")):
+        _run(study.RUNS / "ref" / f"seed{seed}", seed, {("after_bc", "greedy"): ref, ("after", "greedy"): ref})
+        if seed != 9:  # seed 9 only in the reference: left out
+            _run(study.RUNS / "new" / f"seed{seed}", seed, {("after_bc", "greedy"): new, ("after", "greedy"): new})
+    study.summarize("ref")
+    study.summarize("new")
+    text = study.compare(study.load("new"), study.load("ref"), "after_bc", "after_bc")
+    d, lo, hi = paired_bootstrap([0.25, 0.25])
+    assert f"| greedy | 2 | 0.500 | 0.750 | {d:+.3f} [{lo:+.3f}, {hi:+.3f}] | 2 / 0 / 0 |" in text
+    assert "sampled" not in text
+    assert study.main(["compare", "--study", "new", "--reference", "ref", "--phase", "after_bc"]) == 0
+    with pytest.raises(ValueError, match="no seed in both studies"):
+        study.compare(study.load("new"), [r | {"seed": 99} for r in study.load("ref")], "after_bc", "after_bc")
+
+
+def test_compare_refuses_different_held_out_episodes(study):
+    _run(study.RUNS / "ref" / "seed7", 7, {("after_bc", "greedy"): "01"})
+    _run(study.RUNS / "new" / "seed7", 7, {("after_bc", "greedy"): "011"})
+    study.summarize("ref")
+    study.summarize("new")
+    with pytest.raises(ValueError, match="did not play the same held-out episodes"):
+        study.compare(study.load("new"), study.load("ref"), "after_bc", "after_bc")
