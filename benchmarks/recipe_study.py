@@ -13,7 +13,8 @@ run folders to one compact summary that git keeps (``benchmarks/results/<study>.
   iteration's training success and the seconds of RL so far (rollouts + updates), and ``bc_s`` (seconds of the BC
   warm start, from ``bc.json``, where the run wrote it): the x axes of ``plot``.
 
-The table pairs each seed's phases on the same held-out episodes and reports, per mode, the mean over seeds of the
+``table`` prints the per-seed points, the mean success after RL over seeds with its bootstrap (``levels``), and
+the table that pairs each seed's phases on the same held-out episodes, reporting, per mode, the mean over seeds of the
 start and the end, and the mean per-seed difference with its 95% percentile bootstrap over **seeds**
 (:func:`~echorl_agent.eval.stats.paired_bootstrap`, 10,000 resamples, seed 0), plus the seeds better / tied / worse.
 The registered rule reads that interval (see ``docs/studies/protocol.md``).
@@ -185,6 +186,20 @@ def table(rows: list[dict], start: str, end: str = "after") -> str:
                          start, end)
 
 
+def levels(rows: list[dict], phase: str = "after") -> str:
+    """Per mode: the mean over seeds of held-out success at ``phase`` with its 95% percentile bootstrap over seeds,
+    and the seeds' range (a study whose rule reads a level, not a difference)."""
+    from echorl_agent.eval.stats import paired_bootstrap
+
+    lines = [f"| mode | seeds | {phase}: mean (95% CI over seeds) | min – max |", "|---|---|---|---|"]
+    for mode in MODES:
+        v = [r["phases"][phase][mode]["success"] for r in rows if mode in r["phases"].get(phase, {})]
+        if v:
+            m, lo, hi = paired_bootstrap(v)
+            lines.append(f"| {mode} | {len(v)} | {m:.3f} [{lo:.3f}, {hi:.3f}] | {min(v):.3f} – {max(v):.3f} |")
+    return "\n".join(lines)
+
+
 def compare(rows: list[dict], reference: list[dict], phase: str, ref_phase: str) -> str:
     """The same paired table across two studies run on the same seeds: ``phase`` of this study's row vs
     ``ref_phase`` of the reference study's row for each seed both have (e.g. a recipe change against the study whose
@@ -343,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows = load(args.study, args.summary)
     print(per_seed(rows))
+    print()
+    print(levels(rows))
     print()
     print(table(rows, args.start))
     if args.start != "before" and any("before" in r["phases"] for r in rows):

@@ -142,3 +142,13 @@ def test_compare_refuses_different_held_out_episodes(study):
     study.summarize("new")
     with pytest.raises(ValueError, match="did not play the same held-out episodes"):
         study.compare(study.load("new"), study.load("ref"), "after_bc", "after_bc")
+
+
+def test_levels_report_the_mean_over_seeds_with_its_bootstrap(study):
+    for seed, won in ((7, "1110"), (8, "1111"), (9, "0110")):
+        _run(study.RUNS / "s" / f"seed{seed}", seed, {("after", "sampled"): won})
+    rows = study.load("s", study.summarize("s"))
+    m, lo, hi = paired_bootstrap([0.75, 1.0, 0.5])
+    text = study.levels(rows)
+    assert f"| sampled | 3 | {m:.3f} [{lo:.3f}, {hi:.3f}] | 0.500 – 1.000 |" in text and "greedy" not in text
+    assert m == pytest.approx(0.75) and lo < 0.75 < hi
