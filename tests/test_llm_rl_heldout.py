@@ -154,6 +154,10 @@ def test_verdict_line_format():
                  "paired_rl": {"sampled": {"diff": 0.05, "ci": [-0.05, 0.15]}, "greedy": {"diff": 0.0, "ci": [0.0, 0.0]}}}
     assert verdict_line(no_before) == ("held-out success (40 episodes): sampled 0.80 (BC) → 0.85 (RL +0.05 [-0.05, "
                                        "+0.15]), greedy 0.90 (BC) → 0.90 (RL +0.00 [+0.00, +0.00])")
+    # imitation only (train_steps 0): the after point replays the BC policy; no "RL" difference is claimed
+    assert verdict_line({**no_before, "env_steps": 0}) == ("held-out success (40 episodes): sampled 0.80 (BC), "
+                                                           "greedy 0.90 (BC); no RL ran (train_steps 0)")
+    assert "RL +0.05" in verdict_line({**no_before, "env_steps": 128})
 
 
 def test_held_out_seeds_are_disjoint_from_training_and_stated():

@@ -53,7 +53,14 @@ def verdict_line(result: dict[str, Any]) -> str:
     warm start the start of RL is shown too, with RL's own paired difference:
     ``sampled 0.13 → 0.35 (BC) → 0.47 (+0.34 [+0.27, +0.41]; RL +0.12 [+0.02, +0.22])``; without the "before"
     point (``eval_before=False``) ``sampled 0.35 (BC) → 0.47 (RL +0.12 [+0.02, +0.22])``; a run evaluated only after
-    training (``eval-llm``) reads ``sampled 0.47, greedy 0.28``."""
+    training (``eval-llm``) reads ``sampled 0.47, greedy 0.28``. A run with no RL (``train_steps=0``, imitation
+    only) reads ``sampled 0.82 (BC), greedy 0.78 (BC); no RL ran (train_steps 0)``: its "after" point replays the
+    same policy (greedy equal, sampled a second draw), so no RL difference is shown."""
+    if result.get("env_steps") == 0 and result.get("after_bc"):
+        parts = [f"{mode} {result['after_bc'][mode]['success']:.2f} (BC)" for mode in MODES
+                 if mode in result["after_bc"]]
+        return (f"held-out success ({result['episodes']} episodes): " + ", ".join(parts)
+                + "; no RL ran (train_steps 0)")
     parts = []
     for mode in MODES:
         if mode not in result.get("after", {}):
