@@ -246,6 +246,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 TRAIN_FLAGS = {"task": "env_id", "method": "method", "train_steps": "train_steps", "bc_episodes": "bc_episodes",
                "bc_epochs": "bc_epochs", "bc_learning_rate": "bc_learning_rate", "bc_batch_size": "bc_batch_size",
                "bc_dagger_rounds": "bc_dagger_rounds", "bc_dagger_episodes": "bc_dagger_episodes",
+               "bc_noise": "bc_noise",
                "seed": "seed", "history": "history", "max_steps": "max_episode_steps", "n_steps": "n_steps",
                "n_envs": "n_envs", "group_size": "group_size", "step_advantage_weight": "step_advantage_weight",
                "echorl_learner": "echorl_learner", "bc_warm_start": "bc_warm_start", "gamma": "gamma",
@@ -390,6 +391,9 @@ def add_train_llm_arguments(s: argparse.ArgumentParser) -> None:
                    help="DAgger rounds after BC: the cloned policy plays, the env's expert labels the states it "
                         "reached, BC again on all of them (default: 0)")
     s.add_argument("--bc-dagger-episodes", type=int, help="episodes the policy plays per DAgger round (default: 32)")
+    s.add_argument("--bc-noise", type=float,
+                   help="DART: probability that a step of an expert episode executes another admissible action; "
+                        "the state keeps the expert's label (default: 0)")
     s.add_argument("--seed", type=int, help="random seed; also picks the held-out instances (default: 0)")
     s.add_argument("--history", type=int, help="history window k in the prompt (default: 0)")
     s.add_argument("--max-steps", type=int, help="per-episode step cap, training and evaluation (default: the env's)")

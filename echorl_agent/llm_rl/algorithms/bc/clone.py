@@ -33,22 +33,33 @@ class ExpertData:
     episodes: int
     successes: int
     returns: list[float] = field(default_factory=list)
+    deviations: int = 0
+    """Steps that executed another action than the labelled expert one (``collect_expert_states(noise=...)``)."""
 
 
-def collect_expert_states(make_env: Callable[[], LLMObservationWrapper], episodes: int, seed: int = 0) -> ExpertData:
+def collect_expert_states(make_env: Callable[[], LLMObservationWrapper], episodes: int, seed: int = 0,
+                          noise: float = 0.0) -> ExpertData:
     """Roll out ``info["expert_action"]`` for ``episodes`` episodes (seeds ``seed, seed + 1, ...``).
 
     Args:
         make_env: builds a wrapped choice env (:class:`LLMObservationWrapper` outermost).
+        noise: the probability that a step *executes* a uniformly drawn other admissible action instead of the
+            expert's (DART, Laskey et al. 2017: the demonstrations then cover the states just off the expert's path,
+            where a cloned policy's own mistakes lead); every state is still labelled with the expert's action, and
+            the expert replans from the state the executed action reached. Draws from ``seed``; 0: the expert's own
+            episodes, exactly as before.
 
     Raises:
         ValueError: the env has no expert at some step (``info["expert_action"]`` missing or not admissible).
     """
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got episodes={episodes}")
+    if not 0.0 <= noise < 1.0:
+        raise ValueError(f"noise must be in [0, 1), got noise={noise!r}")
+    rng = np.random.default_rng(seed)
     env = make_env()
     obs_rows, actions, returns = [], [], []
-    wins = 0
+    wins = deviations = 0
     try:
         for ep in range(episodes):
             obs, info = env.reset(seed=seed + ep)
@@ -62,14 +73,20 @@ def collect_expert_states(make_env: Callable[[], LLMObservationWrapper], episode
                 a = adm.index(expert)
                 obs_rows.append(obs)
                 actions.append(a)
-                obs, r, term, trunc, info = env.step(a)
+                act = a
+                if noise and rng.random() < noise:
+                    others = [i for i, text in enumerate(adm) if text is not None and i != a]
+                    if others:
+                        act = int(rng.choice(others))
+                        deviations += 1
+                obs, r, term, trunc, info = env.step(act)
                 ret += float(r)
                 done = term or trunc
             wins += bool(info.get("won"))
             returns.append(ret)
     finally:
         env.close()
-    return ExpertData(np.stack(obs_rows), np.asarray(actions, dtype=np.int64), episodes, wins, returns)
+    return ExpertData(np.stack(obs_rows), np.asarray(actions, dtype=np.int64), episodes, wins, returns, deviations)
 
 
 def behaviour_clone(policy, data: ExpertData, epochs: int = 3, batch_size: int = 16, seed: int = 0,

@@ -39,6 +39,9 @@ class BCConfig:
     ``epochs``; 0: BC alone."""
     dagger_episodes: int = 32
     """Episodes the policy plays per DAgger round."""
+    noise: float = 0.0
+    """Probability that an expert episode's step executes another admissible action than the expert's (DART; the
+    state keeps the expert's label): :func:`~echorl_agent.llm_rl.algorithms.bc.clone.collect_expert_states`."""
 
     def __post_init__(self) -> None:
         for name in ("episodes", "epochs", "dagger_episodes"):
@@ -48,6 +51,8 @@ class BCConfig:
         v = self.dagger_rounds
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 9:
             raise ValueError(f"bc_dagger_rounds must be an int in 0..9, got bc_dagger_rounds={v!r}")
+        if isinstance(self.noise, bool) or not isinstance(self.noise, (int, float)) or not 0 <= self.noise < 1:
+            raise ValueError(f"bc_noise must be a number in [0, 1), got bc_noise={self.noise!r}")
         if self.dagger_episodes > 1000:
             raise ValueError(f"bc_dagger_episodes must be <= 1000 (seeds per round), got "
                              f"bc_dagger_episodes={self.dagger_episodes}")
@@ -56,7 +61,7 @@ class BCConfig:
     def from_run(cls, run: Any) -> BCConfig:
         return cls(episodes=run.bc_episodes, epochs=run.bc_epochs, learning_rate=run.bc_learning_rate,
                    batch_size=run.bc_batch_size, dagger_rounds=run.bc_dagger_rounds,
-                   dagger_episodes=run.bc_dagger_episodes)
+                   dagger_episodes=run.bc_dagger_episodes, noise=run.bc_noise)
 
 
 def bc_warm_start(run: Any, policy: Any, out: Path | None, progress: Any = None) -> None:
@@ -70,7 +75,7 @@ def bc_warm_start(run: Any, policy: Any, out: Path | None, progress: Any = None)
     t0 = time.perf_counter()
     data = collect_expert_states(lambda: make_choice_env(run.env_id, run.history, run.max_episode_steps,
                                                          run.env_kwargs),
-                                 bc.episodes, seed=10_000 + run.seed)
+                                 bc.episodes, seed=10_000 + run.seed, noise=bc.noise)
     for g in policy.optimizer.param_groups:
         g["lr"] = bc.learning_rate or run.learning_rate
     live = progress is not None and progress.enabled
@@ -84,7 +89,7 @@ def bc_warm_start(run: Any, policy: Any, out: Path | None, progress: Any = None)
         progress=run.progress and not live,
         on_epoch=(lambda e, loss: progress.update(0, epoch=e + 1, loss=loss)) if live else None)
     losses = clone(data)
-    expert_states, expert_wins = len(data.actions), data.successes
+    expert_states, expert_wins, deviations = len(data.actions), data.successes, data.deviations
     rounds = []
     gen = torch.Generator().manual_seed(run.seed)
     for k in range(1, bc.dagger_rounds + 1):
@@ -110,5 +115,6 @@ def bc_warm_start(run: Any, policy: Any, out: Path | None, progress: Any = None)
     if out is not None:
         (out / "bc.json").write_text(json.dumps({"losses": losses, "transitions": expert_states,
                                                  "episodes": bc.episodes, "expert_wins": expert_wins,
+                                                 **({"noise": bc.noise, "deviations": deviations} if bc.noise else {}),
                                                  **({"dagger": rounds} if rounds else {}),
                                                  "seconds": round(time.perf_counter() - t0, 1)}))

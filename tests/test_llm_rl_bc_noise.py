@@ -1,0 +1,91 @@
+"""DART noise in the BC warm start's expert episodes (``bc_noise``): steps off the expert's path, every state still
+labelled with the expert's action. The real BabyAI-GoToLocal engine and its bot; no LM needed."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import echorl_envs  # noqa: F401
+from echorl_agent.llm_rl.algorithms.bc.clone import collect_expert_states
+from echorl_envs.wrappers.llm import LLMObservationWrapper, decode_llm_obs
+
+ENV = "EchoRL/BabyAI-GoToLocal-v0"
+FEEDBACK = (("You turned left", "turn left"), ("You turned right", "turn right"), ("You moved forward", "go forward"),
+            ("You cannot move forward", "go forward"), ("declared the mission done", "done"),
+            ("pick up", "pick up"), ("You picked up", "pick up"), ("drop", "drop"), ("You dropped", "drop"),
+            ("Nothing happened", "toggle"), ("You opened", "toggle"), ("You closed", "toggle"),
+            ("You unlocked", "toggle"), ("is locked", "toggle"))
+
+
+def make_env() -> LLMObservationWrapper:
+    return LLMObservationWrapper(gym.make(ENV, goal_line=True, max_episode_steps=24), history=0, max_actions=8)
+
+
+def executed_action(obs: str) -> str:
+    """The action a step executed, read from the first line of the observation it led to."""
+    first = obs.split("\n", 1)[0]
+    return next(action for cue, action in FEEDBACK if cue in first)
+
+
+def states(data) -> list[dict]:
+    return [{k: v for k, v in decode_llm_obs(r).items() if k != "episode"} for r in data.observations]
+
+
+def replay(data, seed: int) -> tuple[int, int, int]:
+    """Replay the recorded episodes with the actions they executed: (labels equal to the bot's action in their
+    state, states checked, steps that executed another action than their label)."""
+    rows, env = states(data), make_env()
+    i = agree = off = 0
+    for ep in range(data.episodes):
+        row, info = env.reset(seed=seed + ep)
+        while True:
+            assert decode_llm_obs(row)["obs"] == rows[i]["obs"]
+            adm = env.get_wrapper_attr("slot_texts")()
+            label = adm[int(data.actions[i])]
+            agree += label == info["expert_action"]
+            i += 1
+            if i == len(rows) or rows[i]["t"] == 0:  # the episode's last step: the next observation is not kept
+                break
+            action = executed_action(rows[i]["obs"])
+            off += action != label
+            row, _, _, _, info = env.step(adm.index(action))
+    env.close()
+    return agree, i, off
+
+
+def test_zero_noise_is_the_experts_own_episodes_exactly():
+    a = collect_expert_states(make_env, episodes=3, seed=10_000)
+    b = collect_expert_states(make_env, episodes=3, seed=10_000, noise=0.0)
+    assert states(a) == states(b) and np.array_equal(a.actions, b.actions)
+    assert a.deviations == b.deviations == 0 and a.successes == 3
+    assert replay(a, 10_000)[2] == 0
+
+
+def test_noise_leaves_the_path_and_keeps_the_bots_label_on_every_state():
+    data = collect_expert_states(make_env, episodes=8, seed=10_000, noise=0.3)
+    again = collect_expert_states(make_env, episodes=8, seed=10_000, noise=0.3)
+    assert states(data) == states(again) and data.deviations == again.deviations  # the draws come from the seed
+    n = len(data.actions)
+    assert abs(data.deviations - 0.3 * n) <= 3 * (0.21 * n) ** 0.5 + 1, (data.deviations, n)  # ~Binomial(n, 0.3)
+    agree, checked, off = replay(data, 10_000)
+    assert checked == n and agree == n  # every recorded label is the bot's action in that state
+    assert 0 < off <= data.deviations  # the last step of an episode is not seen executing
+    clean = collect_expert_states(make_env, episodes=8, seed=10_000)
+    assert len(clean.actions) < n  # detours: the noisy episodes are longer
+
+
+@pytest.mark.parametrize("noise", [-0.1, 1.0, True])
+def test_a_bad_noise_is_refused_naming_the_field(noise):
+    from echorl_agent.llm_rl.train import LLMTrainConfig
+
+    with pytest.raises(ValueError, match=r"bc_noise must be a number in \[0, 1\)"):
+        LLMTrainConfig(env_id=ENV, method="bc", bc_noise=noise)
+
+
+def test_noise_needs_a_bc_warm_start():
+    from echorl_agent.llm_rl.train import LLMTrainConfig
+
+    with pytest.raises(ValueError, match="bc_noise applies to a run with a BC warm start"):
+        LLMTrainConfig(env_id=ENV, method="gigpo", bc_noise=0.2)
