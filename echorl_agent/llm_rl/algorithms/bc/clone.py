@@ -35,6 +35,8 @@ class ExpertData:
     returns: list[float] = field(default_factory=list)
     deviations: int = 0
     """Steps that executed another action than the labelled expert one (``collect_expert_states(noise=...)``)."""
+    unlabelled: int = 0
+    """Noisy episodes that ended early at a state the expert has no action for (that state is not kept)."""
 
 
 def collect_expert_states(make_env: Callable[[], LLMObservationWrapper], episodes: int, seed: int = 0,
@@ -46,11 +48,13 @@ def collect_expert_states(make_env: Callable[[], LLMObservationWrapper], episode
         noise: the probability that a step *executes* a uniformly drawn other admissible action instead of the
             expert's (DART, Laskey et al. 2017: the demonstrations then cover the states just off the expert's path,
             where a cloned policy's own mistakes lead); every state is still labelled with the expert's action, and
-            the expert replans from the state the executed action reached. Draws from ``seed``; 0: the expert's own
-            episodes, exactly as before.
+            the expert replans from the state the executed action reached. An episode whose noise led to a state the
+            expert has no action for ends there (``ExpertData.unlabelled`` counts them; BabyAI's bot gives up after
+            a random ``toggle`` opened a box). Draws from ``seed``; 0: the expert's own episodes, exactly as before.
 
     Raises:
-        ValueError: the env has no expert at some step (``info["expert_action"]`` missing or not admissible).
+        ValueError: the env has no expert at some step of an episode no noise has touched
+            (``info["expert_action"]`` missing or not admissible).
     """
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got episodes={episodes}")
@@ -59,14 +63,17 @@ def collect_expert_states(make_env: Callable[[], LLMObservationWrapper], episode
     rng = np.random.default_rng(seed)
     env = make_env()
     obs_rows, actions, returns = [], [], []
-    wins = deviations = 0
+    wins = deviations = unlabelled = 0
     try:
         for ep in range(episodes):
             obs, info = env.reset(seed=seed + ep)
-            done, ret = False, 0.0
+            done, ret, noisy = False, 0.0, False
             while not done:
                 expert = info.get("expert_action")
                 adm = env.get_wrapper_attr("slot_texts")()
+                if (expert is None or expert not in adm) and noisy:
+                    unlabelled += 1
+                    break
                 if expert is None or expert not in adm:
                     raise ValueError(f"no admissible expert action at step {info.get('step')} of episode {ep}: "
                                      f"expert_action={expert!r}")
@@ -79,6 +86,7 @@ def collect_expert_states(make_env: Callable[[], LLMObservationWrapper], episode
                     if others:
                         act = int(rng.choice(others))
                         deviations += 1
+                        noisy = True
                 obs, r, term, trunc, info = env.step(act)
                 ret += float(r)
                 done = term or trunc
@@ -86,7 +94,7 @@ def collect_expert_states(make_env: Callable[[], LLMObservationWrapper], episode
             returns.append(ret)
     finally:
         env.close()
-    return ExpertData(np.stack(obs_rows), np.asarray(actions, dtype=np.int64), episodes, wins, returns, deviations)
+    return ExpertData(np.stack(obs_rows), np.asarray(actions, dtype=np.int64), episodes, wins, returns, deviations, unlabelled)
 
 
 def behaviour_clone(policy, data: ExpertData, epochs: int = 3, batch_size: int = 16, seed: int = 0,

@@ -116,4 +116,5 @@ def merge_data(a: ExpertData, b: ExpertData) -> ExpertData:
     pad = lambda x: np.pad(x, ((0, 0), (0, width - x.shape[1])))  # noqa: E731 (byte rows: zero padding ends them)
     return ExpertData(np.concatenate([pad(a.observations), pad(b.observations)]),
                       np.concatenate([a.actions, b.actions]), a.episodes + b.episodes, a.successes + b.successes,
-                      a.returns + b.returns, a.deviations + b.deviations)
+                      a.returns + b.returns, a.deviations + b.deviations,
+                      a.unlabelled + b.unlabelled)

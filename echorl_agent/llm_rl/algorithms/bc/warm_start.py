@@ -89,7 +89,8 @@ def bc_warm_start(run: Any, policy: Any, out: Path | None, progress: Any = None)
         progress=run.progress and not live,
         on_epoch=(lambda e, loss: progress.update(0, epoch=e + 1, loss=loss)) if live else None)
     losses = clone(data)
-    expert_states, expert_wins, deviations = len(data.actions), data.successes, data.deviations
+    expert_states, expert_wins = len(data.actions), data.successes
+    deviations, unlabelled = data.deviations, data.unlabelled
     rounds = []
     gen = torch.Generator().manual_seed(run.seed)
     for k in range(1, bc.dagger_rounds + 1):
@@ -115,6 +116,6 @@ def bc_warm_start(run: Any, policy: Any, out: Path | None, progress: Any = None)
     if out is not None:
         (out / "bc.json").write_text(json.dumps({"losses": losses, "transitions": expert_states,
                                                  "episodes": bc.episodes, "expert_wins": expert_wins,
-                                                 **({"noise": bc.noise, "deviations": deviations} if bc.noise else {}),
+                                                 **({"noise": bc.noise, "deviations": deviations, "unlabelled": unlabelled} if bc.noise else {}),
                                                  **({"dagger": rounds} if rounds else {}),
                                                  "seconds": round(time.perf_counter() - t0, 1)}))
