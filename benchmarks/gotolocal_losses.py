@@ -21,7 +21,6 @@ Run: ``python benchmarks/gotolocal_losses.py --study gotolocal-bc256-grpo-small-
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from collections import Counter
@@ -33,9 +32,9 @@ from tabulate import tabulate
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import echorl_envs  # noqa: E402,F401  (registers the EchoRL/ ids)
-from benchmarks.recipe_study import MODES, RESULTS  # noqa: E402
+from benchmarks.recipe_study import MODES, RESULTS, load  # noqa: E402
 
-__all__ = ["replay", "relation", "study_rows", "report"]
+__all__ = ["replay", "relation", "report"]
 
 LATE = 12
 """The last steps of a lost episode read for a sighting of the target and for a revisited (cell, heading)."""
@@ -66,8 +65,9 @@ def replay(env_id: str, env_kwargs: dict, max_steps: int, seed: int, actions: li
         obs, info = env.reset(seed=seed)
         steps, won = [], False
         for a in actions:
-            steps.append({"relation": relation(obs), "seen": "not in view" not in relation(obs),
-                          "bot": info.get("expert_action"), "policy": a,
+            where = relation(obs)
+            steps.append({"relation": where, "seen": "not in view" not in where, "bot": info.get("expert_action"),
+                          "policy": a,
                           "pose": (tuple(info["agent_pos"]), int(info["direction"]))})
             obs, reward, terminated, truncated, info = env.step(a)
             won = bool(terminated and reward > 0)
@@ -76,13 +76,6 @@ def replay(env_id: str, env_kwargs: dict, max_steps: int, seed: int, actions: li
         return {"won": won, "steps": steps}
     finally:
         env.close()
-
-
-def study_rows(study: str) -> list[dict]:
-    path = RESULTS / f"{study}.jsonl"
-    if not path.is_file():
-        raise SystemExit(f"no summary {path}: run `python benchmarks/recipe_study.py summarize --study {study}` first")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _recipe_env(row: dict) -> tuple[str, dict, int]:
@@ -133,7 +126,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seeds", type=int, nargs="*", help="only these seeds (default: every seed in the summary)")
     p.add_argument("--top", type=int, default=12, help="disagreement kinds printed per mode")
     args = p.parse_args(argv)
-    rows = [r for r in study_rows(args.study) if not args.seeds or r["seed"] in args.seeds]
+    if not (RESULTS / f"{args.study}.jsonl").is_file():
+        raise SystemExit(f"no summary of {args.study}: run `python benchmarks/recipe_study.py summarize --study "
+                         f"{args.study}` first")
+    rows = [r for r in load(args.study) if not args.seeds or r["seed"] in args.seeds]
     lines, confusions = report(rows, args.phase)
     print(tabulate(lines, headers=["phase", "mode", "bot agreement", "in lost", "lost", "target seen late",
                                    "cycle"]))

@@ -64,11 +64,11 @@ class LLMTrainConfig:
     the env's expert labels every state it reached, and BC runs again (``bc_epochs``) on all states so far; 0: BC
     alone. Their env steps are imitation, not RL: ``train_steps`` does not count them (``bc.json`` does)."""
     bc_dagger_episodes: int = 32
+    """Episodes the policy plays per DAgger round (seeds disjoint from the held-out ones)."""
     bc_noise: float = 0.0
     """DART noise of the BC warm start's expert episodes: the probability that a step executes a uniformly drawn other
     admissible action instead of the expert's; every state keeps the expert's label, so the demonstrations cover the
     states just off the expert's path. 0: the expert's own episodes."""
-    """Episodes the policy plays per DAgger round (seeds disjoint from the held-out ones)."""
     seed: int = 0
     history: int = 0
     """History window k of the prompts."""
@@ -188,13 +188,11 @@ class LLMTrainConfig:
         v = self.bc_noise
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
             raise ValueError(f"bc_noise must be a number in [0, 1), got bc_noise={v!r}")
-        if v and (spec.warm_start == "oracle" or not spec.warm_starts(self)):
-            raise ValueError(f"bc_noise applies to a run with a BC warm start (bc, bc+gigpo, bc+ppo, echoppo, echorl with "
-                             f"bc_warm_start), got bc_noise={v!r} with method={self.method!r}")
-        if self.bc_dagger_rounds and (spec.warm_start == "oracle" or not spec.warm_starts(self)):
-            raise ValueError(f"bc_dagger_rounds applies to a run with a BC warm start (bc, bc+gigpo, bc+ppo, echoppo, "
-                             f"echorl with bc_warm_start), got bc_dagger_rounds={self.bc_dagger_rounds!r} with "
-                             f"method={self.method!r}")
+        for name in ("bc_noise", "bc_dagger_rounds"):
+            v = getattr(self, name)
+            if v and (spec.warm_start == "oracle" or not spec.warm_starts(self)):
+                raise ValueError(f"{name} applies to a run with a BC warm start (bc, bc+gigpo, bc+ppo, echoppo, "
+                                 f"echorl with bc_warm_start), got {name}={v!r} with method={self.method!r}")
         if not isinstance(self.bc_warm_start, bool):
             raise ValueError(f"bc_warm_start must be True or False, got bc_warm_start={self.bc_warm_start!r}")
         if self.bc_warm_start and not (spec.warm_start == "bc_warm_start" and learner.name == "gigpo"):

@@ -71,10 +71,10 @@ def collect_expert_states(make_env: Callable[[], LLMObservationWrapper], episode
             while not done:
                 expert = info.get("expert_action")
                 adm = env.get_wrapper_attr("slot_texts")()
-                if (expert is None or expert not in adm) and noisy:
-                    unlabelled += 1
-                    break
                 if expert is None or expert not in adm:
+                    if noisy:
+                        unlabelled += 1
+                        break
                     raise ValueError(f"no admissible expert action at step {info.get('step')} of episode {ep}: "
                                      f"expert_action={expert!r}")
                 a = adm.index(expert)

@@ -51,8 +51,6 @@ class BCConfig:
         v = self.dagger_rounds
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 9:
             raise ValueError(f"bc_dagger_rounds must be an int in 0..9, got bc_dagger_rounds={v!r}")
-        if isinstance(self.noise, bool) or not isinstance(self.noise, (int, float)) or not 0 <= self.noise < 1:
-            raise ValueError(f"bc_noise must be a number in [0, 1), got bc_noise={self.noise!r}")
         if self.dagger_episodes > 1000:
             raise ValueError(f"bc_dagger_episodes must be <= 1000 (seeds per round), got "
                              f"bc_dagger_episodes={self.dagger_episodes}")
