@@ -55,7 +55,7 @@ def run_folder(study: str, seed: int) -> Path:
 def _command(recipe: str, seed: int, out: Path, extra: list[str]) -> list[str]:
     cmd = [sys.executable, "-m", "echorl_agent.cli", "train-llm", "--recipe", recipe, "--seed", str(seed),
            "--out", str(out), "--checkpoint-every", "1", "--quiet", *extra]
-    if (out / "checkpoint").exists():
+    if (out / "checkpoint").exists() or (out / "bc_stage").exists():  # cut in RL, or during its BC warm start
         cmd.append("--resume")
     return cmd
 

@@ -79,7 +79,10 @@ def test_run_command_resumes_from_a_checkpoint(study, tmp_path):
     out = tmp_path / "seed3"
     cmd = study._command("gotolocal-sft-rl", 3, out, ["--train-steps", "64"])
     assert cmd[2:6] == ["echorl_agent.cli", "train-llm", "--recipe", "gotolocal-sft-rl"] and "--resume" not in cmd
-    (out / "checkpoint").mkdir(parents=True)
+    (out / "bc_stage").mkdir(parents=True)  # cut during its BC warm start
+    assert study._command("gotolocal-sft-rl", 3, out, [])[-1] == "--resume"
+    (out / "bc_stage").rmdir()
+    (out / "checkpoint").mkdir()
     assert study._command("gotolocal-sft-rl", 3, out, [])[-1] == "--resume"
 
 

@@ -50,11 +50,14 @@ import torch
 
 from echorl_agent.replay.serialization import pid_alive
 
-__all__ = ["CHECKPOINT", "RESUMABLE_FIELDS", "check_config", "load_policy", "load_pt", "load_replay",
+__all__ = ["BC_STAGE", "CHECKPOINT", "RESUMABLE_FIELDS", "check_config", "load_policy", "load_pt", "load_replay",
            "open_checkpoint", "read_checkpoint", "rng_state", "save_policy", "set_rng_state", "write_checkpoint"]
 
 CHECKPOINT = "checkpoint"
 """The checkpoint folder's name inside the output folder."""
+BC_STAGE = "bc_stage"
+"""The BC warm start's own checkpoint folder (after every epoch, until RL writes :data:`CHECKPOINT`):
+:mod:`~echorl_agent.llm_rl.algorithms.bc.warm_start`."""
 RESUMABLE_FIELDS = ("train_steps", "checkpoint_every", "out", "progress", "eval_episodes", "eval_every", "env_urls",
                     "env_step_timeout_s", "backend", "rollout_workers", "max_policy_lag")
 """Config fields a resumed run may change (a longer budget, another checkpoint period, other env servers or rollout
@@ -79,14 +82,16 @@ def _config_dict(cfg: Any) -> dict[str, Any]:
     return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
 
 
-def write_checkpoint(out: Path, cfg: Any, kind: str, info: dict[str, Any], write_files: Callable[[Path], None]) -> Path:
-    """Write a checkpoint of ``kind`` with ``write_files(folder)``, then swap it in (see the module docstring)."""
+def write_checkpoint(out: Path, cfg: Any, kind: str, info: dict[str, Any], write_files: Callable[[Path], None],
+                     name: str = CHECKPOINT) -> Path:
+    """Write a checkpoint of ``kind`` with ``write_files(folder)``, then swap it in (see the module docstring);
+    ``name``: the folder inside ``out`` (:data:`BC_STAGE` for the BC warm start's)."""
     out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob(".checkpoint.tmp-*"):  # left by a killed save
+    for stale in out.glob(f".{name}.tmp-*"):  # left by a killed save
         pid = stale.name.rsplit("-", 1)[-1]
         if not pid.isdigit() or int(pid) == os.getpid() or not pid_alive(int(pid)):
             shutil.rmtree(stale, ignore_errors=True)
-    tmp = out / f".checkpoint.tmp-{os.getpid()}"
+    tmp = out / f".{name}.tmp-{os.getpid()}"
     tmp.mkdir()
     write_files(tmp)
     files = {}
@@ -98,7 +103,7 @@ def write_checkpoint(out: Path, cfg: Any, kind: str, info: dict[str, Any], write
         json.dump(manifest, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
-    final, old = out / CHECKPOINT, out / (CHECKPOINT + ".old")
+    final, old = out / name, out / (name + ".old")
     if final.exists():
         if old.exists():
             shutil.rmtree(old)
@@ -113,21 +118,21 @@ def write_checkpoint(out: Path, cfg: Any, kind: str, info: dict[str, Any], write
     return final
 
 
-def read_checkpoint(out: str | Path) -> tuple[Path, dict[str, Any]]:
-    """The checkpoint folder of ``out`` and its manifest, every file verified (size and SHA-256).
+def read_checkpoint(out: str | Path, name: str = CHECKPOINT) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint folder ``name`` of ``out`` and its manifest, every file verified (size and SHA-256).
 
     Raises:
         FileNotFoundError: ``out`` holds no checkpoint.
         ValueError: a file is missing, truncated or corrupt, or the manifest is not a checkpoint's.
     """
     out = Path(out)
-    path = out / CHECKPOINT
-    if not path.is_dir() and (out / (CHECKPOINT + ".old")).is_dir():
-        path = out / (CHECKPOINT + ".old")
-        warnings.warn(f"{out / CHECKPOINT} is missing but {path} is complete (a save was interrupted while swapping "
+    path = out / name
+    if not path.is_dir() and (out / (name + ".old")).is_dir():
+        path = out / (name + ".old")
+        warnings.warn(f"{out / name} is missing but {path} is complete (a save was interrupted while swapping "
                       "folders): resuming from it", stacklevel=3)
     if not path.is_dir():
-        raise FileNotFoundError(f"no checkpoint to resume from: {out / CHECKPOINT} does not exist (start the run "
+        raise FileNotFoundError(f"no checkpoint to resume from: {out / name} does not exist (start the run "
                                 "without resume, or pass the output folder of the run to continue)")
     mpath = path / _MANIFEST
     try:

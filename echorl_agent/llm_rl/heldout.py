@@ -174,7 +174,8 @@ class HeldOutEval:
     after a BC warm start), ``after`` (the trained policy) and, every ``eval_every`` iterations, points on the way.
 
     Writes ``eval.json`` (summary, paired differences, seeds) and ``eval_episodes.csv`` (one row per episode) into
-    ``out``; a resumed run reads the earlier rows back from ``eval_episodes.csv``.
+    ``out`` (after the ``before`` and ``after_bc`` points too); a resumed run reads those rows back from
+    ``eval_episodes.csv``.
 
     Args:
         cfg: the run's :class:`~echorl_agent.llm_rl.train.LLMTrainConfig` (``eval_episodes``, ``seed``, env).
@@ -240,10 +241,16 @@ class HeldOutEval:
             for env in envs or ():
                 env.close()
         self.episodes = [e for e in self.episodes if e.phase != phase] + got
+        if phase in ("before", "after_bc"):
+            self.write()  # on disk now: a run cut later reads them back when it resumes
         s = summarize(got)
         log.info("held-out %s: %s (%.0f s)", phase, ", ".join(f"{m} {v['success']:.2f}" for m, v in s.items()),
                  time.perf_counter() - t0)
         return s
+
+    def has(self, phase: str) -> bool:
+        """Whether ``phase``'s episodes are in (played, or read back by a resumed run)."""
+        return any(e.phase == phase for e in self.episodes)
 
     def point(self, model: Any, timesteps: int) -> dict[str, float]:
         """A held-out point during training (``eval_every``): both modes' success, RNGs restored."""

@@ -333,10 +333,12 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None, resume: bool = False):
         resume: continue the run whose checkpoint is in ``<cfg.out>/checkpoint/``: ``cfg.train_steps`` counts from
             the start of that run (a finished run is returned as it is, with a warning), curve.csv and gigpo.csv
             keep their earlier rows, TensorBoard goes on at the checkpoint's env step. GiGPO/echorl resume exactly;
-            PPO methods restart the episodes in progress (a warning says so).
+            PPO methods restart the episodes in progress (a warning says so). A run cut during its BC warm start
+            (no ``checkpoint/`` yet) goes on from ``<cfg.out>/bc_stage/`` at the epoch it reached, exactly
+            (:mod:`~echorl_agent.llm_rl.algorithms.bc.stage`).
 
     Raises:
-        FileNotFoundError: ``resume`` and no checkpoint in ``cfg.out``.
+        FileNotFoundError: ``resume`` and no checkpoint (nor BC stage) in ``cfg.out``.
         ValueError: ``resume`` with a corrupt or incomplete checkpoint, or with a config that differs from the
             checkpoint's in anything but ``train_steps``, ``checkpoint_every``, ``out``, ``progress``.
     """
@@ -344,14 +346,21 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None, resume: bool = False):
 
     from echorl_agent.llm_rl import checkpoint as ckpt
     from echorl_agent.llm_rl.algorithms.base import warn_finished
+    from echorl_agent.llm_rl.algorithms.bc.stage import has_stage, open_stage
     from echorl_agent.llm_rl.algorithms.registry import get_method
 
     out = Path(cfg.out) if cfg.out else None
     opened = None
+    in_warm_start = False  # resuming a run cut during its BC warm start (<out>/bc_stage/, no checkpoint/ yet)
     if resume:
         if out is None:
             raise ValueError("resume needs the output folder of the run to continue, got out=None")
-        opened = ckpt.open_checkpoint(out, cfg)  # fails before any model is loaded
+        in_warm_start = not (out / ckpt.CHECKPOINT).is_dir() and not (out / (ckpt.CHECKPOINT + ".old")).is_dir() \
+            and has_stage(out)
+        if in_warm_start:
+            open_stage(out, cfg)  # fails before any model is loaded
+        else:
+            opened = ckpt.open_checkpoint(out, cfg)  # fails before any model is loaded
     elif out is not None and (out / ckpt.CHECKPOINT).is_dir():
         warnings.warn(f"{out / ckpt.CHECKPOINT} holds a checkpoint of an earlier run; this fresh run replaces it at its "
                       "first save (pass resume=True, or --resume, to continue that run instead)", stacklevel=2)
@@ -384,7 +393,7 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None, resume: bool = False):
                 warn_finished(cfg, trainer.num_timesteps)
                 return trainer.model
         else:
-            trainer.start(method.warm_starts(cfg))
+            trainer.start(method.warm_starts(cfg), resume=in_warm_start)
         trainer.train(cfg.train_steps)
     finally:
         if trainer is not None:

@@ -63,13 +63,16 @@ class MethodTrainer(Protocol):
         """Whether nothing is left to train for ``run.train_steps`` (a resumed, finished run)."""
         ...
 
-    def start(self, warm: bool) -> None:
+    def start(self, warm: bool, resume: bool = False) -> None:
         """A fresh run's first stage: the held-out "before" point, then with ``warm`` the method's warm start
-        (``Method.warm_start``) and the "after_bc" point."""
+        (``Method.warm_start``) and the "after_bc" point. ``resume``: the run was cut during its warm start, which
+        goes on from its stage checkpoint (``<out>/bc_stage/``; a "before" point already played is not played
+        again)."""
         ...
 
-    def warm_start(self) -> None:
-        """The method's warm-start stage before RL (BC on the expert, oracle answers)."""
+    def warm_start(self, resume: bool = False) -> None:
+        """The method's warm-start stage before RL (BC on the expert, oracle answers); ``resume``: from its stage
+        checkpoint where there is one."""
         ...
 
     def train(self, env_steps: int) -> None:

@@ -99,8 +99,8 @@ def collect_expert_states(make_env: Callable[[], LLMObservationWrapper], episode
 
 def behaviour_clone(policy, data: ExpertData, epochs: int = 3, batch_size: int = 16, seed: int = 0,
                     progress: bool = False, on_epoch: Callable[[int, float], None] | None = None,
-                    cache: dict[bytes, Any] | None = None) -> list[float]:
-    """Minimise ``-log pi(a* | s)`` over the expert states; returns the mean loss of every epoch.
+                    cache: dict[bytes, Any] | None = None, epochs_done: int = 0) -> list[float]:
+    """Minimise ``-log pi(a* | s)`` over the expert states; returns the mean loss of every epoch it ran.
 
     The states are scored once by the rollout engine (activations captured), then every epoch runs the learner's
     forward from those activations. The engine gets the new weights at the end.
@@ -109,10 +109,17 @@ def behaviour_clone(policy, data: ExpertData, epochs: int = 3, batch_size: int =
     and new ones added. A record's captured activations are those of the frozen layers, which no update changes, so
     a cached record gives the learner exactly what a fresh one would (BC reads nothing else from it). Ignored with
     soft plan tokens (their windows follow the weights).
+
+    ``epochs_done`` (a resumed BC stage, :mod:`~echorl_agent.llm_rl.algorithms.bc.stage`): the first epochs already
+    ran on ``policy``'s weights; their shuffles are drawn and skipped, and epochs ``epochs_done .. epochs - 1`` run.
     """
     if epochs < 1 or batch_size < 1:
         raise ValueError(f"epochs and batch_size must be >= 1, got epochs={epochs}, batch_size={batch_size}")
+    if not 0 <= epochs_done < epochs:
+        raise ValueError(f"epochs_done must be in 0..epochs - 1, got epochs_done={epochs_done}, epochs={epochs}")
     rng = np.random.default_rng(seed)
+    for _ in range(epochs_done):
+        rng.permutation(len(data.actions))
     if policy.plan is not None:
         cache = None
     keys = [policy._key(row) for row in data.observations] if cache is not None else []
@@ -132,11 +139,11 @@ def behaviour_clone(policy, data: ExpertData, epochs: int = 3, batch_size: int =
         records = [cache[k] for k in keys]
     policy.set_training_mode(True)
     losses: list[float] = []
-    it = range(epochs)
+    it = range(epochs_done, epochs)
     if progress:
         from tqdm.auto import tqdm
 
-        it = tqdm(it, desc="BC epochs")
+        it = tqdm(it, desc="BC epochs", initial=epochs_done, total=epochs)
     for epoch in it:
         order = rng.permutation(len(records))
         total = 0.0

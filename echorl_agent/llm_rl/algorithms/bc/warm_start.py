@@ -15,6 +15,7 @@ import torch
 
 from echorl_agent.llm_rl.algorithms.bc.clone import behaviour_clone, collect_expert_states
 from echorl_agent.llm_rl.algorithms.bc.dagger import collect_policy_states, dagger_seed, merge_data
+from echorl_agent.llm_rl.algorithms.bc.stage import BCStage, has_stage, load_stage, save_stage
 
 __all__ = ["BCConfig", "bc_warm_start"]
 
@@ -62,58 +63,80 @@ class BCConfig:
                    dagger_episodes=run.bc_dagger_episodes, noise=run.bc_noise)
 
 
-def bc_warm_start(run: Any, policy: Any, out: Path | None, progress: Any = None) -> None:
+def bc_warm_start(run: Any, policy: Any, out: Path | None, progress: Any = None, resume: bool = False) -> None:
     """Clone ``run.bc_episodes`` expert episodes into ``policy`` at ``bc_learning_rate``, then set the optimizer back
-    to the run's ``learning_rate``; writes ``<out>/bc.json`` (losses of every epoch, the expert's transitions, episodes and wins, per DAgger
-    round the policy's success and the states it added, seconds).
-    ``progress``: the run's :class:`~echorl_agent.llm_rl.progress.RunProgress` (a live BC stage)."""
+    to the run's ``learning_rate``; writes ``<out>/bc.json`` (losses of every epoch, the expert's transitions,
+    episodes and wins, per DAgger round the policy's success and the states it added, seconds) and, after every
+    epoch, ``<out>/bc_stage/`` (:mod:`~echorl_agent.llm_rl.algorithms.bc.stage`).
+    ``progress``: the run's :class:`~echorl_agent.llm_rl.progress.RunProgress` (a live BC stage).
+    ``resume``: continue from ``<out>/bc_stage/`` where there is one (the run was cut during its BC stage)."""
     from echorl_agent.llm_rl.rollout import make_choice_env
 
     bc = BCConfig.from_run(run)
     t0 = time.perf_counter()
-    data = collect_expert_states(lambda: make_choice_env(run.env_id, run.history, run.max_episode_steps,
-                                                         run.env_kwargs),
-                                 bc.episodes, seed=10_000 + run.seed, noise=bc.noise)
-    for g in policy.optimizer.param_groups:
-        g["lr"] = bc.learning_rate or run.learning_rate
+    make_env = lambda: make_choice_env(run.env_id, run.history, run.max_episode_steps, run.env_kwargs)  # noqa: E731
+    gen = torch.Generator().manual_seed(run.seed)
+    stage = None
+    if resume and out is not None and has_stage(out):
+        stage = load_stage(out, run, policy, gen)
+        log.info("BC stage resumed at round %d, epoch %d of %d", stage.round, stage.epochs, bc.epochs)
+    else:
+        data = collect_expert_states(make_env, bc.episodes, seed=10_000 + run.seed, noise=bc.noise)
+        for g in policy.optimizer.param_groups:
+            g["lr"] = bc.learning_rate or run.learning_rate
+        stage = BCStage(0, 0, data, [], expert={"transitions": len(data.actions), "expert_wins": data.successes,
+                                                "deviations": data.deviations, "unlabelled": data.unlabelled})
+    spent = stage.seconds
     live = progress is not None and progress.enabled
     if live:
-        progress.stage(f"BC ({data.episodes} expert episodes, {len(data.actions)} states x {bc.epochs} epochs)",
-                       total=len(data.actions) * bc.epochs, unit="state", counting="learner_rows")
         progress.attach(policy)
     cache: dict | None = {} if bc.dagger_rounds else None  # DAgger re-clones a growing set: score each state once
-    clone = lambda d: behaviour_clone(  # noqa: E731
-        policy, d, epochs=bc.epochs, batch_size=bc.batch_size or run.batch_size, seed=run.seed, cache=cache,
-        progress=run.progress and not live,
-        on_epoch=(lambda e, loss: progress.update(0, epoch=e + 1, loss=loss)) if live else None)
-    losses = clone(data)
-    expert_states, expert_wins = len(data.actions), data.successes
-    deviations, unlabelled = data.deviations, data.unlabelled
-    rounds = []
-    gen = torch.Generator().manual_seed(run.seed)
-    for k in range(1, bc.dagger_rounds + 1):
+
+    def epoch_done(e: int, loss: float) -> None:
+        stage.epochs = e + 1
+        stage.losses.append(loss)
+        stage.seconds = spent + time.perf_counter() - t0
+        if out is not None:
+            save_stage(out, run, policy, stage, gen)
         if live:
-            progress.stage(f"DAgger round {k}: the policy plays {bc.dagger_episodes} episodes", unit="state",
-                           counting="env_steps")
-        seeds = [dagger_seed(run.seed, k, ep) for ep in range(bc.dagger_episodes)]
-        got = collect_policy_states(policy, lambda: make_choice_env(run.env_id, run.history, run.max_episode_steps,
-                                                                    run.env_kwargs), seeds, n_envs=max(run.n_envs, 16),
-                                    generator=gen)
-        data = merge_data(data, got.data)
+            progress.update(0, epoch=e + 1, loss=loss)
+
+    def clone(title: str) -> None:
+        n = len(stage.data.actions)
+        if stage.epochs == bc.epochs:  # resumed after the clone's last epoch: what behaviour_clone does at its end
+            policy.sync_engine()
+            return
         if live:
-            progress.stage(f"DAgger round {k}: BC on {len(data.actions)} states x {bc.epochs} epochs",
-                           total=len(data.actions) * bc.epochs, unit="state", counting="learner_rows")
-        losses += clone(data)
-        rounds.append({"round": k, "policy_success": got.success, "policy_steps": got.steps,
-                       "labelled": len(got.data.actions), "unlabelled": got.unlabelled,
-                       "states": len(data.actions), "loss": losses[-1]})
-        log.info("DAgger round %d: the policy won %.3f of %d episodes; %d states now", k, got.success,
-                 bc.dagger_episodes, len(data.actions))
+            progress.stage(title, total=n * bc.epochs, initial=n * stage.epochs, unit="state", counting="learner_rows")
+        behaviour_clone(policy, stage.data, epochs=bc.epochs, batch_size=bc.batch_size or run.batch_size,
+                        seed=run.seed, cache=cache, progress=run.progress and not live, on_epoch=epoch_done,
+                        epochs_done=stage.epochs)
+
+    if stage.round == 0:
+        clone(f"BC ({stage.data.episodes} expert episodes, {len(stage.data.actions)} states x {bc.epochs} epochs)")
+    for k in range(max(stage.round, 1), bc.dagger_rounds + 1):
+        if k > stage.round:  # the policy plays this round's episodes
+            if live:
+                progress.stage(f"DAgger round {k}: the policy plays {bc.dagger_episodes} episodes", unit="state",
+                               counting="env_steps")
+            seeds = [dagger_seed(run.seed, k, ep) for ep in range(bc.dagger_episodes)]
+            got = collect_policy_states(policy, make_env, seeds, n_envs=max(run.n_envs, 16), generator=gen)
+            stage.data = merge_data(stage.data, got.data)
+            stage.round, stage.epochs = k, 0
+            stage.rounds.append({"round": k, "policy_success": got.success, "policy_steps": got.steps,
+                                 "labelled": len(got.data.actions), "unlabelled": got.unlabelled,
+                                 "states": len(stage.data.actions), "loss": None})
+        clone(f"DAgger round {k}: BC on {len(stage.data.actions)} states x {bc.epochs} epochs")
+        stage.rounds[-1]["loss"] = stage.losses[-1]
+        log.info("DAgger round %d: the policy won %.3f of %d episodes; %d states now", k,
+                 stage.rounds[-1]["policy_success"], bc.dagger_episodes, len(stage.data.actions))
     for g in policy.optimizer.param_groups:
         g["lr"] = run.learning_rate
     if out is not None:
-        (out / "bc.json").write_text(json.dumps({"losses": losses, "transitions": expert_states,
-                                                 "episodes": bc.episodes, "expert_wins": expert_wins,
-                                                 **({"noise": bc.noise, "deviations": deviations, "unlabelled": unlabelled} if bc.noise else {}),
-                                                 **({"dagger": rounds} if rounds else {}),
-                                                 "seconds": round(time.perf_counter() - t0, 1)}))
+        x = stage.expert
+        (out / "bc.json").write_text(json.dumps({"losses": stage.losses, "transitions": x["transitions"],
+                                                 "episodes": bc.episodes, "expert_wins": x["expert_wins"],
+                                                 **({"noise": bc.noise, "deviations": x["deviations"],
+                                                     "unlabelled": x["unlabelled"]} if bc.noise else {}),
+                                                 **({"dagger": stage.rounds} if stage.rounds else {}),
+                                                 "seconds": round(spent + time.perf_counter() - t0, 1)}))

@@ -105,19 +105,19 @@ class GiGPORun:
         gigpo_ckpt.load_gigpo(self.model, checkpoint)  # the weights after the BC warm start are in it
         self.resumed = True
 
-    def start(self, warm: bool) -> None:
+    def start(self, warm: bool, resume: bool = False) -> None:
         ev, trainer = self.heldout, self.model
         if warm:
-            if ev is not None:
+            if ev is not None and not (resume and ev.has("before")):
                 ev.run(trainer, "before")
-            self.warm_start()
+            self.warm_start(resume)
             if ev is not None:  # the start of RL, evaluated as benchmarks/gigpo_signal.py does (its generator draws)
                 ev.run(trainer, "after_bc", keep_rng=True)
         elif ev is not None:
             ev.run(trainer, "before", keep_rng=True)
 
-    def warm_start(self) -> None:
-        bc_warm_start(self.run, self.model.policy, self.out, self.progress)
+    def warm_start(self, resume: bool = False) -> None:
+        bc_warm_start(self.run, self.model.policy, self.out, self.progress, resume)
 
     def _rl_stage(self) -> None:
         self.progress.stage(f"{self.run.method} RL", total=self.run.train_steps, initial=self.model.num_timesteps,

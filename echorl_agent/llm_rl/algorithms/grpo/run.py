@@ -55,8 +55,8 @@ class GRPORun:
     def load(self, checkpoint: tuple[Path, dict[str, Any]]) -> None:
         self.warm = grpo_ckpt.load_grpo(self.model, checkpoint)
 
-    def start(self, warm: bool) -> None:
-        ev = self.heldout
+    def start(self, warm: bool, resume: bool = False) -> None:
+        ev = self.heldout  # GRPO's warm start (oracle answers) has no stage checkpoint: ``resume`` never comes here
         if ev is not None:
             ev.run(self.model, "before")
         if warm:
@@ -64,7 +64,7 @@ class GRPORun:
             if ev is not None and self.warm and self.steps_for(self.run.train_steps):
                 ev.run(self.model, "after_bc")
 
-    def warm_start(self) -> None:
+    def warm_start(self, resume: bool = False) -> None:
         run = self.run
         first = 20_000 + 1000 * run.seed
         self.warm = self.model.warm_start(list(range(first, first + run.bc_episodes)),

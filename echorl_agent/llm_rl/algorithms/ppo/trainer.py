@@ -83,18 +83,18 @@ class PPORun:
         self.resumed = True
         self.vec.seed(self.run.seed + self.model.num_timesteps)  # new episodes, not a replay of the run's first ones
 
-    def start(self, warm: bool) -> None:
+    def start(self, warm: bool, resume: bool = False) -> None:
         ev = self.heldout
-        if ev is not None:
+        if ev is not None and not (resume and ev.has("before")):
             ev.run(self.model, "before")
         if warm:
-            self.warm_start()
+            self.warm_start(resume)
             if ev is not None and self.method.rl:
                 ev.run(self.model, "after_bc")
 
-    def warm_start(self) -> None:
+    def warm_start(self, resume: bool = False) -> None:
         # PPO's own schedule sets the learning rate again at every update
-        bc_warm_start(self.run, self.model.policy, self.out, self.progress)
+        bc_warm_start(self.run, self.model.policy, self.out, self.progress, resume)
 
     def train(self, env_steps: int) -> None:
         run, model, out = self.run, self.model, self.out
