@@ -96,12 +96,13 @@ def _finished(folder: Path) -> bool:
     return path.is_file() and "after" in json.loads(path.read_text())
 
 
-def summarize_seed(folder: Path, seed: int) -> dict:
-    """One seed's compact row (see the module docstring)."""
+def summarize_seed(folder: Path, seed: int, prefix: str = "eval") -> dict:
+    """One seed's compact row (see the module docstring); ``prefix``: the held-out files it reads
+    (``<prefix>_episodes.csv``: ``eval`` the run's own, another an ``echorl eval-llm --prefix`` evaluation)."""
     from echorl_agent.eval.runner import cpu_name
     from echorl_agent.llm_rl.heldout import read_episodes
 
-    episodes = read_episodes(folder / "eval_episodes.csv")
+    episodes = read_episodes(folder / f"{prefix}_episodes.csv")
     code: dict[str, int] = {}
     phases: dict[str, dict] = {}
     for phase in PHASES:
@@ -157,15 +158,18 @@ def _iterations(folder: Path) -> list[list[float]]:
     return []
 
 
-def summarize(study: str, out: Path | None = None) -> Path:
+def summarize(study: str, out: Path | None = None, prefix: str = "eval") -> Path:
     """Write the summary of every finished seed under ``runs/studies/<study>``; rows already in the summary for seeds
-    whose run folder is gone (a study that spans sessions) are kept."""
-    folders = sorted(p for p in (RUNS / study).glob("seed*") if _finished(p))
-    out = out or RESULTS / f"{study}.jsonl"
+    whose run folder is gone (a study that spans sessions) are kept. ``prefix`` other than ``eval``: the seeds'
+    ``echorl eval-llm --prefix`` evaluations instead (into ``<study>-<prefix>.jsonl`` by default)."""
+    folders = sorted(p for p in (RUNS / study).glob("seed*")
+                     if _finished(p) and (prefix == "eval" or (p / f"{prefix}_episodes.csv").is_file()))
+    out = out or RESULTS / (f"{study}.jsonl" if prefix == "eval" else f"{study}-{prefix}.jsonl")
     rows = {r["seed"]: r for r in load(study, out)} if out.is_file() else {}
-    rows.update({int(p.name[4:]): summarize_seed(p, int(p.name[4:])) for p in folders})
+    rows.update({int(p.name[4:]): summarize_seed(p, int(p.name[4:]), prefix) for p in folders})
     if not rows:
-        raise SystemExit(f"no finished run under {RUNS / study} (a run is finished when its eval.json has 'after')")
+        raise SystemExit(f"no finished run under {RUNS / study} (a run is finished when its eval.json has 'after')"
+                         + ("" if prefix == "eval" else f" with {prefix}_episodes.csv"))
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w") as f:
         for seed in sorted(rows):
@@ -327,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("summarize", help="run folders -> benchmarks/results/<study>.jsonl")
     s.add_argument("--study", required=True)
     s.add_argument("--out", type=Path)
+    s.add_argument("--prefix", default="eval",
+                   help="the held-out files to read: eval (the runs' own) or an `echorl eval-llm --prefix` name")
     t = sub.add_parser("table", help="the outcome tables from the summary")
     t.add_argument("--study", required=True)
     t.add_argument("--summary", type=Path)
@@ -351,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         plot(args.study, args.out, args.label)
         return 0
     if args.cmd == "summarize":
-        summarize(args.study, args.out)
+        summarize(args.study, args.out, args.prefix)
         return 0
     if args.cmd == "compare":
         print(compare(load(args.study), load(args.reference), args.phase, args.reference_phase or args.phase))

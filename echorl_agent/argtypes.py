@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["json_object"]
+__all__ = ["again_prefix", "json_object"]
 
 #: Longest value quoted back in an error message (a pasted file would drown the message).
 _SHOWN = 200
@@ -77,3 +77,15 @@ def json_object(example: str, what: str = "a JSON object") -> Callable[[str], di
 
     convert.__name__ = "JSON object"  # argparse's fallback message ("invalid JSON object value") uses it
     return convert
+
+
+def again_prefix(value: str) -> str:
+    """An argparse ``type=`` for ``echorl eval-llm --prefix``: a file stem of letters, digits, ``_`` and ``-`` that
+    is not ``eval`` (the run's own ``eval.json`` stays as the run wrote it)."""
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a file stem (letters, digits, '_' and '-'; e.g. "
+                                         "'eval_templates')")
+    if value == "eval":
+        raise argparse.ArgumentTypeError("'eval' is the run's own evaluation; pick another name, e.g. "
+                                         "'eval_templates'")
+    return value

@@ -30,7 +30,7 @@ import time
 import warnings
 from pathlib import Path
 
-from echorl_agent.argtypes import json_object
+from echorl_agent.argtypes import again_prefix, json_object
 
 __all__ = ["main", "demo_config"]
 
@@ -321,19 +321,37 @@ def cmd_eval_llm(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"echorl eval-llm: {e}") from e
     episodes = args.episodes if args.episodes is not None else saved.get("eval_episodes") or 20
-    cfg = LLMTrainConfig(**{**saved, "eval_episodes": episodes, "eval_every": 0, "progress": not args.quiet})
+    over = {"eval_episodes": episodes, "eval_every": 0, "progress": not args.quiet}
+    if args.eval_env_kwargs is not None:
+        over["eval_env_kwargs"] = args.eval_env_kwargs
+    cfg = LLMTrainConfig(**{**saved, **over})
+    stage = None
+    if args.bc_start:
+        from echorl_agent.llm_rl.algorithms.bc.stage import open_stage
+
+        try:  # checked against the run's own config: the one the stage was written under
+            stage = open_stage(run, LLMTrainConfig(**saved))
+        except (ValueError, FileNotFoundError) as e:
+            raise SystemExit(f"echorl eval-llm --bc-start: {e} (the run's BC stage keeps its imitation start)") from e
     prog = RunProgress(not args.quiet)
     if hasattr(model, "policy"):
         prog.attach(model.policy)
-    ev = HeldOutEval(cfg, run, progress=prog)
-    if (run / "eval_episodes.csv").exists():  # the run's own "before" episodes pair with these
-        ev.episodes = [e for e in read_episodes(run / "eval_episodes.csv") if e.phase in ("before", "after_bc")
-                       and e.seed in set(ev.seeds)]
+    prefix = args.prefix
+    ev = HeldOutEval(cfg, run, progress=prog, prefix=prefix)
+    if (run / "eval_episodes.csv").exists() and args.eval_env_kwargs is None:
+        # the run's own "before" (and, without --bc-start, "after_bc") episodes are on these instances: they pair
+        ev.episodes = [e for e in read_episodes(run / "eval_episodes.csv") if e.seed in set(ev.seeds)
+                       and (e.phase == "before" or (e.phase == "after_bc" and stage is None))]
     ev.run(model, "after", keep_rng=True)
+    if stage is not None:
+        from echorl_agent.llm_rl.checkpoint import load_policy
+
+        load_policy(model.policy, stage[0], None)  # the weights at the end of BC
+        ev.run(model, "after_bc", keep_rng=True)
     prog.close()
-    ev.write(prefix="eval_again")
-    _, line = finish(run, prefix="eval_again")
-    print(f"wrote {run}/: eval_again.json, eval_again_episodes.csv")
+    ev.write()
+    _, line = finish(run, prefix=prefix)
+    print(f"wrote {run}/: {prefix}.json, {prefix}_episodes.csv")
     print(line)
     return 0
 
@@ -632,6 +650,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("run_dir", metavar="RUN_DIR", help="the --out folder of a finished train-llm run")
     s.add_argument("--episodes", type=int, default=None,
                    help="held-out instances per mode (default: the run's --eval-episodes, else 20)")
+    s.add_argument("--eval-env-kwargs", type=json_object('{"split": "valid_unseen_templates"}'),
+                   help="JSON of gym.make arguments of the held-out env, merged over the run's --env-kwargs "
+                        "(default: the run's own held-out env); the run's own episodes then pair with nothing")
+    s.add_argument("--bc-start", action="store_true",
+                   help="also play the run's imitation start (the weights at the end of its BC warm start, kept in "
+                        "RUN_DIR/bc_stage/) as 'after_bc' on the same instances: the verdict reads BC -> RL")
+    s.add_argument("--prefix", default="eval_again", type=again_prefix,
+                   help="name of the files written into RUN_DIR (default: eval_again)")
     s.add_argument("--quiet", action="store_true", help="no progress bars")
     s.set_defaults(func=cmd_eval_llm)
 

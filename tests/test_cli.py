@@ -214,7 +214,8 @@ def test_every_json_flag_parses_json_and_its_errors_name_the_flag_the_value_and_
     flags = _json_flags()
     assert ("train-llm", "--gigpo-kwargs") in flags and ("serve-env", "--env-kwargs") in flags and len(flags) >= 8
     for name, flag in flags:
-        required = {"train-llm": ["--task", "T"], "record": ["--task", "T"], "serve-env": ["--task", "T"]}
+        required = {"train-llm": ["--task", "T"], "record": ["--task", "T"], "serve-env": ["--task", "T"],
+                    "eval-llm": ["RUN_DIR"]}
         base = [name, *required.get(name, [])]
         args = cli.build_parser().parse_args([*base, flag, '{"a": [1, 2]}'])
         assert getattr(args, flag[2:].replace("-", "_")) == {"a": [1, 2]}, (name, flag)

@@ -265,3 +265,31 @@ def test_held_out_points_leave_training_unchanged(lm_and_state, tmp_path):
     assert any(float(r["num_samples"]) > 0 for r in rows[0])  # something was learned, so the comparison can fail
     points = [r for r in _rows(tmp_path / "e1" / "curve.csv") if r["heldout_greedy_success"] != ""]
     assert len(points) == len(rows[1]) >= 2
+
+
+def test_eval_llm_plays_the_bc_start_again_and_another_split_under_its_own_name(gigpo_run, lm_and_state,
+                                                                                monkeypatch, capsys):
+    run, _, _ = gigpo_run
+    lm, state = lm_and_state
+    _with_lm(monkeypatch, lm, state)
+    own = (run / "eval.json").read_text()
+    _cli("eval-llm", str(run), "--bc-start", "--prefix", "eval_bc", "--quiet")
+    mine = _rows(run / "eval_bc_episodes.csv")
+    theirs = _rows(run / "eval_episodes.csv")
+    for phase in ("after", "after_bc"):  # greedy: the same weights on the same instances play the same episodes
+        pick = lambda rows: [r for r in rows if r["phase"] == phase and r["mode"] == "greedy"]  # noqa: E731
+        assert pick(mine) == pick(theirs) and len(pick(mine)) == 2, phase
+    assert json.loads((run / "eval_bc.json").read_text())["paired_rl"]["greedy"]["episodes"] == 2
+
+    _cli("eval-llm", str(run), "--eval-env-kwargs", '{"env_kwargs": {"size": 6}}', "--prefix", "eval_goal", "--quiet")
+    res = json.loads((run / "eval_goal.json").read_text())  # held out in a 6x6 room
+    assert res["env_kwargs"] == {"env_kwargs": {"size": 6}} and "paired" not in res  # nothing of the run's own pairs with it
+    assert {r["phase"] for r in _rows(run / "eval_goal_episodes.csv")} == {"after"}
+    assert (run / "eval.json").read_text() == own  # the run's own evaluation is left as it was
+
+    from echorl_agent import cli
+
+    for bad in ("eval", "../x"):
+        with pytest.raises(SystemExit):
+            cli.main(["eval-llm", str(run), "--prefix", bad])
+        assert "--prefix" in capsys.readouterr().err

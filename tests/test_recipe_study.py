@@ -155,3 +155,21 @@ def test_levels_report_the_mean_over_seeds_with_its_bootstrap(study):
     text = study.levels(rows)
     assert f"| sampled | 3 | {m:.3f} [{lo:.3f}, {hi:.3f}] | 0.500 – 1.000 |" in text and "greedy" not in text
     assert m == pytest.approx(0.75) and lo < 0.75 < hi
+
+
+def test_an_eval_llm_evaluation_summarizes_into_its_own_file(study):
+    wins = {("after_bc", m): "0011" for m in ("sampled", "greedy")} | {("after", m): "0111" for m in ("sampled", "greedy")}
+    _run(study.RUNS / "s" / "seed7", 7, wins)
+    _run(study.RUNS / "s" / "seed8", 8, wins)
+    seed7 = study.RUNS / "s" / "seed7"  # `echorl eval-llm --prefix eval_templates` on seed 7 only
+    (seed7 / "eval_episodes.csv").rename(seed7 / "own.csv")
+    _run(study.RUNS / "t" / "seed7", 7, {("after_bc", "greedy"): "1000", ("after", "greedy"): "1100"})
+    (study.RUNS / "t" / "seed7" / "eval_episodes.csv").rename(seed7 / "eval_templates_episodes.csv")
+    (seed7 / "own.csv").rename(seed7 / "eval_episodes.csv")
+    path = study.summarize("s", prefix="eval_templates")
+    assert path.name == "s-eval_templates.jsonl"
+    rows = study.load("s", path)
+    assert [r["seed"] for r in rows] == [7]
+    assert {ph: set(v) for ph, v in rows[0]["phases"].items()} == {"after_bc": {"greedy"}, "after": {"greedy"}}
+    assert [rows[0]["phases"][ph]["greedy"]["won"] for ph in ("after_bc", "after")] == ["1000", "1100"]
+    assert study.load("s", study.summarize("s"))[0]["phases"]["after"]["sampled"]["won"] == "0111"  # its own, apart

@@ -182,10 +182,13 @@ class HeldOutEval:
         out: the run's output folder (None: keep the results in memory only).
         progress: the run's :class:`~echorl_agent.llm_rl.progress.RunProgress` (a bar per evaluation), or None.
         resume: the run continues from its checkpoint: read its earlier ``before`` / ``after_bc`` rows.
+        prefix: the files' names, ``<prefix>.json`` and ``<prefix>_episodes.csv`` (``echorl eval-llm``: another
+            name, so that the run's own stay as they are).
     """
 
-    def __init__(self, cfg: Any, out: Path | None, progress: Any = None, resume: bool = False) -> None:
-        self.cfg, self.out, self.progress = cfg, out, progress
+    def __init__(self, cfg: Any, out: Path | None, progress: Any = None, resume: bool = False,
+                 prefix: str = "eval") -> None:
+        self.cfg, self.out, self.progress, self.prefix = cfg, out, progress, prefix
         self.free_text = cfg.learner == "grpo"
         self.seeds = held_out_seeds(cfg.seed, cfg.eval_episodes, self.free_text)
         self.env_kwargs = {**cfg.env_kwargs, **getattr(cfg, "eval_env_kwargs", {})}
@@ -277,9 +280,10 @@ class HeldOutEval:
             res["env_steps"] = int(env_steps)
         return res
 
-    def write(self, env_steps: int | None = None, prefix: str = "eval") -> dict[str, Any]:
-        """Write ``<prefix>.json`` and ``<prefix>_episodes.csv`` (if the run has an output folder); returns the
-        result."""
+    def write(self, env_steps: int | None = None, prefix: str | None = None) -> dict[str, Any]:
+        """Write ``<prefix>.json`` and ``<prefix>_episodes.csv`` (if the run has an output folder; ``prefix``
+        defaults to the evaluation's); returns the result."""
+        prefix = prefix or self.prefix
         res = self.result(env_steps)
         if self.out is None:
             return res
