@@ -277,8 +277,8 @@ def test_eval_llm_plays_the_bc_start_again_and_another_split_under_its_own_name(
     mine = _rows(run / "eval_bc_episodes.csv")
     theirs = _rows(run / "eval_episodes.csv")
     for phase in ("after", "after_bc"):  # greedy: the same weights on the same instances play the same episodes
-        pick = lambda rows: [r for r in rows if r["phase"] == phase and r["mode"] == "greedy"]  # noqa: E731
-        assert pick(mine) == pick(theirs) and len(pick(mine)) == 2, phase
+        a, b = ([r for r in rows if r["phase"] == phase and r["mode"] == "greedy"] for rows in (mine, theirs))
+        assert a == b and len(a) == 2, phase
     assert json.loads((run / "eval_bc.json").read_text())["paired_rl"]["greedy"]["episodes"] == 2
 
     _cli("eval-llm", str(run), "--eval-env-kwargs", '{"env_kwargs": {"size": 6}}', "--prefix", "eval_goal", "--quiet")
