@@ -55,6 +55,20 @@ def _train(lm, cfg, resume=False):
     return {k: v.clone() for k, v in lm.trainable_state().items()}
 
 
+def _cut_at_first_save(lm, cfg, monkeypatch):
+    """Run ``cfg`` until its BC stage's first save, then cut it; returns the real save (to put back)."""
+    real_save = bc_stage.save_stage
+
+    def save_then_cut(*a):
+        real_save(*a)
+        raise Cut
+
+    monkeypatch.setattr(warm_start, "save_stage", save_then_cut)
+    with pytest.raises(Cut):
+        _train(lm, cfg)
+    return real_save
+
+
 @pytest.fixture
 def fresh(lm):
     """Give every run the pretrained adapter back (the module's runs share one loaded LM)."""
@@ -119,15 +133,7 @@ def test_a_held_out_before_point_is_kept_and_not_played_again(lm, fresh, tmp_pat
     from echorl_agent.llm_rl import heldout
 
     out = tmp_path / "run"
-    real_save = bc_stage.save_stage
-
-    def save_then_cut(*a):
-        real_save(*a)
-        raise Cut
-
-    monkeypatch.setattr(warm_start, "save_stage", save_then_cut)
-    with pytest.raises(Cut):
-        _train(lm, _cfg(out, eval_episodes=2))
+    real_save = _cut_at_first_save(lm, _cfg(out, eval_episodes=2), monkeypatch)
     before = [e for e in heldout.read_episodes(out / "eval_episodes.csv") if e.phase == "before"]
     assert len(before) == 2 * 2  # written as soon as it was played: 2 episodes x 2 modes
 
@@ -146,15 +152,7 @@ def test_a_held_out_before_point_is_kept_and_not_played_again(lm, fresh, tmp_pat
 def test_a_stage_of_another_config_or_with_a_broken_file_is_refused(lm, fresh, tmp_path, monkeypatch):
     from echorl_agent.llm_rl.train import train_llm
 
-    real_save = bc_stage.save_stage
-
-    def save_then_cut(*a):
-        real_save(*a)
-        raise Cut
-
-    monkeypatch.setattr(warm_start, "save_stage", save_then_cut)
-    with pytest.raises(Cut):
-        _train(lm, _cfg(tmp_path))
+    _cut_at_first_save(lm, _cfg(tmp_path), monkeypatch)
     with pytest.raises(ValueError, match="bc_epochs differs"):
         train_llm(_cfg(tmp_path, bc_epochs=3), resume=True)  # refused before any model is loaded
     (tmp_path / "bc_stage" / "stage.pt").write_bytes(b"broken")
