@@ -86,6 +86,7 @@ def test_packed_states_come_back_byte_for_byte():
     np.testing.assert_array_equal(bc_stage._unpack(flat, lengths, 512), rows)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cut_after", [1, 4], ids=["mid-first-clone", "end-of-dagger-round-1"])
 def test_a_run_cut_during_bc_resumes_where_it_was_and_ends_as_the_uncut_run(lm, fresh, tmp_path, monkeypatch,
                                                                            cut_after):
