@@ -51,6 +51,7 @@ import torch
 from echorl_agent.replay.serialization import pid_alive
 
 __all__ = ["BC_STAGE", "CHECKPOINT", "RESUMABLE_FIELDS", "check_config", "load_policy", "load_pt", "load_replay",
+           "load_run_adapter",
            "open_checkpoint", "read_checkpoint", "rng_state", "save_policy", "set_rng_state", "write_checkpoint"]
 
 CHECKPOINT = "checkpoint"
@@ -252,6 +253,36 @@ def load_policy(policy: Any, folder: Path, weight_version: int | None) -> None:
     elif weight_version is not None:
         # continue the engine's weight-version count (replay staleness counts versions) with an empty cache
         policy.lm.engine.reset_prefix_cache(weight_version)
+
+
+def load_run_adapter(policy: Any, run_dir: str | Path) -> None:
+    """Load the LoRA adapter an earlier run wrote (``<run_dir>/adapter/``, peft's format) into ``policy`` and its
+    engine (``LLMTrainConfig.init_from``).
+
+    Raises:
+        ValueError: no adapter there, or one of another shape (another ``lora_rank``, ``train_layers`` or model),
+            naming the first differing tensor.
+    """
+    from safetensors.torch import load_file
+
+    f = Path(run_dir) / "adapter" / "adapter_model.safetensors"
+    if policy.cfg.lora_rank == 0:
+        raise ValueError(f"init_from={str(run_dir)!r} loads a LoRA adapter; this run trains whole layers "
+                         "(lora_rank=0)")
+    if not f.is_file():
+        raise ValueError(f"init_from={str(run_dir)!r}: {f} is missing (the folder of a finished train-llm run "
+                         "holds adapter/)")
+    state, mine = load_file(str(f)), policy.lm.trainable_state()
+    for name in sorted(set(state) | set(mine)):
+        a, b = state.get(name), mine.get(name)
+        if a is None or b is None or a.shape != b.shape:
+            raise ValueError(f"init_from={str(run_dir)!r}: its adapter does not fit this run's policy ({name}: "
+                             f"{'missing' if a is None else tuple(a.shape)} there, "
+                             f"{'missing' if b is None else tuple(b.shape)} here; same model, lora_rank and "
+                             "train_layers needed)")
+    policy.lm.load_trainable_state(state)  # also pushes the weights to the rollout engine
+    if policy.remote is not None:
+        policy.sync_engine()
 
 
 def load_replay(replay: Any, checkpoint: tuple[Path, dict[str, Any]]) -> None:

@@ -69,6 +69,11 @@ class LLMTrainConfig:
     """DART noise of the BC warm start's expert episodes: the probability that a step executes a uniformly drawn other
     admissible action instead of the expert's; every state keeps the expert's label, so the demonstrations cover the
     states just off the expert's path. 0: the expert's own episodes."""
+    init_from: str | None = None
+    """The output folder of an earlier ``train-llm`` run whose LoRA adapter (``<init_from>/adapter/``) starts this
+    run, in place of the BC warm start (a run with one records the loaded start as its ``after_bc`` point, without
+    cloning) or of the pretrained LM (``before``): BC once, then RL variants from it. Same model, ``lora_rank`` and
+    ``train_layers``; the optimizer starts afresh. None: start as the method says."""
     seed: int = 0
     history: int = 0
     """History window k of the prompts."""
@@ -195,6 +200,14 @@ class LLMTrainConfig:
                                  f"echorl with bc_warm_start), got {name}={v!r} with method={self.method!r}")
         if not isinstance(self.bc_warm_start, bool):
             raise ValueError(f"bc_warm_start must be True or False, got bc_warm_start={self.bc_warm_start!r}")
+        if self.init_from is not None:
+            if not isinstance(self.init_from, str) or not self.init_from:
+                raise ValueError(f"init_from must be the output folder of a train-llm run, got "
+                                 f"init_from={self.init_from!r}")
+            if learner.name == "grpo" or self.bc_noise or self.bc_dagger_rounds:
+                raise ValueError(f"init_from replaces the start of a choice-env run (no BC, noise or DAgger of its "
+                                 f"own), got init_from={self.init_from!r} with method={self.method!r}, "
+                                 f"bc_noise={self.bc_noise!r}, bc_dagger_rounds={self.bc_dagger_rounds!r}")
         if self.bc_warm_start and not (spec.warm_start == "bc_warm_start" and learner.name == "gigpo"):
             raise ValueError(f"bc_warm_start applies to method='echorl' with echorl_learner='gigpo' (the other methods "
                              f"name their warm start: bc+gigpo, bc+ppo, echoppo), got bc_warm_start=True with "
@@ -393,6 +406,8 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None, resume: bool = False):
                 warn_finished(cfg, trainer.num_timesteps)
                 return trainer.model
         else:
+            if cfg.init_from is not None:
+                ckpt.load_run_adapter(trainer.model.policy, cfg.init_from)
             trainer.start(method.warm_starts(cfg), resume=in_warm_start)
         trainer.train(cfg.train_steps)
     finally:
