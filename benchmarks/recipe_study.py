@@ -53,6 +53,9 @@ def run_folder(study: str, seed: int) -> Path:
 
 
 def _command(recipe: str, seed: int, out: Path, extra: list[str]) -> list[str]:
+    """The seed's ``train-llm`` command; ``{seed}`` in a flag after ``--`` becomes the seed (``--init-from
+    runs/studies/OTHER/seed{seed}``: each seed starts from its own run of another study)."""
+    extra = [a.replace("{seed}", str(seed)) for a in extra]
     cmd = [sys.executable, "-m", "echorl_agent.cli", "train-llm", "--recipe", recipe, "--seed", str(seed),
            "--out", str(out), "--checkpoint-every", "1", "--quiet", *extra]
     if (out / "checkpoint").exists() or (out / "bc_stage").exists():  # cut in RL, or during its BC warm start

@@ -79,6 +79,8 @@ def test_run_command_resumes_from_a_checkpoint(study, tmp_path):
     out = tmp_path / "seed3"
     cmd = study._command("gotolocal-sft-rl", 3, out, ["--train-steps", "64"])
     assert cmd[2:6] == ["echorl_agent.cli", "train-llm", "--recipe", "gotolocal-sft-rl"] and "--resume" not in cmd
+    cmd = study._command("gotolocal-sft-rl", 3, out, ["--init-from", "runs/studies/bc/seed{seed}"])
+    assert cmd[-2:] == ["--init-from", "runs/studies/bc/seed3"]  # each seed starts from its own run
     (out / "bc_stage").mkdir(parents=True)  # cut during its BC warm start
     assert study._command("gotolocal-sft-rl", 3, out, [])[-1] == "--resume"
     (out / "bc_stage").rmdir()
