@@ -51,7 +51,7 @@ import torch
 from echorl_agent.replay.serialization import pid_alive
 
 __all__ = ["BC_STAGE", "CHECKPOINT", "RESUMABLE_FIELDS", "check_config", "load_policy", "load_pt", "load_replay",
-           "load_run_adapter",
+           "has_checkpoint", "load_run_adapter",
            "open_checkpoint", "read_checkpoint", "rng_state", "save_policy", "set_rng_state", "write_checkpoint"]
 
 CHECKPOINT = "checkpoint"
@@ -117,6 +117,12 @@ def write_checkpoint(out: Path, cfg: Any, kind: str, info: dict[str, Any], write
     finally:
         os.close(fd)
     return final
+
+
+def has_checkpoint(out: str | Path, name: str = CHECKPOINT) -> bool:
+    """Whether ``out`` holds the checkpoint folder ``name`` (or its ``.old`` from an interrupted swap), complete or
+    not: :func:`read_checkpoint` verifies it."""
+    return (Path(out) / name).is_dir() or (Path(out) / (name + ".old")).is_dir()
 
 
 def read_checkpoint(out: str | Path, name: str = CHECKPOINT) -> tuple[Path, dict[str, Any]]:

@@ -280,10 +280,10 @@ class HeldOutEval:
             res["env_steps"] = int(env_steps)
         return res
 
-    def write(self, env_steps: int | None = None, prefix: str | None = None) -> dict[str, Any]:
-        """Write ``<prefix>.json`` and ``<prefix>_episodes.csv`` (if the run has an output folder; ``prefix``
-        defaults to the evaluation's); returns the result."""
-        prefix = prefix or self.prefix
+    def write(self, env_steps: int | None = None) -> dict[str, Any]:
+        """Write ``<prefix>.json`` and ``<prefix>_episodes.csv`` (if the run has an output folder); returns the
+        result."""
+        prefix = self.prefix
         res = self.result(env_steps)
         if self.out is None:
             return res

@@ -368,8 +368,7 @@ def train_llm(cfg: LLMTrainConfig, lm: Any = None, resume: bool = False):
     if resume:
         if out is None:
             raise ValueError("resume needs the output folder of the run to continue, got out=None")
-        in_warm_start = not (out / ckpt.CHECKPOINT).is_dir() and not (out / (ckpt.CHECKPOINT + ".old")).is_dir() \
-            and has_stage(out)
+        in_warm_start = not ckpt.has_checkpoint(out) and has_stage(out)
         if in_warm_start:
             open_stage(out, cfg)  # fails before any model is loaded
         else:

@@ -84,7 +84,7 @@ def save_stage(out: Path, run: Any, policy: Any, stage: BCStage, generator: torc
 
 def has_stage(out: Path) -> bool:
     """Whether ``out`` holds a BC stage (complete or not: :func:`open_stage` checks)."""
-    return (out / ckpt.BC_STAGE).is_dir() or (out / (ckpt.BC_STAGE + ".old")).is_dir()
+    return ckpt.has_checkpoint(out, ckpt.BC_STAGE)
 
 
 def open_stage(out: Path, run: Any) -> tuple[Path, dict[str, Any]]:

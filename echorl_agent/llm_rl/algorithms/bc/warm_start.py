@@ -72,7 +72,7 @@ def bc_warm_start(run: Any, policy: Any, out: Path | None, progress: Any = None,
     ``resume``: continue from ``<out>/bc_stage/`` where there is one (the run was cut during its BC stage)."""
     from echorl_agent.llm_rl.rollout import make_choice_env
 
-    if getattr(run, "init_from", None) is not None:  # the start is an earlier run's adapter, loaded by train_llm
+    if run.init_from is not None:  # the start is an earlier run's adapter, loaded by train_llm
         if out is not None:
             (out / "bc.json").write_text(json.dumps({"init_from": run.init_from, "losses": [], "seconds": 0.0}))
         return
