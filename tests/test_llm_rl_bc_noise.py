@@ -92,3 +92,51 @@ def test_noise_needs_a_bc_warm_start():
 
     with pytest.raises(ValueError, match="bc_noise applies to a run with a BC warm start"):
         LLMTrainConfig(env_id=ENV, method="gigpo", bc_noise=0.2)
+
+
+def test_noise_actions_execute_only_the_named_action_and_reach_the_blocked_states():
+    # the noise may only execute `go forward`: every step off the expert's path is a forward, some of them into an
+    # obstacle ("You cannot move forward", a state the expert's own episodes never reach), labelled by the bot
+    data = collect_expert_states(make_env, episodes=14, seed=11_310, noise=0.25, noise_actions=["go forward"])
+    clean = collect_expert_states(make_env, episodes=14, seed=11_310)
+    assert not any("You cannot move forward" in s["obs"] for s in states(clean))
+    rows = states(data)
+    agree, checked, off = replay(data, 11_310)
+    assert checked == len(rows) == agree  # every label is the bot's action in its state
+    assert 0 < off <= data.deviations and data.unlabelled == 0  # forward never opens a box: the bot always labels
+    executed = [executed_action(rows[i + 1]["obs"]) for i in range(len(rows) - 1) if rows[i + 1]["t"] > 0]
+    blocked = [i for i, s in enumerate(rows) if s["obs"].startswith("You cannot move forward")]
+    assert blocked and len(executed) == len(rows) - data.episodes
+    # off the expert's path only forwards happen (BabyAI's slots are the same seven actions in every state)
+    env = make_env()
+    env.reset(seed=0)
+    slots = env.get_wrapper_attr("slot_texts")()
+    env.close()
+    for i in range(len(rows) - 1):
+        if rows[i + 1]["t"] > 0 and executed_action(rows[i + 1]["obs"]) != slots[int(data.actions[i])]:
+            assert executed_action(rows[i + 1]["obs"]) == "go forward"
+    assert all(slots[int(data.actions[i])] != "go forward" for i in blocked)  # the bot turns where it is blocked
+
+
+def test_noise_actions_are_checked():
+    from echorl_agent.llm_rl.train import LLMTrainConfig
+
+    with pytest.raises(ValueError, match="no expert state had admissible: \\['go forwards'\\]"):
+        collect_expert_states(make_env, episodes=1, seed=11_310, noise=0.25, noise_actions=["go forwards"])
+    with pytest.raises(ValueError, match="bc_noise_actions must be a non-empty list of action texts"):
+        LLMTrainConfig(env_id=ENV, method="bc", bc_noise=0.2, bc_noise_actions="go forward")
+    with pytest.raises(ValueError, match="it needs bc_noise > 0"):
+        LLMTrainConfig(env_id=ENV, method="bc", bc_noise_actions=["go forward"])
+
+
+def test_the_cli_flag_sets_the_field_and_the_run_line_names_it():
+    from echorl_agent.cli import build_parser, train_overrides
+    from echorl_agent.llm_rl.progress import describe
+    from echorl_agent.llm_rl.train import LLMTrainConfig
+
+    args = build_parser().parse_args(["train-llm", "--method", "bc", "--bc-noise", "0.25", "--bc-noise-actions",
+                                      "go forward"])
+    over = train_overrides(args)
+    assert over["bc_noise_actions"] == ["go forward"] and over["bc_noise"] == 0.25
+    cfg = LLMTrainConfig(env_id=ENV, **over)
+    assert "BC on 8 expert episodes x 3 epochs (noise 0.25 executing go forward)" in describe(cfg)

@@ -200,7 +200,9 @@ def describe(cfg: Any) -> str:
     bc = method.warm_starts(cfg) and method.warm_start in ("bc", "bc_warm_start")
     if bc:
         parts.append(f"BC on {cfg.bc_episodes} expert episodes x {cfg.bc_epochs} epochs"
-                     + (f" (noise {cfg.bc_noise:g})" if cfg.bc_noise else ""))
+                     + (f" (noise {cfg.bc_noise:g}"
+                        + (f" executing {', '.join(cfg.bc_noise_actions)}" if cfg.bc_noise_actions else "") + ")"
+                        if cfg.bc_noise else ""))
         if cfg.bc_dagger_rounds:
             parts.append(f"{cfg.bc_dagger_rounds} DAgger rounds of {cfg.bc_dagger_episodes} policy episodes "
                          f"(expert-labelled, BC again on all states)")

@@ -69,6 +69,10 @@ class LLMTrainConfig:
     """DART noise of the BC warm start's expert episodes: the probability that a step executes a uniformly drawn other
     admissible action instead of the expert's; every state keeps the expert's label, so the demonstrations cover the
     states just off the expert's path. 0: the expert's own episodes."""
+    bc_noise_actions: list[str] | None = None
+    """The actions ``bc_noise`` may execute (None: any other admissible action). BabyAI's ``["go forward"]`` adds the
+    states after a blocked ``go forward`` to the demonstrations without turn noise. A text no expert state had
+    admissible is refused when the episodes are collected."""
     init_from: str | None = None
     """The output folder of an earlier ``train-llm`` run whose LoRA adapter (``<init_from>/adapter/``) starts this
     run, in place of the BC warm start (a run with one records the loaded start as its ``after_bc`` point, without
@@ -193,6 +197,15 @@ class LLMTrainConfig:
         v = self.bc_noise
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
             raise ValueError(f"bc_noise must be a number in [0, 1), got bc_noise={v!r}")
+        v = self.bc_noise_actions
+        if v is not None:
+            if (isinstance(v, str) or not isinstance(v, (list, tuple)) or not v
+                    or any(not isinstance(t, str) or not t.strip() for t in v)):
+                raise ValueError(f"bc_noise_actions must be a non-empty list of action texts, got "
+                                 f"bc_noise_actions={v!r}")
+            if not self.bc_noise:
+                raise ValueError(f"bc_noise_actions names the actions bc_noise executes: it needs bc_noise > 0, got "
+                                 f"bc_noise_actions={v!r} with bc_noise={self.bc_noise!r}")
         for name in ("bc_noise", "bc_dagger_rounds"):
             v = getattr(self, name)
             if v and (spec.warm_start == "oracle" or not spec.warm_starts(self)):

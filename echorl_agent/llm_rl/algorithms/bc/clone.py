@@ -10,7 +10,7 @@ learn GoToLocal slowly from scratch with PPO; an expert warm start is the usual 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +40,7 @@ class ExpertData:
 
 
 def collect_expert_states(make_env: Callable[[], LLMObservationWrapper], episodes: int, seed: int = 0,
-                          noise: float = 0.0) -> ExpertData:
+                          noise: float = 0.0, noise_actions: Sequence[str] = ()) -> ExpertData:
     """Roll out ``info["expert_action"]`` for ``episodes`` episodes (seeds ``seed, seed + 1, ...``).
 
     Args:
@@ -51,15 +51,25 @@ def collect_expert_states(make_env: Callable[[], LLMObservationWrapper], episode
             the expert replans from the state the executed action reached. An episode whose noise led to a state the
             expert has no action for ends there (``ExpertData.unlabelled`` counts them; BabyAI's bot gives up after
             a random ``toggle`` opened a box). Draws from ``seed``; 0: the expert's own episodes, exactly as before.
+        noise_actions: the action texts the noise may execute (drawn uniformly among those admissible and other than
+            the expert's; a step where none is, runs the expert's action); empty: any admissible action. BabyAI's
+            ``["go forward"]`` puts the states after a blocked ``go forward`` ("You cannot move forward: ...", which
+            the expert's own episodes never reach) into the demonstrations, without the turn noise that adds
+            turn-then-turn-back labels.
 
     Raises:
         ValueError: the env has no expert at some step of an episode no noise has touched
-            (``info["expert_action"]`` missing or not admissible).
+            (``info["expert_action"]`` missing or not admissible); a ``noise_actions`` text no collected state had
+            admissible (a misspelt action would otherwise silently add no noise).
     """
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got episodes={episodes}")
     if not 0.0 <= noise < 1.0:
         raise ValueError(f"noise must be in [0, 1), got noise={noise!r}")
+    noise_actions = list(noise_actions)
+    if any(not isinstance(t, str) or not t for t in noise_actions):
+        raise ValueError(f"noise_actions must be action texts, got noise_actions={noise_actions!r}")
+    seen: set[str] = set()
     rng = np.random.default_rng(seed)
     env = make_env()
     obs_rows, actions, returns = [], [], []
@@ -81,8 +91,10 @@ def collect_expert_states(make_env: Callable[[], LLMObservationWrapper], episode
                 obs_rows.append(obs)
                 actions.append(a)
                 act = a
+                seen.update(t for t in adm if t is not None)
                 if noise and rng.random() < noise:
-                    others = [i for i, text in enumerate(adm) if text is not None and i != a]
+                    others = [i for i, text in enumerate(adm) if text is not None and i != a
+                              and (not noise_actions or text in noise_actions)]
                     if others:
                         act = int(rng.choice(others))
                         deviations += 1
@@ -94,6 +106,10 @@ def collect_expert_states(make_env: Callable[[], LLMObservationWrapper], episode
             returns.append(ret)
     finally:
         env.close()
+    never = [t for t in noise_actions if t not in seen]
+    if noise and never:
+        raise ValueError(f"bc_noise_actions names actions no expert state had admissible: {never!r} "
+                         f"(admissible ones seen: {sorted(seen)!r})")
     return ExpertData(np.stack(obs_rows), np.asarray(actions, dtype=np.int64), episodes, wins, returns, deviations, unlabelled)
 
 

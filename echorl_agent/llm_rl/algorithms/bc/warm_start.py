@@ -43,6 +43,8 @@ class BCConfig:
     noise: float = 0.0
     """Probability that an expert episode's step executes another admissible action than the expert's (DART; the
     state keeps the expert's label): :func:`~echorl_agent.llm_rl.algorithms.bc.clone.collect_expert_states`."""
+    noise_actions: tuple[str, ...] = ()
+    """The actions the noise may execute (empty: any admissible one)."""
 
     def __post_init__(self) -> None:
         for name in ("episodes", "epochs", "dagger_episodes"):
@@ -60,7 +62,8 @@ class BCConfig:
     def from_run(cls, run: Any) -> BCConfig:
         return cls(episodes=run.bc_episodes, epochs=run.bc_epochs, learning_rate=run.bc_learning_rate,
                    batch_size=run.bc_batch_size, dagger_rounds=run.bc_dagger_rounds,
-                   dagger_episodes=run.bc_dagger_episodes, noise=run.bc_noise)
+                   dagger_episodes=run.bc_dagger_episodes, noise=run.bc_noise,
+                   noise_actions=tuple(run.bc_noise_actions or ()))
 
 
 def bc_warm_start(run: Any, policy: Any, out: Path | None, progress: Any = None, resume: bool = False) -> None:
@@ -85,7 +88,8 @@ def bc_warm_start(run: Any, policy: Any, out: Path | None, progress: Any = None,
         stage = load_stage(out, run, policy, gen)
         log.info("BC stage resumed at round %d, epoch %d of %d", stage.round, stage.epochs, bc.epochs)
     else:
-        data = collect_expert_states(make_env, bc.episodes, seed=10_000 + run.seed, noise=bc.noise)
+        data = collect_expert_states(make_env, bc.episodes, seed=10_000 + run.seed, noise=bc.noise,
+                                     noise_actions=bc.noise_actions)
         for g in policy.optimizer.param_groups:
             g["lr"] = bc.learning_rate or run.learning_rate
         stage = BCStage(0, 0, data, [], expert={"transitions": len(data.actions), "expert_wins": data.successes,
@@ -142,5 +146,7 @@ def bc_warm_start(run: Any, policy: Any, out: Path | None, progress: Any = None,
                                                  "episodes": bc.episodes, "expert_wins": x["expert_wins"],
                                                  **({"noise": bc.noise, "deviations": x["deviations"],
                                                      "unlabelled": x["unlabelled"]} if bc.noise else {}),
+                                                 **({"noise_actions": list(bc.noise_actions)}
+                                                    if bc.noise_actions else {}),
                                                  **({"dagger": stage.rounds} if stage.rounds else {}),
                                                  "seconds": round(spent + time.perf_counter() - t0, 1)}))
