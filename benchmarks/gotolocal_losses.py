@@ -8,7 +8,9 @@ reached asks the bot (``info["expert_action"]``) what it would do. Prints, per p
 * ``bot agreement``: the share of the policy's steps that take the bot's action (all episodes, then lost ones);
 * ``lost``: lost episodes; ``target seen late``: those whose goal line named the target in view at least once in
   their last 12 steps (a navigation failure, not a search one); ``cycle``: those whose last 12 steps revisit a
-  (cell, heading) (greedy play of a memoryless policy in a deterministic env then repeats for ever);
+  (cell, heading) (greedy play of a memoryless policy in a deterministic env then repeats for ever); ``bump``: those
+  with a ``go forward`` that did not move (the cell ahead was taken: the next state reads "You cannot move
+  forward", a state the bot's own episodes never reach);
 * the disagreements of lost episodes by what the state showed: where the target was (``not in view``, ``ahead``,
   ``ahead-left``, ``left``...) and whether the cell ahead is blocked, with the policy's and the bot's action.
 
@@ -90,7 +92,7 @@ def report(rows: list[dict], phase: str, top: int = 10) -> tuple[list[list], Cou
     """One line per mode (the columns of the module docstring) and the disagreements of lost episodes."""
     lines, confusions = [], Counter()
     for mode in MODES:
-        agree = agree_lost = n = n_lost = lost = seen_late = cycles = 0
+        agree = agree_lost = n = n_lost = lost = seen_late = cycles = bumps = 0
         for row in rows:
             point = row.get("phases", {}).get(phase, {}).get(mode)
             if point is None:
@@ -111,11 +113,13 @@ def report(rows: list[dict], phase: str, top: int = 10) -> tuple[list[list], Cou
                 tail = got["steps"][-LATE:]
                 seen_late += any(s["seen"] for s in tail)
                 cycles += len({s["pose"] for s in tail}) < len(tail)
+                st = got["steps"]
+                bumps += any(a["policy"] == "go forward" and a["pose"] == b["pose"] for a, b in zip(st, st[1:]))
                 confusions.update((mode, s["relation"], s["policy"], s["bot"]) for s in got["steps"]
                                   if s["policy"] != s["bot"])
         if n:
             lines.append([phase, mode, f"{agree / n:.2f}", f"{agree_lost / n_lost:.2f}" if n_lost else "-", lost,
-                          seen_late, cycles])
+                          seen_late, cycles, bumps])
     return lines, confusions
 
 
@@ -132,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = [r for r in load(args.study) if not args.seeds or r["seed"] in args.seeds]
     lines, confusions = report(rows, args.phase)
     print(tabulate(lines, headers=["phase", "mode", "bot agreement", "in lost", "lost", "target seen late",
-                                   "cycle"]))
+                                   "cycle", "bump"]))
     for mode in MODES:
         mine = Counter({k[1:]: v for k, v in confusions.items() if k[0] == mode})
         if mine:
