@@ -246,7 +246,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 TRAIN_FLAGS = {"task": "env_id", "method": "method", "train_steps": "train_steps", "bc_episodes": "bc_episodes",
                "bc_epochs": "bc_epochs", "bc_learning_rate": "bc_learning_rate", "bc_batch_size": "bc_batch_size",
                "bc_dagger_rounds": "bc_dagger_rounds", "bc_dagger_episodes": "bc_dagger_episodes",
-               "bc_noise": "bc_noise", "bc_noise_actions": "bc_noise_actions", "init_from": "init_from",
+               "bc_noise": "bc_noise", "bc_noise_actions": "bc_noise_actions",
+               "bc_lr_scheduler": "bc_lr_scheduler", "init_from": "init_from",
                "seed": "seed", "history": "history", "max_steps": "max_episode_steps", "n_steps": "n_steps",
                "n_envs": "n_envs", "group_size": "group_size", "step_advantage_weight": "step_advantage_weight",
                "echorl_learner": "echorl_learner", "bc_warm_start": "bc_warm_start", "gamma": "gamma",
@@ -412,6 +413,8 @@ def add_train_llm_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--bc-noise", type=float,
                    help="DART: probability that a step of an expert episode executes another admissible action; "
                         "the state keeps the expert's label (default: 0)")
+    s.add_argument("--bc-lr-scheduler", choices=["constant", "linear", "cosine"],
+                   help="the BC learning rate over each clone's optimizer steps (default: constant)")
     s.add_argument("--bc-noise-actions", nargs="+", metavar="ACTION",
                    help="the actions --bc-noise may execute, e.g. 'go forward' (default: any other admissible one)")
     s.add_argument("--init-from", metavar="RUN_DIR",

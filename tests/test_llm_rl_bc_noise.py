@@ -135,8 +135,9 @@ def test_the_cli_flag_sets_the_field_and_the_run_line_names_it():
     from echorl_agent.llm_rl.train import LLMTrainConfig
 
     args = build_parser().parse_args(["train-llm", "--method", "bc", "--bc-noise", "0.25", "--bc-noise-actions",
-                                      "go forward"])
+                                      "go forward", "--bc-lr-scheduler", "linear"])
     over = train_overrides(args)
     assert over["bc_noise_actions"] == ["go forward"] and over["bc_noise"] == 0.25
+    assert over["bc_lr_scheduler"] == "linear"
     cfg = LLMTrainConfig(env_id=ENV, **over)
-    assert "BC on 8 expert episodes x 3 epochs (noise 0.25 executing go forward)" in describe(cfg)
+    assert "BC on 8 expert episodes x 3 epochs (noise 0.25 executing go forward), lr linear" in describe(cfg)

@@ -202,7 +202,8 @@ def describe(cfg: Any) -> str:
         parts.append(f"BC on {cfg.bc_episodes} expert episodes x {cfg.bc_epochs} epochs"
                      + (f" (noise {cfg.bc_noise:g}"
                         + (f" executing {', '.join(cfg.bc_noise_actions)}" if cfg.bc_noise_actions else "") + ")"
-                        if cfg.bc_noise else ""))
+                        if cfg.bc_noise else "")
+                     + (f", lr {cfg.bc_lr_scheduler}" if cfg.bc_lr_scheduler != "constant" else ""))
         if cfg.bc_dagger_rounds:
             parts.append(f"{cfg.bc_dagger_rounds} DAgger rounds of {cfg.bc_dagger_episodes} policy episodes "
                          f"(expert-labelled, BC again on all states)")

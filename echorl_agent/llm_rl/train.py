@@ -69,6 +69,9 @@ class LLMTrainConfig:
     """DART noise of the BC warm start's expert episodes: the probability that a step executes a uniformly drawn other
     admissible action instead of the expert's; every state keeps the expert's label, so the demonstrations cover the
     states just off the expert's path. 0: the expert's own episodes."""
+    bc_lr_scheduler: str = "constant"
+    """The BC learning rate over each clone's optimizer steps: ``constant``, ``linear`` (to 0 at the last step) or
+    ``cosine`` (HF's ``lr_scheduler_type`` names; no warm-up). DAgger rounds each run their own schedule."""
     bc_noise_actions: list[str] | None = None
     """The actions ``bc_noise`` may execute (None: any other admissible action). BabyAI's ``["go forward"]`` adds the
     states after a blocked ``go forward`` to the demonstrations without turn noise. A text no expert state had
@@ -197,6 +200,11 @@ class LLMTrainConfig:
         v = self.bc_noise
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
             raise ValueError(f"bc_noise must be a number in [0, 1), got bc_noise={v!r}")
+        from echorl_agent.llm_rl.algorithms.bc.clone import LR_SCHEDULERS
+
+        if self.bc_lr_scheduler not in LR_SCHEDULERS:
+            raise ValueError(f"bc_lr_scheduler must be one of {LR_SCHEDULERS}, got "
+                             f"bc_lr_scheduler={self.bc_lr_scheduler!r}")
         v = self.bc_noise_actions
         if v is not None:
             if (isinstance(v, str) or not isinstance(v, (list, tuple)) or not v

@@ -10,6 +10,7 @@ learn GoToLocal slowly from scratch with PPO; an expert warm start is the usual 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +20,24 @@ import torch
 
 from echorl_envs.wrappers.llm import LLMObservationWrapper
 
-__all__ = ["ExpertData", "collect_expert_states", "behaviour_clone"]
+__all__ = ["ExpertData", "collect_expert_states", "behaviour_clone", "LR_SCHEDULERS", "lr_factor"]
+
+LR_SCHEDULERS = ("constant", "linear", "cosine")
+"""How the BC learning rate moves over one clone's optimizer steps (HF's ``lr_scheduler_type`` names, no warm-up)."""
+
+
+def lr_factor(scheduler: str, step: int, total: int) -> float:
+    """The multiplier of the base learning rate at optimizer step ``step`` (0-based) of ``total``: 1 throughout
+    (``constant``), ``1 - step / total`` (``linear``) or ``(1 + cos(pi * step / total)) / 2`` (``cosine``); the last
+    step runs at a small positive rate, never 0."""
+    if scheduler not in LR_SCHEDULERS:
+        raise ValueError(f"bc_lr_scheduler must be one of {LR_SCHEDULERS}, got bc_lr_scheduler={scheduler!r}")
+    frac = min(max(step / max(total, 1), 0.0), 1.0)
+    if scheduler == "linear":
+        return 1.0 - frac
+    if scheduler == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * frac))
+    return 1.0
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +133,8 @@ def collect_expert_states(make_env: Callable[[], LLMObservationWrapper], episode
 
 def behaviour_clone(policy, data: ExpertData, epochs: int = 3, batch_size: int = 16, seed: int = 0,
                     progress: bool = False, on_epoch: Callable[[int, float], None] | None = None,
-                    cache: dict[bytes, Any] | None = None, epochs_done: int = 0) -> list[float]:
+                    cache: dict[bytes, Any] | None = None, epochs_done: int = 0,
+                    lr_scheduler: str = "constant") -> list[float]:
     """Minimise ``-log pi(a* | s)`` over the expert states; returns the mean loss of every epoch it ran.
 
     The states are scored once by the rollout engine (activations captured), then every epoch runs the learner's
@@ -128,11 +147,16 @@ def behaviour_clone(policy, data: ExpertData, epochs: int = 3, batch_size: int =
 
     ``epochs_done`` (a resumed BC stage, :mod:`~echorl_agent.llm_rl.algorithms.bc.stage`): the first epochs already
     ran on ``policy``'s weights; their shuffles are drawn and skipped, and epochs ``epochs_done .. epochs - 1`` run.
+
+    ``lr_scheduler`` (:func:`lr_factor`): the optimizer's learning rate at the call becomes the base of a schedule
+    over this call's ``epochs`` x minibatches optimizer steps (a resumed call continues it at ``epochs_done``); the
+    base rate is set back at the end. ``constant`` leaves the rate alone, exactly as before.
     """
     if epochs < 1 or batch_size < 1:
         raise ValueError(f"epochs and batch_size must be >= 1, got epochs={epochs}, batch_size={batch_size}")
     if not 0 <= epochs_done < epochs:
         raise ValueError(f"epochs_done must be in 0..epochs - 1, got epochs_done={epochs_done}, epochs={epochs}")
+    lr_factor(lr_scheduler, 0, 1)  # a bad name fails before any work
     rng = np.random.default_rng(seed)
     for _ in range(epochs_done):
         rng.permutation(len(data.actions))
@@ -154,6 +178,10 @@ def behaviour_clone(policy, data: ExpertData, epochs: int = 3, batch_size: int =
         cache.update((keys[i], rec) for i, rec in zip(todo, fresh, strict=True))
         records = [cache[k] for k in keys]
     policy.set_training_mode(True)
+    groups = policy.optimizer.param_groups
+    base = [g["lr"] for g in groups]
+    per_epoch = -(-len(records) // batch_size)
+    step = epochs_done * per_epoch
     losses: list[float] = []
     it = range(epochs_done, epochs)
     if progress:
@@ -170,9 +198,16 @@ def behaviour_clone(policy, data: ExpertData, epochs: int = 3, batch_size: int =
             policy.optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(list(policy.parameters()), 1.0)
+            if lr_scheduler != "constant":
+                f = lr_factor(lr_scheduler, step, epochs * per_epoch)
+                for g, lr in zip(groups, base, strict=True):
+                    g["lr"] = lr * f
             policy.optimizer.step()
+            step += 1
             total += float(loss.detach()) * len(idx)
         losses.append(total / len(order))
+        for g, lr in zip(groups, base, strict=True):  # a BC stage saved now holds the base rate, not the last step's
+            g["lr"] = lr
         if on_epoch is not None:
             on_epoch(epoch, losses[-1])
         log.info("BC epoch %d: loss %.4f", epoch, losses[-1])

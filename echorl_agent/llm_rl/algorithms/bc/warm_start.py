@@ -45,6 +45,8 @@ class BCConfig:
     state keeps the expert's label): :func:`~echorl_agent.llm_rl.algorithms.bc.clone.collect_expert_states`."""
     noise_actions: tuple[str, ...] = ()
     """The actions the noise may execute (empty: any admissible one)."""
+    lr_scheduler: str = "constant"
+    """The learning rate over each clone's optimizer steps (:func:`~echorl_agent.llm_rl.algorithms.bc.clone.lr_factor`)."""
 
     def __post_init__(self) -> None:
         for name in ("episodes", "epochs", "dagger_episodes"):
@@ -63,7 +65,7 @@ class BCConfig:
         return cls(episodes=run.bc_episodes, epochs=run.bc_epochs, learning_rate=run.bc_learning_rate,
                    batch_size=run.bc_batch_size, dagger_rounds=run.bc_dagger_rounds,
                    dagger_episodes=run.bc_dagger_episodes, noise=run.bc_noise,
-                   noise_actions=tuple(run.bc_noise_actions or ()))
+                   noise_actions=tuple(run.bc_noise_actions or ()), lr_scheduler=run.bc_lr_scheduler)
 
 
 def bc_warm_start(run: Any, policy: Any, out: Path | None, progress: Any = None, resume: bool = False) -> None:
@@ -118,7 +120,7 @@ def bc_warm_start(run: Any, policy: Any, out: Path | None, progress: Any = None,
             progress.stage(title, total=n * bc.epochs, initial=n * stage.epochs, unit="state", counting="learner_rows")
         behaviour_clone(policy, stage.data, epochs=bc.epochs, batch_size=bc.batch_size or run.batch_size,
                         seed=run.seed, cache=cache, progress=run.progress and not live, on_epoch=epoch_done,
-                        epochs_done=stage.epochs)
+                        epochs_done=stage.epochs, lr_scheduler=bc.lr_scheduler)
 
     if stage.round == 0:
         clone(f"BC ({stage.data.episodes} expert episodes, {len(stage.data.actions)} states x {bc.epochs} epochs)")
@@ -148,5 +150,7 @@ def bc_warm_start(run: Any, policy: Any, out: Path | None, progress: Any = None,
                                                      "unlabelled": x["unlabelled"]} if bc.noise else {}),
                                                  **({"noise_actions": list(bc.noise_actions)}
                                                     if bc.noise_actions else {}),
+                                                 **({"lr_scheduler": bc.lr_scheduler}
+                                                    if bc.lr_scheduler != "constant" else {}),
                                                  **({"dagger": stage.rounds} if stage.rounds else {}),
                                                  "seconds": round(spent + time.perf_counter() - t0, 1)}))
