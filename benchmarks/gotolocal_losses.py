@@ -114,7 +114,7 @@ def report(rows: list[dict], phase: str, top: int = 10) -> tuple[list[list], Cou
                 seen_late += any(s["seen"] for s in tail)
                 cycles += len({s["pose"] for s in tail}) < len(tail)
                 st = got["steps"]
-                bumps += any(a["policy"] == "go forward" and a["pose"] == b["pose"] for a, b in zip(st, st[1:]))
+                bumps += any(a["policy"] == "go forward" and a["pose"] == b["pose"] for a, b in zip(st, st[1:], strict=False))
                 confusions.update((mode, s["relation"], s["policy"], s["bot"]) for s in got["steps"]
                                   if s["policy"] != s["bot"])
         if n:

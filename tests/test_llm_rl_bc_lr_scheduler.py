@@ -7,11 +7,11 @@ import math
 
 import gymnasium as gym
 import pytest
-import torch
 
 import echorl_envs  # noqa: F401
 from echorl_agent.llm_rl.algorithms.bc.clone import behaviour_clone, collect_expert_states, lr_factor
 from echorl_envs.wrappers.llm import LLMObservationWrapper
+from tests.conftest import small_llm_policy
 
 ENV = "EchoRL/BabyAI-GoToLocal-v0"
 
@@ -39,17 +39,7 @@ def test_a_bad_scheduler_is_refused_naming_the_field():
 
 @pytest.fixture(scope="module")
 def policy():
-    torch.set_num_threads(1)
-    from stable_baselines3.common.utils import ConstantSchedule
-
-    from echorl_agent.llm_rl.policy import LLMPolicy
-
-    env = make_env()
-    try:
-        return LLMPolicy(env.observation_space, env.action_space, ConstantSchedule(1e-3), lora_rank=4,
-                         train_layers=1, show_admissible=False)
-    except ValueError as e:  # the embedded model's wheel is missing
-        pytest.skip(str(e))
+    return small_llm_policy(ENV, history=0, max_episode_steps=24)
 
 
 def _rates(policy, monkeypatch, **kw) -> list[float]:
