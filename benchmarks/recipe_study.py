@@ -368,6 +368,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = load(args.study, args.summary)
     print(per_seed(rows))
     print()
+    if not any(r.get("env_steps") for r in rows):  # imitation only: "after" replays the after_bc policy
+        print(levels(rows, args.start))
+        print(f"\nNo RL ran (no env steps): 'after' is a second play of the {args.start} policy (the same in greedy, "
+              "a fresh draw in sampled), so after - start is no training effect.")
+        return 0
     print(levels(rows))
     print()
     print(table(rows, args.start))

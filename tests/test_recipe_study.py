@@ -175,3 +175,19 @@ def test_an_eval_llm_evaluation_summarizes_into_its_own_file(study):
     assert {ph: set(v) for ph, v in rows[0]["phases"].items()} == {"after_bc": {"greedy"}, "after": {"greedy"}}
     assert [rows[0]["phases"][ph]["greedy"]["won"] for ph in ("after_bc", "after")] == ["1000", "1100"]
     assert study.load("s", study.summarize("s"))[0]["phases"]["after"]["sampled"]["won"] == "0111"  # its own, apart
+
+
+def test_an_imitation_only_study_reads_no_training_effect_from_its_replayed_after(study, capsys):
+    # a run without RL (curve.csv has no rows: no env steps) plays "after" again with the after_bc policy; the table
+    # gives the after_bc level and says so, instead of an after - after_bc difference
+    for seed, first, again in ((7, "0011", "0111"), (8, "0101", "1101")):
+        folder = study.RUNS / "bc" / f"seed{seed}"
+        _run(folder, seed, {("after_bc", "sampled"): first, ("after", "sampled"): again})
+        (folder / "curve.csv").write_text("timesteps,success_rate,return_mean\n")
+    rows = study.load("bc", study.summarize("bc"))
+    assert not any(r["env_steps"] for r in rows)
+    assert study.main(["table", "--study", "bc", "--start", "after_bc"]) == 0
+    out = capsys.readouterr().out
+    m, lo, hi = paired_bootstrap([0.5, 0.5])
+    assert f"| sampled | 2 | {m:.3f} [{lo:.3f}, {hi:.3f}] | 0.500 – 0.500 |" in out
+    assert "No RL ran" in out and "after − after_bc" not in out
