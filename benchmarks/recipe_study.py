@@ -58,7 +58,9 @@ def _command(recipe: str, seed: int, out: Path, extra: list[str]) -> list[str]:
     extra = [a.replace("{seed}", str(seed)) for a in extra]
     cmd = [sys.executable, "-m", "echorl_agent.cli", "train-llm", "--recipe", recipe, "--seed", str(seed),
            "--out", str(out), "--checkpoint-every", "1", "--quiet", *extra]
-    if (out / "checkpoint").exists() or (out / "bc_stage").exists():  # cut in RL, or during its BC warm start
+    from echorl_agent.llm_rl.checkpoint import BC_STAGE, has_checkpoint
+
+    if has_checkpoint(out) or has_checkpoint(out, BC_STAGE):  # cut in RL, or during its BC warm start
         cmd.append("--resume")
     return cmd
 
