@@ -13,7 +13,9 @@ env with:
   GoToLocal is always one 8x8 room). ``k = 0`` sees what a ``history=0`` prompt shows: the cells of the current
   view, which the observation text lists (objects with offsets, free steps ahead / left / right). Ties go to
   ``go forward``, then ``turn left``. With no target in the cells it knows, it searches: ``spin`` turns left;
-  ``walk`` goes forward when 2 or more steps ahead are free, else turns left.
+  ``walk`` goes forward when 2 or more steps ahead are free, else turns left;
+* ``plan-k+pickup``: the same search, also allowed to pick up one object in its way (empty-handed; minigrid's
+  ``pick up`` takes the object off the grid). The bot never does; RL from BC-1024 learned to.
 
 Every policy here is deterministic, so each instance is one episode (greedy play). A planner's figure is a lower
 bound on what the best policy with that memory achieves, not the bound itself.
@@ -64,26 +66,29 @@ def visible_cells(raw) -> dict[tuple[int, int], tuple[str, str] | None]:
     return cells
 
 
-def plan_action(raw, views: list[dict]) -> str | None:
+def plan_action(raw, views: list[dict], pickup: bool = False) -> str | None:
     """The first action of a shortest path to a pose facing the target, on the cells in ``views``; None when no
-    target is among them."""
+    target is among them. ``pickup``: the path may also pick up one object in its way (empty-handed only; the object
+    leaves the grid, as minigrid's ``pick up`` does), which the bot never does."""
     known: dict = {}
-    for v in views:
+    for v in views:  # oldest first: the current view has the last word
         known.update(v)
     want_type, want_color = raw.instrs.desc.type, raw.instrs.desc.color
     targets = {p for p, c in known.items() if c is not None and c[0] == want_type
                and (want_color is None or c[1] == want_color)}
     if not targets:
         return None
-    blocked = {p for p, c in known.items() if c is not None}
-    blocked |= {(x, y) for x in range(raw.width) for y in range(raw.height)
-                if x in (0, raw.width - 1) or y in (0, raw.height - 1)}
-    start = (int(raw.agent_pos[0]), int(raw.agent_pos[1]), int(raw.agent_dir))
+    walls = {(x, y) for x in range(raw.width) for y in range(raw.height)
+             if x in (0, raw.width - 1) or y in (0, raw.height - 1)}
+    walls |= {p for p, c in known.items() if c is not None and c[0] == "wall"}
+    objects = {p for p, c in known.items() if c is not None and c[0] != "wall"}
+    can_lift = pickup and raw.carrying is None
+    start = (int(raw.agent_pos[0]), int(raw.agent_pos[1]), int(raw.agent_dir), None)
     parent: dict = {start: None}
     queue = deque([start])
     while queue:
         s = queue.popleft()
-        x, y, d = s
+        x, y, d, lifted = s
         front = (x + DIRS[d][0], y + DIRS[d][1])
         if front in targets:
             if parent[s] is None:
@@ -91,13 +96,17 @@ def plan_action(raw, views: list[dict]) -> str | None:
             while parent[s][0] != start:
                 s = parent[s][0]
             return parent[s][1]
-        for a in ORDER:
+        for a in ORDER + (("pick up",) if can_lift else ()):
             if a == "go forward":
-                if front in blocked:
+                if front in walls or (front in objects and front != lifted):
                     continue
-                nxt = (front[0], front[1], d)
+                nxt = (front[0], front[1], d, lifted)
+            elif a == "pick up":
+                if lifted is not None or front not in objects:
+                    continue
+                nxt = (x, y, d, front)
             else:
-                nxt = (x, y, (d - 1) % 4 if a == "turn left" else (d + 1) % 4)
+                nxt = (x, y, (d - 1) % 4 if a == "turn left" else (d + 1) % 4, lifted)
             if nxt not in parent:
                 parent[nxt] = (s, a)
                 queue.append(nxt)
@@ -109,8 +118,9 @@ def _free_ahead(obs: str) -> int:
     return int(m.group(1)) if m else 0
 
 
-def play(policy: str, seed: int, memory: int = 0, search: str = "spin") -> tuple[bool, int]:
-    """One greedy episode of ``policy`` (``bot``, ``bot-fresh`` or ``plan``) from ``seed``: ``(won, steps)``."""
+def play(policy: str, seed: int, memory: int = 0, search: str = "spin", pickup: bool = False) -> tuple[bool, int]:
+    """One greedy episode of ``policy`` (``bot``, ``bot-fresh`` or ``plan``) from ``seed``: ``(won, steps)``.
+    ``pickup``: the planner may pick up an object in its way (:func:`plan_action`)."""
     from minigrid.utils.baby_ai_bot import BabyAIBot
 
     env = gym.make(ENV_ID, goal_line=True, max_episode_steps=MAX_STEPS, expert=policy == "bot")
@@ -125,7 +135,7 @@ def play(policy: str, seed: int, memory: int = 0, search: str = "spin") -> tuple
                 a = BOT_ACTIONS[int(BabyAIBot(raw).replan())]
             else:
                 views = (views + [visible_cells(raw)])[-(memory + 1):]
-                a = plan_action(raw, views)
+                a = plan_action(raw, views, pickup)
                 if a is None:
                     a = "go forward" if search == "walk" and _free_ahead(obs) >= 2 else "turn left"
             obs, reward, terminated, truncated, info = env.step(a)
@@ -154,13 +164,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-write", action="store_true", help="print only")
     args = p.parse_args(argv)
     instances = [100000 + 1000 * s + ep for s in args.seeds for ep in range(args.episodes)]
-    policies = [("bot", 0, "-"), ("bot-fresh", 0, "-")]
-    policies += [(f"plan-{k}", k, search) for k in args.memory for search in ("spin", "walk")]
+    policies = [("bot", "bot", 0, "-", False), ("bot-fresh", "bot-fresh", 0, "-", False)]
+    policies += [(f"plan-{k}{'+pickup' * lift}", "plan", k, search, lift) for lift in (False, True)
+                 for k in args.memory for search in ("spin", "walk")]
     rows = []
-    for name, k, search in policies:
-        got = [play(name.split("-")[0] if name.startswith("plan") else name, s, k, search) for s in instances]
+    for name, kind, k, search, lift in policies:
+        got = [play(kind, s, k, search, lift) for s in instances]
         won = [w for w, _ in got]
-        rows.append({"policy": name, "memory": "all" if name == "bot" else k, "search": search,
+        rows.append({"policy": name, "memory": "all" if name == "bot" else k, "search": search, "pickup": lift,
                      "success": round(sum(won) / len(won), 4), "episodes": len(won),
                      "mean_steps": round(sum(n for _, n in got) / len(got), 2)})
     print(tabulate([[r["policy"], r["memory"], r["search"], f"{r['success']:.3f}", r["episodes"], r["mean_steps"]]

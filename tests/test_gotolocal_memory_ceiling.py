@@ -46,3 +46,20 @@ def test_one_remembered_observation_wins_an_episode_the_memoryless_planner_loses
     won, steps = mc.play("plan", 1410030, memory=1)
     assert won and steps < mc.MAX_STEPS
     assert mc.play("bot-fresh", 1410030) == (False, mc.MAX_STEPS)
+
+
+def test_picking_up_the_object_in_the_way_wins_it_without_memory():
+    # what RL from BC-1024 found (the bot never picks anything up): lift the object between the agent and the target
+    won, steps = mc.play("plan", 1410030, memory=0, pickup=True)
+    assert won and steps < mc.MAX_STEPS
+    env = gym.make(mc.ENV_ID, goal_line=True, expert=False)
+    try:
+        env.reset(seed=1410030)
+        raw = env.unwrapped.raw
+        for a in ("go forward", "go forward"):  # target 2 ahead and 3 to the left, a blue ball right in front
+            env.step(a)
+        view = [mc.visible_cells(raw)]
+        assert mc.plan_action(raw, view, pickup=True) == "pick up"
+        assert mc.plan_action(raw, view, pickup=False) != "pick up"
+    finally:
+        env.close()
