@@ -8,14 +8,15 @@ env with:
 
 * ``bot``: minigrid's ``BabyAIBot`` with its memory of everything seen (it labels the demonstrations);
 * ``bot-fresh``: a new ``BabyAIBot`` every step, so it knows only the current view (a memoryless planner);
-* ``plan-k``: a breadth-first search over (cell, heading) to a pose facing the target, on the cells seen in the last
+* ``plan-k``: :func:`echorl_envs.minigrid.planner.view_plan`, a breadth-first search over (cell, heading) to a pose facing the target, on the cells seen in the last
   ``k + 1`` observations (objects block; unseen cells count as free; the room's border walls are known, as
   GoToLocal is always one 8x8 room). ``k = 0`` sees what a ``history=0`` prompt shows: the cells of the current
   view, which the observation text lists (objects with offsets, free steps ahead / left / right). Ties go to
   ``go forward``, then ``turn left``. With no target in the cells it knows, it searches: ``spin`` turns left;
   ``walk`` goes forward when 2 or more steps ahead are free, else turns left;
 * ``plan-k+pickup``: the same search, also allowed to pick up one object in its way (empty-handed; minigrid's
-  ``pick up`` takes the object off the grid). The bot never does; RL from BC-1024 learned to.
+  ``pick up`` takes the object off the grid). The bot never does; RL from BC-1024 learned to. ``plan-0+pickup``
+  with ``spin`` is the env's ``expert_kind="view"`` expert (:class:`~echorl_envs.minigrid.planner.ViewPlanner`).
 
 Every policy here is deterministic, so each instance is one episode (greedy play). A planner's figure is a lower
 bound on what the best policy with that memory achieves, not the bound itself.
@@ -32,7 +33,6 @@ import json
 import platform
 import re
 import sys
-from collections import deque
 from pathlib import Path
 
 import gymnasium as gym
@@ -41,76 +41,14 @@ from tabulate import tabulate
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import echorl_envs  # noqa: E402,F401  (registers the EchoRL/ ids)
+from echorl_envs.minigrid.env import ACTION_WORDS  # noqa: E402
+from echorl_envs.minigrid.planner import view_plan, visible_cells  # noqa: E402
 
-__all__ = ["visible_cells", "plan_action", "play"]
+__all__ = ["play"]
 
 ENV_ID = "EchoRL/BabyAI-GoToLocal-v0"
 MAX_STEPS = 24
-DIRS = [(1, 0), (0, 1), (-1, 0), (0, -1)]  # minigrid's headings: east, south, west, north
-ORDER = ("go forward", "turn left", "turn right")
-BOT_ACTIONS = {0: "turn left", 1: "turn right", 2: "go forward", 3: "pick up", 4: "drop", 5: "toggle", 6: "done"}
 RESULTS = Path(__file__).resolve().parent / "results" / "gotolocal_memory_ceiling.jsonl"
-
-
-def visible_cells(raw) -> dict[tuple[int, int], tuple[str, str] | None]:
-    """The cells of the agent's current view (minigrid's visibility mask): ``(x, y) -> (type, color)`` or None."""
-    vis = raw.gen_obs_grid()[1]
-    n = raw.agent_view_size
-    cells = {}
-    for x in range(raw.width):
-        for y in range(raw.height):
-            vx, vy = raw.get_view_coords(x, y)
-            if 0 <= vx < n and 0 <= vy < n and vis[vx, vy]:
-                c = raw.grid.get(x, y)
-                cells[(x, y)] = None if c is None else (c.type, c.color)
-    return cells
-
-
-def plan_action(raw, views: list[dict], pickup: bool = False) -> str | None:
-    """The first action of a shortest path to a pose facing the target, on the cells in ``views``; None when no
-    target is among them. ``pickup``: the path may also pick up one object in its way (empty-handed only; the object
-    leaves the grid, as minigrid's ``pick up`` does), which the bot never does."""
-    known: dict = {}
-    for v in views:  # oldest first: the current view has the last word
-        known.update(v)
-    want_type, want_color = raw.instrs.desc.type, raw.instrs.desc.color
-    targets = {p for p, c in known.items() if c is not None and c[0] == want_type
-               and (want_color is None or c[1] == want_color)}
-    if not targets:
-        return None
-    walls = {(x, y) for x in range(raw.width) for y in range(raw.height)
-             if x in (0, raw.width - 1) or y in (0, raw.height - 1)}
-    walls |= {p for p, c in known.items() if c is not None and c[0] == "wall"}
-    objects = {p for p, c in known.items() if c is not None and c[0] != "wall"}
-    can_lift = pickup and raw.carrying is None
-    start = (int(raw.agent_pos[0]), int(raw.agent_pos[1]), int(raw.agent_dir), None)
-    parent: dict = {start: None}
-    queue = deque([start])
-    while queue:
-        s = queue.popleft()
-        x, y, d, lifted = s
-        front = (x + DIRS[d][0], y + DIRS[d][1])
-        if front in targets:
-            if parent[s] is None:
-                return None  # already facing it: the episode has ended
-            while parent[s][0] != start:
-                s = parent[s][0]
-            return parent[s][1]
-        for a in ORDER + (("pick up",) if can_lift else ()):
-            if a == "go forward":
-                if front in walls or (front in objects and front != lifted):
-                    continue
-                nxt = (front[0], front[1], d, lifted)
-            elif a == "pick up":
-                if lifted is not None or front not in objects:
-                    continue
-                nxt = (x, y, d, front)
-            else:
-                nxt = (x, y, (d - 1) % 4 if a == "turn left" else (d + 1) % 4, lifted)
-            if nxt not in parent:
-                parent[nxt] = (s, a)
-                queue.append(nxt)
-    return None
 
 
 def _free_ahead(obs: str) -> int:
@@ -120,7 +58,7 @@ def _free_ahead(obs: str) -> int:
 
 def play(policy: str, seed: int, memory: int = 0, search: str = "spin", pickup: bool = False) -> tuple[bool, int]:
     """One greedy episode of ``policy`` (``bot``, ``bot-fresh`` or ``plan``) from ``seed``: ``(won, steps)``.
-    ``pickup``: the planner may pick up an object in its way (:func:`plan_action`)."""
+    ``pickup``: the planner may pick up an object in its way (:func:`echorl_envs.minigrid.planner.view_plan`)."""
     from minigrid.utils.baby_ai_bot import BabyAIBot
 
     env = gym.make(ENV_ID, goal_line=True, max_episode_steps=MAX_STEPS, expert=policy == "bot")
@@ -132,10 +70,11 @@ def play(policy: str, seed: int, memory: int = 0, search: str = "spin", pickup: 
             if policy == "bot":
                 a = info["expert_action"]
             elif policy == "bot-fresh":
-                a = BOT_ACTIONS[int(BabyAIBot(raw).replan())]
+                a = ACTION_WORDS[int(BabyAIBot(raw).replan())]
             else:
                 views = (views + [visible_cells(raw)])[-(memory + 1):]
-                a = plan_action(raw, views, pickup)
+                step = view_plan(raw, views, pickup)
+                a = None if step is None else ACTION_WORDS[step]
                 if a is None:
                     a = "go forward" if search == "walk" and _free_ahead(obs) >= 2 else "turn left"
             obs, reward, terminated, truncated, info = env.step(a)

@@ -6,6 +6,7 @@ from pathlib import Path
 import gymnasium as gym
 
 import echorl_envs  # noqa: F401
+from echorl_envs.minigrid.planner import view_plan, visible_cells
 
 _spec = importlib.util.spec_from_file_location(
     "gotolocal_memory_ceiling", Path(__file__).resolve().parents[1] / "benchmarks" / "gotolocal_memory_ceiling.py")
@@ -17,7 +18,7 @@ def test_the_view_holds_what_the_observation_text_lists():
     env = gym.make(mc.ENV_ID, goal_line=True, expert=False)
     try:
         obs, _ = env.reset(seed=1410030)
-        cells = mc.visible_cells(env.unwrapped.raw)
+        cells = visible_cells(env.unwrapped.raw)
         seen = sorted(f"{c} {t}" for t, c in (v for v in cells.values() if v is not None) if t != "wall")
         # "You see a red ball ...; a grey key ...; ..." names each object of the view once
         listed = obs.split("You see ")[1].split("\n")[0].count(";") + 1
@@ -32,8 +33,8 @@ def test_the_first_planned_step_is_a_shortest_path_step():
     try:
         obs, _ = env.reset(seed=1410030)  # facing east, target 4 ahead and 3 to the left, a ball 3 ahead
         raw = env.unwrapped.raw
-        assert mc.plan_action(raw, [mc.visible_cells(raw)]) == "go forward"
-        assert mc.plan_action(raw, [{}]) is None  # no target among the known cells: the caller searches
+        assert view_plan(raw, [visible_cells(raw)]) == 2  # go forward
+        assert view_plan(raw, [{}]) is None  # no target among the known cells: the caller searches
     finally:
         env.close()
 
@@ -58,8 +59,8 @@ def test_picking_up_the_object_in_the_way_wins_it_without_memory():
         raw = env.unwrapped.raw
         for a in ("go forward", "go forward"):  # target 2 ahead and 3 to the left, a blue ball right in front
             env.step(a)
-        view = [mc.visible_cells(raw)]
-        assert mc.plan_action(raw, view, pickup=True) == "pick up"
-        assert mc.plan_action(raw, view, pickup=False) != "pick up"
+        view = [visible_cells(raw)]
+        assert view_plan(raw, view, pickup=True) == 3  # pick up
+        assert view_plan(raw, view, pickup=False) != 3
     finally:
         env.close()

@@ -15,7 +15,7 @@ from minigrid.envs.babyai.core.roomgrid_level import RoomGridLevel
 
 from echorl_envs.core import MAX_TEXT, TextEnv, Transition
 from echorl_envs.minigrid.describe import describe_view, with_article
-from echorl_envs.minigrid.planner import BabyAIExpert, GoalPlanner
+from echorl_envs.minigrid.planner import BabyAIExpert, GoalPlanner, ViewPlanner
 
 __all__ = ["MiniGridTextEnv", "ACTION_WORDS"]
 
@@ -98,6 +98,10 @@ class MiniGridTextEnv(TextEnv):
             3 to the left.`` or ``Target: the blue key is not in view.``), for BabyAI levels whose mission names
             one object (go to / pick up / open). Off by default: the plain observation leaves finding the object
             to the agent.
+        expert_kind: who gives ``info["expert_action"]`` on BabyAI levels: ``"bot"`` (minigrid's ``BabyAIBot``,
+            which acts on its memory of the room) or ``"view"`` (:class:`~echorl_envs.minigrid.planner.ViewPlanner`:
+            a shortest path planned on the current view alone, picking up an object in its way, so a policy that
+            sees only the current observation can imitate it; missions naming one object).
     """
 
     reset_options: ClassVar[frozenset[str]] = frozenset()
@@ -110,6 +114,7 @@ class MiniGridTextEnv(TextEnv):
         render_mode: str | None = None,
         max_text_length: int = MAX_TEXT,
         goal_line: bool = False,
+        expert_kind: str = "bot",
     ) -> None:
         super().__init__(render_mode=render_mode, max_text_length=max_text_length)
         known = [k for k in gym.registry if k.startswith(("MiniGrid-", "BabyAI-"))]
@@ -126,12 +131,18 @@ class MiniGridTextEnv(TextEnv):
         # BabyAI levels (RoomGridLevel subclasses) carry verifiable instructions the bot can parse.
         self._is_babyai = isinstance(self.raw, RoomGridLevel)
         self.goal_line = bool(goal_line)
+        if expert_kind not in ("bot", "view"):
+            raise ValueError(f"expert_kind must be 'bot' or 'view', got expert_kind={expert_kind!r}")
+        if expert_kind == "view" and not self._is_babyai:
+            raise ValueError(f"expert_kind='view' needs a BabyAI level whose mission names one object, got "
+                             f"env_id={env_id!r}")
+        self.expert_kind = expert_kind
         if self.goal_line and not self._is_babyai:
             raise ValueError(f"goal_line=True needs a BabyAI level whose mission names one object, got env_id={env_id!r}")
         self._target: tuple[str | None, str | None] | None = None
         self._raw_seeded = False
         self._pending_seed: int | None = None
-        self._expert_impl: GoalPlanner | BabyAIExpert | None = None
+        self._expert_impl: GoalPlanner | BabyAIExpert | ViewPlanner | None = None
         self._image: Any = None
 
     # ----------------------------------------------------------------- gymnasium API
@@ -159,7 +170,12 @@ class MiniGridTextEnv(TextEnv):
                                  f"env_id={self.env_id!r} with mission {self.raw.mission!r}")
             self._target = (desc.type, desc.color)
         if self.expert:
-            self._expert_impl = BabyAIExpert(self.raw) if self._is_babyai else GoalPlanner(self.raw)
+            if not self._is_babyai:
+                self._expert_impl = GoalPlanner(self.raw)
+            elif self.expert_kind == "view":
+                self._expert_impl = ViewPlanner(self.raw)
+            else:
+                self._expert_impl = BabyAIExpert(self.raw)
         return Transition(self._describe())
 
     def _apply(self, action: str) -> Transition:

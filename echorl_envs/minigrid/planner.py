@@ -16,7 +16,7 @@ from typing import Any
 
 from minigrid.core.actions import Actions
 
-__all__ = ["GoalPlanner", "BabyAIExpert", "bfs_plan", "nav_distances"]
+__all__ = ["GoalPlanner", "BabyAIExpert", "ViewPlanner", "bfs_plan", "nav_distances", "view_plan", "visible_cells"]
 
 logger = logging.getLogger(__name__)
 
@@ -225,3 +225,101 @@ class BabyAIExpert:
         except Exception as e:
             logger.debug("BabyAIBot failed after action %d: %r", action_taken, e)
             self.bot, self.action = None, None
+
+
+def visible_cells(env: Any) -> dict[tuple[int, int], tuple[str, str] | None]:
+    """The cells of the agent's current view (minigrid's visibility mask, what the text observation describes):
+    ``(x, y) -> (type, color)``, or None for an empty cell."""
+    vis = env.gen_obs_grid()[1]
+    n = env.agent_view_size
+    cells: dict[tuple[int, int], tuple[str, str] | None] = {}
+    for x in range(env.width):
+        for y in range(env.height):
+            vx, vy = env.get_view_coords(x, y)
+            if 0 <= vx < n and 0 <= vy < n and vis[vx, vy]:
+                c = env.grid.get(x, y)
+                cells[(x, y)] = None if c is None else (c.type, c.color)
+    return cells
+
+
+_VIEW_ORDER = (Actions.forward, Actions.left, Actions.right)
+
+
+def view_plan(env: Any, views: list[dict], pickup: bool = False) -> int | None:
+    """The first action of a shortest path to a pose facing the mission's object, planned on the cells of ``views``
+    only (oldest first; the last has the last word): objects block, unseen cells count as free, the room's outer
+    wall is known. ``pickup``: the path may pick up one object in its way when the hands are empty (minigrid's
+    ``pickup`` takes it off the grid). None when no target is among the cells, or the agent already faces it."""
+    known: dict = {}
+    for v in views:
+        known.update(v)
+    desc = env.instrs.desc
+    targets = {p for p, c in known.items() if c is not None and c[0] == desc.type
+               and (desc.color is None or c[1] == desc.color)}
+    if not targets:
+        return None
+    walls = {(x, y) for x in range(env.width) for y in range(env.height)
+             if x in (0, env.width - 1) or y in (0, env.height - 1)}
+    walls |= {p for p, c in known.items() if c is not None and c[0] == "wall"}
+    objects = {p for p, c in known.items() if c is not None and c[0] != "wall"}
+    moves = _VIEW_ORDER + ((Actions.pickup,) if pickup and env.carrying is None else ())
+    start = (int(env.agent_pos[0]), int(env.agent_pos[1]), int(env.agent_dir), None)
+    parent: dict = {start: None}
+    queue = deque([start])
+    while queue:
+        s = queue.popleft()
+        x, y, d, lifted = s
+        front = (x + _VEC[d][0], y + _VEC[d][1])
+        if front in targets:
+            if parent[s] is None:
+                return None
+            while parent[s][0] != start:
+                s = parent[s][0]
+            return int(parent[s][1])
+        for a in moves:
+            if a == Actions.forward:
+                if front in walls or (front in objects and front != lifted):
+                    continue
+                nxt = (front[0], front[1], d, lifted)
+            elif a == Actions.pickup:
+                if lifted is not None or front not in objects:
+                    continue
+                nxt = (x, y, d, front)
+            else:
+                nxt = (x, y, (d - 1) % 4 if a == Actions.left else (d + 1) % 4, lifted)
+            if nxt not in parent:
+                parent[nxt] = (s, a)
+                queue.append(nxt)
+    return None
+
+
+class ViewPlanner:
+    """A BabyAI expert that sees what the agent sees: :func:`view_plan` on the last ``memory + 1`` views, ``left``
+    (turn in place) when no target is among them. With ``memory=0`` its action is a function of the current
+    view (and the agent's place in the room, which fixes the unseen outer wall), so a policy prompted with the
+    current observation only (``history=0``) can imitate it: over 3,000 GoToLocal episodes no observation text got
+    two of its labels, where 31 texts got two of the bot's, which acts on its memory of the room. With ``pickup``
+    it clears an object from its path (the bot never picks anything up on a GoTo mission).
+
+    On the 200 held-out instances of GoToLocal seeds 1310-1314 (goal line, 24 steps) it wins 0.96 (``memory=0,
+    pickup=True``), against 0.93 without ``pickup`` and 1.00 for the bot (``benchmarks/gotolocal_memory_ceiling.py``).
+    """
+
+    def __init__(self, env: Any, memory: int = 0, pickup: bool = True) -> None:
+        if getattr(getattr(env, "instrs", None), "desc", None) is None:
+            raise ValueError("ViewPlanner needs a BabyAI mission naming one object (go to / pick up / open)")
+        self.env, self.memory, self.pickup = env, int(memory), bool(pickup)
+        self.views: list[dict] = []
+        self.action: int | None = None
+        self._replan()
+
+    def _replan(self) -> None:
+        self.views = (self.views + [visible_cells(self.env)])[-(self.memory + 1):]
+        a = view_plan(self.env, self.views, self.pickup)
+        self.action = int(Actions.left) if a is None else a
+
+    def next_action(self) -> int | None:
+        return self.action
+
+    def observe(self, action_taken: int, grid_changed: bool = True) -> None:
+        self._replan()
