@@ -50,7 +50,7 @@ def test_one_remembered_observation_wins_an_episode_the_memoryless_planner_loses
 
 
 def test_picking_up_the_object_in_the_way_wins_it_without_memory():
-    # what RL from BC-1024 found (the bot never picks anything up): lift the object between the agent and the target
+    # what RL from BC-1024 learned: lift the object between the agent and the target, and keep it
     won, steps = mc.play("plan", 1410030, memory=0, pickup=True)
     assert won and steps < mc.MAX_STEPS
     env = gym.make(mc.ENV_ID, goal_line=True, expert=False)

@@ -51,3 +51,23 @@ def test_one_observation_text_gets_one_label():
             labels.setdefault(obs.split("\n", 1)[1] if obs.startswith("You ") else obs, set()).add(action)
     assert sum(len(v) > 1 for v in labels.values()) == 0
     assert len(labels) > 700
+
+
+def test_bc_collects_the_view_experts_labels_pick_ups_included():
+    from echorl_agent.llm_rl.algorithms.bc.clone import collect_expert_states
+    from echorl_envs.wrappers.llm import LLMObservationWrapper
+
+    def make_env(kind):
+        return LLMObservationWrapper(gym.make(ENV, goal_line=True, max_episode_steps=24, expert_kind=kind),
+                                     history=0, max_actions=8)
+
+    view = collect_expert_states(lambda: make_env("view"), episodes=40, seed=10000 + 1310)
+    bot = collect_expert_states(lambda: make_env("bot"), episodes=40, seed=10000 + 1310)
+    env = make_env("bot")
+    env.reset(seed=0)
+    slots = env.get_wrapper_attr("slot_texts")()  # BabyAI's seven actions, the same slots in every state
+    env.close()
+    view_labels, bot_labels = [slots[a] for a in view.actions], [slots[a] for a in bot.actions]
+    assert view_labels.count("pick up") >= 3 and "drop" not in view_labels  # it keeps what it lifts
+    assert bot_labels.count("pick up") == bot_labels.count("drop") <= 1  # the bot lifts a blocker rarely, then drops it
+    assert bot.successes == 40 and 36 <= view.successes < 40
