@@ -5,7 +5,8 @@ Reads a recipe study's committed summary (``benchmarks/results/<study>.jsonl``, 
 the env the recipe trains on (``gym.make`` with the recipe's ``env_kwargs`` and step cap), and at every state it
 reached asks the bot (``info["expert_action"]``) what it would do. Prints, per phase and mode:
 
-* ``bot agreement``: the share of the policy's steps that take the bot's action (all episodes, then lost ones);
+* ``bot agreement``: the share of the policy's steps that take the expert's action (all episodes, then lost ones):
+  BabyAI's bot, or the expert the run imitated (``--env-kwargs '{"expert_kind": "view"}'``);
 * ``lost``: lost episodes; ``target seen late``: those whose goal line named the target in view at least once in
   their last 12 steps (a navigation failure, not a search one); ``cycle``: those whose last 12 steps revisit a
   (cell, heading) (greedy play of a memoryless policy in a deterministic env then repeats for ever); ``bump``: those
@@ -81,11 +82,23 @@ def replay(env_id: str, env_kwargs: dict, max_steps: int, seed: int, actions: li
 
 
 def _recipe_env(row: dict) -> tuple[str, dict, int]:
+    """The env the run trained on: its recipe's ``env_id``, ``env_kwargs`` (with the run's ``--env-kwargs`` merged
+    over them, e.g. ``expert_kind``: the replay's expert is the one the run imitated) and step cap (``--max-steps``
+    over the recipe's)."""
+    import json
+    import shlex
+
     from echorl_agent.llm_rl.recipes import load_recipe
 
-    words = row["command"].split()
+    words = shlex.split(row["command"])
     cfg = load_recipe(words[words.index("--recipe") + 1]).config
-    return cfg["env_id"], dict(cfg.get("env_kwargs") or {}), int(cfg.get("max_episode_steps") or 64)
+    kwargs = dict(cfg.get("env_kwargs") or {})
+    if "--env-kwargs" in words:
+        kwargs.update(json.loads(words[words.index("--env-kwargs") + 1]))
+    steps = int(cfg.get("max_episode_steps") or 64)
+    if "--max-steps" in words:
+        steps = int(words[words.index("--max-steps") + 1])
+    return cfg["env_id"], kwargs, steps
 
 
 def report(rows: list[dict], phase: str, top: int = 10) -> tuple[list[list], Counter]:

@@ -35,6 +35,7 @@ import argparse
 import csv
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -77,11 +78,11 @@ def run(study: str, recipe: str, seeds: list[int], jobs: int, extra: list[str]) 
             out = run_folder(study, seed)
             out.mkdir(parents=True, exist_ok=True)
             cmd = _command(recipe, seed, out, extra)
-            (out / "command.txt").write_text(" ".join(cmd[1:]) + "\n")
+            (out / "command.txt").write_text(shlex.join(cmd[1:]) + "\n")  # quoted: a JSON flag pastes back whole
             log = open(out / "train.log", "a")
             running.append((seed, subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT),
                             time.time()))
-            print(f"seed {seed}: started ({' '.join(cmd[3:])})", flush=True)
+            print(f"seed {seed}: started ({shlex.join(cmd[3:])})", flush=True)
         time.sleep(5)
         for item in list(running):
             seed, proc, t0 = item

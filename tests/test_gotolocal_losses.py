@@ -67,3 +67,13 @@ def test_report_counts_a_spin_as_a_lost_cycle_and_the_bots_episode_as_agreement(
     assert line[2] == f"{agree / n:.2f}"
     assert line[4] == 1 and line[6] == 1  # one loss, and it cycles
     assert all(k[0] == "greedy" and k[2] == "turn left" and k[3] != "turn left" for k in confusions)
+
+
+def test_the_replay_env_is_the_runs_own_env_kwargs_and_step_cap_over_the_recipes():
+    import shlex
+
+    base = ["-m", "echorl_agent.cli", "train-llm", "--recipe", "gotolocal-sft-rl", "--seed", "1310"]
+    assert gl._recipe_env({"command": shlex.join(base)}) == (ENV, KW, 24)
+    row = {"command": shlex.join(base + ["--env-kwargs", '{"goal_line": true, "expert_kind": "view"}',
+                                         "--max-steps", "32"])}  # as recipe_study writes command.txt
+    assert gl._recipe_env(row) == (ENV, {"goal_line": True, "expert_kind": "view"}, 32)
