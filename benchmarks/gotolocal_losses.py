@@ -82,23 +82,20 @@ def replay(env_id: str, env_kwargs: dict, max_steps: int, seed: int, actions: li
 
 
 def _recipe_env(row: dict) -> tuple[str, dict, int]:
-    """The env the run trained on: its recipe's ``env_id``, ``env_kwargs`` (with the run's ``--env-kwargs`` merged
-    over them, e.g. ``expert_kind``: the replay's expert is the one the run imitated) and step cap (``--max-steps``
-    over the recipe's)."""
-    import json
+    """The env the run trained on (``env_id``, ``env_kwargs``, step cap): its saved ``train-llm`` command read by the
+    CLI's own parser and resolved over its recipe as ``train-llm`` resolves it (so ``--env-kwargs`` such as
+    ``expert_kind`` and ``--max-steps`` count: the replay's expert is the one the run imitated)."""
     import shlex
 
-    from echorl_agent.llm_rl.recipes import load_recipe
+    from echorl_agent.cli import add_train_llm_arguments, train_overrides
+    from echorl_agent.llm_rl.recipes import resolve_config
 
     words = shlex.split(row["command"])
-    cfg = load_recipe(words[words.index("--recipe") + 1]).config
-    kwargs = dict(cfg.get("env_kwargs") or {})
-    if "--env-kwargs" in words:
-        kwargs.update(json.loads(words[words.index("--env-kwargs") + 1]))
-    steps = int(cfg.get("max_episode_steps") or 64)
-    if "--max-steps" in words:
-        steps = int(words[words.index("--max-steps") + 1])
-    return cfg["env_id"], kwargs, steps
+    parser = argparse.ArgumentParser(add_help=False)
+    add_train_llm_arguments(parser)
+    args, _ = parser.parse_known_args(words[words.index("train-llm") + 1:])
+    cfg, _ = resolve_config(train_overrides(args), recipe=args.recipe, config_file=args.config)
+    return cfg.env_id, dict(cfg.env_kwargs), int(cfg.max_episode_steps)
 
 
 def report(rows: list[dict], phase: str, top: int = 10) -> tuple[list[list], Counter]:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import platform
 import re
 import sys
 from pathlib import Path
@@ -42,8 +41,9 @@ from tabulate import tabulate
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import echorl_envs  # noqa: E402,F401  (registers the EchoRL/ ids)
+from echorl_agent.eval.runner import cpu_name  # noqa: E402
 from echorl_envs.minigrid.env import ACTION_WORDS  # noqa: E402
-from echorl_envs.minigrid.planner import view_plan, visible_cells  # noqa: E402
+from echorl_envs.minigrid.planner import ViewPlanner  # noqa: E402
 
 __all__ = ["play"]
 
@@ -59,41 +59,31 @@ def _free_ahead(obs: str) -> int:
 
 def play(policy: str, seed: int, memory: int = 0, search: str = "spin", pickup: bool = False) -> tuple[bool, int]:
     """One greedy episode of ``policy`` (``bot``, ``bot-fresh`` or ``plan``) from ``seed``: ``(won, steps)``.
-    ``pickup``: the planner may pick up an object in its way (:func:`echorl_envs.minigrid.planner.view_plan`)."""
+    ``pickup``: the planner may pick up an object in its way (:class:`echorl_envs.minigrid.planner.ViewPlanner`)."""
     from minigrid.utils.baby_ai_bot import BabyAIBot
 
     env = gym.make(ENV_ID, goal_line=True, max_episode_steps=MAX_STEPS, expert=policy == "bot")
     try:
         obs, info = env.reset(seed=seed)
         raw = env.unwrapped.raw
-        views: list[dict] = []
+        planner = ViewPlanner(raw, memory, pickup) if policy == "plan" else None
         for t in range(MAX_STEPS):
             if policy == "bot":
                 a = info["expert_action"]
             elif policy == "bot-fresh":
                 a = ACTION_WORDS[int(BabyAIBot(raw).replan())]
+            elif search == "walk" and not planner.found and _free_ahead(obs) >= 2:
+                a = "go forward"
             else:
-                views = (views + [visible_cells(raw)])[-(memory + 1):]
-                step = view_plan(raw, views, pickup)
-                a = None if step is None else ACTION_WORDS[step]
-                if a is None:
-                    a = "go forward" if search == "walk" and _free_ahead(obs) >= 2 else "turn left"
+                a = ACTION_WORDS[planner.action]  # its search when no target is known: turn left
             obs, reward, terminated, truncated, info = env.step(a)
+            if planner is not None:
+                planner.observe(ACTION_WORDS.index(a))
             if terminated or truncated:
                 return bool(terminated and reward > 0), t + 1
         return False, MAX_STEPS
     finally:
         env.close()
-
-
-def _cpu() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -118,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
                     for r in rows], headers=["policy", "observations remembered", "search", "success", "episodes",
                                              "mean steps"]))
     if not args.no_write:
-        meta = {"date": datetime.date.today().isoformat(), "machine": _cpu(),
+        meta = {"date": datetime.date.today().isoformat(), "machine": cpu_name(),
                 "command": "python benchmarks/gotolocal_memory_ceiling.py " + " ".join(argv or sys.argv[1:]),
                 "study_seeds": args.seeds}
         RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -312,11 +312,14 @@ class ViewPlanner:
         self.env, self.memory, self.pickup = env, int(memory), bool(pickup)
         self.views: list[dict] = []
         self.action: int | None = None
+        self.found = False
+        """Whether the last plan had a target among its views (False: ``action`` is the search's ``left``)."""
         self._replan()
 
     def _replan(self) -> None:
         self.views = (self.views + [visible_cells(self.env)])[-(self.memory + 1):]
         a = view_plan(self.env, self.views, self.pickup)
+        self.found = a is not None
         self.action = int(Actions.left) if a is None else a
 
     def next_action(self) -> int | None:
